@@ -19,9 +19,9 @@ DEMO_TAG := resnet50$(if $(filter v1,$(WEIGHTS)),,-$(WEIGHTS))
 help:
 	@echo "make install   create .venv and install featcache with its dev tools"
 	@echo "make demo      run all three stages on the embedded 'shapes' dataset (offline, a few minutes on 2 cores)"
-	@echo "make test      run the test suite"
+	@echo "make test      the architecture contracts (lint-imports), then the test suite"
 	@echo "make features DATASET=voc [FEATURES_ARGS=...]   stage one for a prepared dataset"
-	@echo "make lint      ruff"
+	@echo "make lint      ruff and the import-linter architecture contracts"
 	@echo "make bench     speed benchmarks (benchmarks/), figures in cache/bench/"
 	@echo "make real-features   every loss on the real feature sets of ../shared/data (README table)"
 
@@ -32,14 +32,16 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev]'
 	touch $(STAMP)
 
+# The architecture contracts (pyproject.toml [tool.importlinter]) are part of the tests.
 test: install
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q
 
 demo: install
 	test -f cache/shapes/labels.h5 || $(FEATCACHE) prepare shapes
 	$(FEATCACHE) features --dataset shapes --weights $(WEIGHTS) --image-size 224
 	$(FEATCACHE) train-linear --dataset shapes --backbone $(DEMO_TAG) --loss all --run-id demo-$(DEMO_TAG) --quiet
-	$(FEATCACHE) finetune --dataset shapes --loss role --init best --epochs 1 --lr 1e-4 --bsize 16 --run-id demo-$(DEMO_TAG) --overwrite
+	$(FEATCACHE) finetune --dataset shapes --loss role --init best --epochs 1 --lr 1e-4 --batch-size 16 --run-id demo-$(DEMO_TAG) --overwrite
 	@echo "demo finished: see cache/shapes/runs/table-demo-$(DEMO_TAG).md and cache/shapes/finetune/role/demo-$(DEMO_TAG)/summary.md"
 
 features: install
@@ -47,6 +49,7 @@ features: install
 
 lint: install
 	$(BIN)/ruff check featcache tests benchmarks
+	$(BIN)/lint-imports
 
 bench: install
 	$(BIN)/python -m benchmarks

@@ -31,17 +31,13 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
 from benchmarks._common import BENCH_DIR, describe, machine, save
-from featcache.features.backbones import backbone_spec, create_backbone, image_transform
-from featcache.features.extract import (
-    ExtractOptions,
-    default_workers,
-    extract_features,
-    usable_cpus,
-)
+from featcache.backbones import backbone_spec, create_backbone, image_transform
+from featcache.backbones.weights import describe_weights
+from featcache.data.featurefile import read_feature_attrs
+from featcache.data.synthetic import write_image_labels
+from featcache.features.extract import ExtractOptions, extract_features
 from featcache.features.shards import parts_dir
-from featcache.features.store import read_feature_attrs
-from featcache.features.synthetic import write_image_labels
-from featcache.features.weights import describe_weights
+from featcache.runtime import default_workers, usable_cpus
 from featcache.tables import Table
 
 #: (width, height) of VOC-like photos; the generator cycles through them

@@ -30,15 +30,16 @@ from torch.utils.data import DataLoader
 
 from benchmarks._common import BENCH_DIR, describe, machine, save
 from benchmarks.extract import FolderImages, generated_images
-from featcache.features.backbones import create_backbone, image_transform
-from featcache.features.distributed import Ranks
-from featcache.features.extract import default_workers, resolve_precision, usable_cpus
-from featcache.features.synthetic import write_image_labels
+from featcache.backbones import create_backbone, image_transform
+from featcache.data.synthetic import write_image_labels
 from featcache.finetune.data import load_finetune_data
-from featcache.finetune.loop import ConfigTrainer, FinetuneConfig, Settings
+from featcache.finetune.loop import ConfigTrainer, Settings
 from featcache.finetune.model import FinetuneNet, linear_head
-from featcache.finetune.start import StartOptions, fresh_start
+from featcache.finetune.options import FinetuneOptions
+from featcache.finetune.start import fresh_start
 from featcache.losses import Targets, create_loss
+from featcache.protocol.grid import GridPoint
+from featcache.runtime import Ranks, default_workers, resolve_precision, usable_cpus
 from featcache.tables import Table
 
 REFERENCE_WORKERS = 4  # Cole et al. train.py: P['num_workers'] = 4
@@ -66,13 +67,13 @@ def _synchronize(device: torch.device) -> None:
 def run_ours(labels_path, args, device: torch.device, bsize: int) -> float:
     """images/s of ConfigTrainer's training steps (its loader, AMP, channels_last)."""
     data = load_finetune_data(labels_path)
-    start = fresh_start(StartOptions(init="none", loss="an", dataset=str(labels_path.parent),
-                                     weights="random", image_size=args.image_size))
+    start = fresh_start(FinetuneOptions(init="none", loss="an", dataset=str(labels_path.parent),
+                                        weights="random", image_size=args.image_size))
     workers = args.workers if args.workers is not None else default_workers(device)
     settings = Settings(loss="an", params={}, epochs=1, precision=resolve_precision(args.precision, device),
                         compile=args.compile, workers=workers, progress=False)
     settings.validate(device)
-    trainer = ConfigTrainer(FinetuneConfig(1e-4, bsize), settings, start, data,
+    trainer = ConfigTrainer(GridPoint(1e-4, bsize), settings, start, data,
                             Ranks(0, 1, 0, 1, device))
     trainer.net.train()
 

@@ -29,11 +29,11 @@ import torch
 from sklearn.metrics import average_precision_score
 
 from benchmarks._common import BENCH_DIR, describe, machine, save
+from featcache.data.featurefile import write_features
 from featcache.data.labelfile import LabelSet, SplitLabels, load_labels, write_labels
 from featcache.data.sampling import observe_uniform, split_train_val
-from featcache.features.store import write_features
 from featcache.linear.data import load_linear_data
-from featcache.linear.search import SearchSpec, resolve_loss_params, run_search
+from featcache.linear.search import SearchSpec, run_search
 from featcache.losses import loss_names
 from featcache.tables import Table
 
@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> dict:
     data = load_linear_data(labels_path, features_path, device=device)
 
     def search(loss: str):
-        spec = SearchSpec(loss=loss, params=resolve_loss_params(loss, {}, data))
+        spec = SearchSpec(loss=loss)  # every parameter resolved by run_search
         return run_search(data, spec, device=device, progress=False)
 
     search(args.loss)  # warm-up: allocator, thread pools

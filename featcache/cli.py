@@ -7,11 +7,17 @@ Each subcommand lives in ``featcache/commands/<module>.py`` and exposes a click 
 from __future__ import annotations
 
 import importlib
+import os
+import sys
+import warnings
 
 import click
 
 from featcache import __version__
-from featcache.errors import FeatcacheError
+from featcache.errors import FeatcacheError, FeatcacheWarning, unknown_name
+
+#: set to 1 to see the traceback of an unexpected error instead of its one-line summary
+TRACEBACK_ENV = "FEATCACHE_TRACEBACK"
 
 #: subcommand name -> (module, one-line help shown by ``featcache --help``)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -37,16 +43,34 @@ class LazyGroup(click.Group):
         module = importlib.import_module(COMMANDS[name][0])
         return module.command
 
+    def resolve_command(self, ctx: click.Context, args: list[str]):
+        if args and args[0] not in COMMANDS and not args[0].startswith("-"):
+            ctx.fail(unknown_name("command", args[0], COMMANDS, listing="featcache --help"))
+        return super().resolve_command(ctx, args)
+
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows = [(name, help_text) for name, (_, help_text) in COMMANDS.items()]
         with formatter.section("Commands"):
             formatter.write_dl(rows)
 
     def invoke(self, ctx: click.Context):
-        try:
-            return super().invoke(ctx)
-        except FeatcacheError as exc:
-            raise click.ClickException(str(exc)) from exc
+        with warnings.catch_warnings():
+            warnings.showwarning = _show_warning
+            try:
+                return super().invoke(ctx)
+            except FeatcacheError as exc:
+                raise click.ClickException(str(exc)) from exc
+
+
+_default_showwarning = warnings.showwarning
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """featcache's own warnings as one line on stderr; others as Python shows them."""
+    if issubclass(category, FeatcacheWarning):
+        click.echo(f"featcache: warning: {message}", err=True)
+    else:
+        _default_showwarning(message, category, filename, lineno, file, line)
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -64,5 +88,15 @@ def cli() -> None:
 
 
 def main() -> None:
-    """Console-script entry point."""
-    cli(prog_name="featcache")
+    """Console-script entry point: expected failures print one line (click does that for
+    FeatcacheError and option errors); an unexpected exception prints one line too, unless
+    ``$FEATCACHE_TRACEBACK`` asks for the traceback."""
+    try:
+        cli.main(prog_name="featcache")
+    except Exception as exc:  # anything click did not already turn into a one-line error
+        if os.environ.get(TRACEBACK_ENV):
+            raise
+        click.echo(f"Error: unexpected {type(exc).__name__}: {exc}\n(this may be a bug in "
+                   f"featcache: run again with {TRACEBACK_ENV}=1 to see where it happened, and "
+                   "please report it)", err=True)
+        sys.exit(1)

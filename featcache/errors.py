@@ -1,4 +1,10 @@
-"""Exceptions that reach the user as one clear message (the CLI prints them without a traceback)."""
+"""Exceptions that reach the user as one clear message (the CLI prints them without a traceback),
+and the "did you mean" helper their messages use."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
 
 
 class FeatcacheError(Exception):
@@ -15,3 +21,42 @@ class OptionError(FeatcacheError, ValueError):
 
 class OutputExistsError(FeatcacheError, FileExistsError):
     """An output that already exists and would be overwritten."""
+
+
+class LossNeedError(OptionError):
+    """A loss asks for something the training data does not offer (full labels, negatives, k)."""
+
+
+class LossStateError(FeatcacheError, KeyError):
+    """A loss with per-example state was called without the state its ``init_state`` made."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class FeatcacheWarning(UserWarning):
+    """Something the user should know that does not stop the work (the CLI prints one line)."""
+
+
+def did_you_mean(name: str, choices: Iterable[str], what: str = "") -> str:
+    """``"; did you mean 'an-ls'?"`` for the closest choices, or ``""`` when none is close."""
+    choices = [str(c) for c in choices]
+    close = difflib.get_close_matches(str(name), choices, n=3, cutoff=0.6)
+    if not close:
+        lowered = {c.lower(): c for c in choices}
+        close = [lowered[str(name).lower()]] if str(name).lower() in lowered else []
+    if not close:
+        return ""
+    quoted = " or ".join(repr(c) for c in close)
+    return f"; did you mean {quoted}{' ' + what if what else ''}?"
+
+
+def unknown_name(kind: str, name: str, choices: Iterable[str], plural: str = "",
+                 listing: str = "") -> str:
+    """One line for an unknown name: the closest valid names (else all of them) and ``listing``,
+    e.g. ``unknown loss 'an_ls'; did you mean 'an-ls'? (`featcache losses` describes each)``."""
+    choices = list(choices)
+    message = f"unknown {kind} {name!r}" + did_you_mean(name, choices)
+    if "did you mean" not in message:
+        message += f"; valid {plural or kind + 's'}: {', '.join(choices) or 'none'}"
+    return message + (f" ({listing})" if listing else "")

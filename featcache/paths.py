@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from featcache.errors import InputError
+from featcache.errors import InputError, did_you_mean
 
 CACHE_ENV = "FEATCACHE_CACHE"
 DEFAULT_CACHE = "cache"
@@ -32,6 +32,25 @@ def dataset_dir(dataset: str, cache: str | os.PathLike | None = None) -> Path:
 
 def labels_path(dataset: str, cache: str | os.PathLike | None = None) -> Path:
     return dataset_dir(dataset, cache) / "labels.h5"
+
+
+def prepared_datasets(cache: str | os.PathLike | None = None) -> list[str]:
+    """Names of the datasets under the cache root that have a labels file."""
+    root = cache_root(cache)
+    return sorted(p.parent.name for p in root.glob("*/labels.h5")) if root.is_dir() else []
+
+
+def existing_labels(dataset: str, cache: str | os.PathLike | None = None) -> Path:
+    """The labels file of a prepared dataset; the error names the closest prepared datasets."""
+    path = labels_path(dataset, cache)
+    if path.is_file():
+        return path
+    prepared = prepared_datasets(cache)
+    hint = did_you_mean(dataset, prepared)
+    known = (f"; prepared datasets in {cache_root(cache)}: {', '.join(prepared)}"
+             if prepared and not hint else "")
+    raise InputError(f"no dataset {dataset!r}: {path} does not exist{hint}{known}. Prepare it "
+                     "with `featcache prepare` (see `featcache prepare --help`)")
 
 
 def features_path(dataset: str, backbone: str, cache: str | os.PathLike | None = None) -> Path:

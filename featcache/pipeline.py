@@ -1,5 +1,8 @@
 """Declared experiment recipes (``pipelines/*.toml``): featcache commands run in order, then a table.
 
+This module reads recipes and builds their report; ``featcache pipeline run``
+(:mod:`featcache.commands.pipeline`) runs the steps through the command line.
+
 A recipe is a TOML file::
 
     name = "real-features"
@@ -32,9 +35,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import click
-
-from featcache.errors import FeatcacheError, InputError, OptionError
+from featcache.errors import InputError, OptionError, did_you_mean
 from featcache.fileio import write_text_atomic
 from featcache.losses import loss_names
 from featcache.paths import cache_root, dataset_dir
@@ -75,8 +76,9 @@ def load_recipe(path: str | Path, overrides: dict[str, str] | None = None,
     variables = {str(k): str(v) for k, v in document.get("vars", {}).items()}
     unknown = sorted(set(overrides or {}) - set(variables))
     if unknown:
-        raise OptionError(f"--set {', '.join(unknown)}: {path} has no such variable; its "
-                          f"variables are {', '.join(sorted(variables)) or 'none'}")
+        raise OptionError(f"--set {', '.join(unknown)}: {path} has no such variable"
+                          f"{did_you_mean(unknown[0], variables)}; its variables are "
+                          f"{', '.join(sorted(variables)) or 'none'}")
     variables.update(overrides or {})
     variables["cache"] = str(cache_root(cache))
     steps = []
@@ -106,40 +108,15 @@ def _fill(text: str, variables: dict[str, str], path: Path) -> str:
         raise InputError(f"{path}: {{{exc.args[0]}}} is used but not defined in [vars]") from None
 
 
-def run_recipe(recipe: Recipe, cache: str | None = None, dry_run: bool = False,
-               echo=click.echo) -> Path | None:
-    """Run every step of ``recipe``, then write its report; return the report's path."""
-    from featcache.cli import cli
-
-    for number, step in enumerate(recipe.steps, start=1):
-        line = "featcache " + shlex.join(step.command)
-        if step.skip_if_exists and Path(step.skip_if_exists).exists():
-            echo(f"[{number}/{len(recipe.steps)}] {step.name}: done already ({step.skip_if_exists})")
-            continue
-        echo(f"[{number}/{len(recipe.steps)}] {step.name}: {line}")
-        if dry_run:
-            continue
-        arguments = list(step.command)
-        if cache is not None:
-            arguments[1:1] = ["--cache", cache]
-        try:
-            cli.main(args=arguments, prog_name="featcache", standalone_mode=False)
-        except (FeatcacheError, click.ClickException) as exc:
-            message = exc.format_message() if isinstance(exc, click.ClickException) else str(exc)
-            raise FeatcacheError(f"{recipe.path} step {number} ({step.name}) failed: {message}\n"
-                                 f"  the step was: {line}") from exc
-    if dry_run or not recipe.report:
-        return None
+def write_report(recipe: Recipe, cache: str | None = None) -> tuple[Table, Path]:
+    """The recipe's table over the runs its steps made, written as results.md, .csv and .json."""
     table = report_table(recipe.report, cache)
     out = cache_root(cache) / "pipelines" / recipe.name
     write_text_atomic(out / "results.md", f"# {recipe.name}\n\n{recipe.description}\n\n"
                       + table.markdown() + "\n")
     write_text_atomic(out / "results.csv", table.csv())
     write_text_atomic(out / "results.json", json.dumps(table.records(), indent=2) + "\n")
-    echo("")
-    echo(table.markdown())
-    echo(f"\nreport written to {out}/results.md / .csv / .json")
-    return out / "results.md"
+    return table, out / "results.md"
 
 
 def report_table(report: dict, cache: str | None = None) -> Table:

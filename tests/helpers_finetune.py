@@ -67,29 +67,31 @@ def ddp_worker(rank: int, world: int, port: int, cache: str, out: str) -> None:
                        "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
                        "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"})
     torch.set_num_threads(1)
-    from featcache.features.distributed import ranks
     from featcache.finetune.data import load_finetune_data
-    from featcache.finetune.loop import ConfigTrainer, FinetuneConfig, Settings
-    from featcache.finetune.run import FinetuneOptions, loss_params, run_finetune
-    from featcache.finetune.start import StartOptions, resolve_start
+    from featcache.finetune.loop import ConfigTrainer, Settings
+    from featcache.finetune.options import FinetuneOptions
+    from featcache.finetune.run import loss_params, run_finetune
+    from featcache.finetune.start import resolve_start
+    from featcache.protocol.grid import GridPoint
+    from featcache.runtime import ranks
 
     with ranks("cpu") as job:
         data = load_finetune_data(Path(cache) / NAME / "labels.h5")
         # ROLE's first epoch; LL-Cp's second (it corrects nothing in the first)
         for loss, init, given, epochs in (("role", "best", {}, [0]),
                                           ("ll-cp", "none", {"delta_rel": 50.0}, [1])):
-            start = resolve_start(StartOptions(init=init, loss=loss, dataset=NAME, cache=cache,
+            start = resolve_start(FinetuneOptions(init=init, loss=loss, dataset=NAME, cache=cache,
                                                weights=None if init == "best" else "random",
-                                               image_size=SIZE), data, job, progress=False)
+                                               image_size=SIZE, progress=False), data, job)
             settings = Settings(loss=loss, params=loss_params(loss, {**start.params, **given}, data),
-                                epochs=2, progress=False, eval_bsize=8)
-            trainer = ConfigTrainer(FinetuneConfig(1e-3, 4), settings, start, data, job)
+                                epochs=2, progress=False, eval_batch_size=8)
+            trainer = ConfigTrainer(GridPoint(1e-3, 4), settings, start, data, job)
             records = [trainer.run_epoch(epoch)[0] for epoch in epochs]
             torch.save({"state": {k: v.detach() for k, v in trainer.state.items()},
                         "model": trainer.net.state_dict(),
                         "val": [r.val_map for r in records], "loss": [r.train_loss for r in records]},
                        Path(out) / f"{loss}-{rank}.pt")
-        line = run_finetune(FinetuneOptions(dataset=NAME, loss="role", epochs=1, lrs=[1e-3],
-                                            bsizes=[4], workers=0, device="cpu", cache=cache,
+        line = run_finetune(FinetuneOptions(dataset=NAME, loss="role", epochs=1, learning_rates=[1e-3],
+                                            batch_sizes=[4], workers=0, device="cpu", cache=cache,
                                             run_id="ddp", plots=False, progress=False))
         assert (line is None) == (rank != 0)

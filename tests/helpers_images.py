@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from featcache.features.synthetic import write_image_labels
+from featcache.data.synthetic import write_image_labels
 
 GOOD_KINDS = ("jpeg", "png", "png_alpha", "gray", "cmyk", "exif", "palette")
 BAD_KINDS = ("empty", "truncated", "garbage")

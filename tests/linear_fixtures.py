@@ -6,9 +6,9 @@ from pathlib import Path
 
 import numpy as np
 
+from featcache.data.featurefile import write_features
 from featcache.data.labelfile import LabelSet, SplitLabels, load_labels, write_labels
 from featcache.data.sampling import observe_uniform, split_train_val
-from featcache.features.store import write_features
 
 
 def synthetic_dataset(root: Path, name: str = "toy", n_train: int = 120, n_test: int = 60,

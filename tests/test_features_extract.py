@@ -16,14 +16,14 @@ from click.testing import CliRunner
 from helpers_images import make_dataset, write_image
 from PIL import Image
 
+from featcache.backbones.registry import create_backbone, image_transform
 from featcache.cli import cli
+from featcache.data.featurefile import load_features
 from featcache.data.labelfile import load_labels
 from featcache.errors import FeatcacheError, InputError, OptionError, OutputExistsError
 from featcache.features import extract as extract_module
-from featcache.features.backbones import create_backbone, image_transform
 from featcache.features.extract import ExtractOptions, extract_features
 from featcache.features.shards import parts_dir
-from featcache.features.store import load_features
 
 SIZE = 32  # the smallest input ResNet-50 takes; 64 where pooling must average a real map
 
@@ -337,8 +337,8 @@ def test_write_image_helper_makes_distinct_images(tmp_path):
 
 
 def test_device_choices_and_gpu_settings_without_a_gpu(monkeypatch):
-    from featcache.features.distributed import pick_device
-    from featcache.features.extract import default_chunk_rows, device_settings, resolve_precision
+    from featcache.features.extract import default_chunk_rows
+    from featcache.runtime import backend_flags, pick_device, resolve_precision
 
     cpu = torch.device("cpu")
     assert resolve_precision("auto", cpu) == "fp32" and resolve_precision("bf16", cpu) == "bf16"
@@ -352,9 +352,9 @@ def test_device_choices_and_gpu_settings_without_a_gpu(monkeypatch):
     # --precision fp32 on a GPU turns TF32 off for the run and restores it afterwards
     conv, matmul = torch.backends.cudnn.conv, torch.backends.cuda.matmul
     before = (conv.fp32_precision, matmul.fp32_precision)
-    with device_settings(torch.device("cuda"), "fp32"):
+    with backend_flags(torch.device("cuda"), "fp32"):
         assert (conv.fp32_precision, matmul.fp32_precision) == ("ieee", "ieee")
     assert (conv.fp32_precision, matmul.fp32_precision) == before
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    with device_settings(cpu, "fp32"):
+    with backend_flags(cpu, "fp32"):
         assert torch.get_num_threads() == 1

@@ -8,8 +8,9 @@ import torch
 from helpers_images import BAD_KINDS, GOOD_KINDS, write_image
 from PIL import Image, ImageFile
 
-from featcache.features import images as imgs
-from featcache.features.backbones import resize_transform
+from featcache.backbones import inputs
+from featcache.backbones.registry import resize_transform
+from featcache.data import images as imgs
 
 
 @pytest.mark.parametrize("kind", GOOD_KINDS)
@@ -19,7 +20,7 @@ def test_every_kind_decodes_like_pil_convert_rgb(tmp_path, kind):
     decoded = imgs.load_rgb(path)
     assert decoded.mode == "RGB"
     assert np.array_equal(np.asarray(decoded), np.asarray(expected))
-    dataset = imgs.ImageRows(tmp_path, [path.name], image_size=40)
+    dataset = inputs.ImageRows(tmp_path, [path.name], image_size=40)
     image, row, ok = dataset[0]
     assert (row, ok) == (0, True)
     assert image.dtype == torch.uint8 and image.shape == (3, 40, 40)
@@ -37,7 +38,7 @@ def test_exif_orientation_is_not_applied(tmp_path):
 @pytest.mark.parametrize("kind", BAD_KINDS)
 def test_bad_files_are_flagged_with_a_reason(tmp_path, kind):
     path = write_image(tmp_path / "bad.jpg", kind)
-    image, row, ok = imgs.ImageRows(tmp_path, ["bad.jpg"], image_size=32)[0]
+    image, row, ok = inputs.ImageRows(tmp_path, ["bad.jpg"], image_size=32)[0]
     assert ok is False and row == 0
     assert int(image.abs().sum()) == 0
     problem = imgs.image_problem(path)
@@ -49,7 +50,7 @@ def test_bad_files_are_flagged_with_a_reason(tmp_path, kind):
 
 
 def test_missing_file_is_flagged(tmp_path):
-    assert imgs.ImageRows(tmp_path, ["nope.jpg"], image_size=32)[0][2] is False
+    assert inputs.ImageRows(tmp_path, ["nope.jpg"], image_size=32)[0][2] is False
     assert imgs.image_problem(tmp_path / "nope.jpg") == "file does not exist"
 
 
@@ -68,12 +69,12 @@ def test_device_decode_path_on_the_cpu(tmp_path):
     kinds = ["jpeg", "png_alpha", "cmyk", "gray", "truncated"]
     names = [write_image(tmp_path / f"{i}.img", kind, seed=i, size=(80, 60)).name
              for i, kind in enumerate(kinds)]
-    dataset = imgs.JpegBytesRows(tmp_path, names, image_size=48)
+    dataset = inputs.JpegBytesRows(tmp_path, names, image_size=48)
     items = [dataset[i] for i in range(len(names))]
     assert [item[3] for item in items] == [True, False, False, True, False]
     assert [item[2] for item in items] == [True, True, True, True, False]
-    payloads, rows, ok, is_jpeg = imgs.collate_jpeg_rows(items)
-    batch, decoded = imgs.decode_on_device(payloads, is_jpeg, 48, torch.device("cpu"))
+    payloads, rows, ok, is_jpeg = inputs.collate_jpeg_rows(items)
+    batch, decoded = inputs.decode_on_device(payloads, is_jpeg, 48, torch.device("cpu"))
     assert batch.shape == (5, 3, 48, 48) and batch.dtype == torch.uint8
     assert decoded.all()
     for i in range(4):

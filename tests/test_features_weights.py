@@ -11,16 +11,16 @@ import torchvision
 from torchvision.models._api import Weights, WeightsEnum
 from torchvision.models.resnet import BasicBlock, ResNet
 
-from featcache.errors import InputError, OptionError
-from featcache.features import backbones
-from featcache.features.backbones import BackboneSpec, backbone_spec, create_backbone
-from featcache.features.weights import (
+from featcache.backbones import registry as backbones
+from featcache.backbones.registry import BackboneSpec, backbone_spec, create_backbone
+from featcache.backbones.weights import (
     OFFLINE_ENV,
     describe_weights,
     hub_checkpoint_dir,
     locate_weights,
     resolve_weights,
 )
+from featcache.errors import InputError, OptionError
 
 
 def tiny_resnet() -> ResNet:

@@ -9,26 +9,28 @@ import numpy as np
 import torch
 from helpers_finetune import NAME, SIZE, base_cache, copy_cache, finetune, linear_run
 
-from featcache.features.distributed import Ranks
-from featcache.features.store import load_features
+from featcache.data.featurefile import load_features
 from featcache.fileio import sha256_file
 from featcache.finetune.data import load_finetune_data
-from featcache.finetune.loop import ConfigTrainer, FinetuneConfig, Settings
+from featcache.finetune.loop import ConfigTrainer, Settings
+from featcache.finetune.options import FinetuneOptions
 from featcache.finetune.run import loss_params
-from featcache.finetune.start import StartOptions, resolve_start
-from featcache.linear.runs import load_head
+from featcache.finetune.start import resolve_start
 from featcache.losses.terms import inverse_sigmoid_tensor
+from featcache.protocol.grid import GridPoint
+from featcache.protocol.handoff import load_head
+from featcache.runtime import Ranks
 
 CPU = Ranks(0, 1, 0, 1, torch.device("cpu"))
 
 
 def _trainer(cache, init="best", loss="role", **start_kw):
     data = load_finetune_data(cache / NAME / "labels.h5")
-    start = resolve_start(StartOptions(init=init, loss=loss, dataset=NAME, cache=str(cache),
-                                       **start_kw), data, CPU, progress=False)
+    start = resolve_start(FinetuneOptions(init=init, loss=loss, dataset=NAME, cache=str(cache),
+                                          progress=False, **start_kw), data, CPU)
     settings = Settings(loss=loss, params=loss_params(loss, start.params, data), epochs=1,
-                        progress=False, eval_bsize=8)
-    return ConfigTrainer(FinetuneConfig(1e-3, 4), settings, start, data, CPU), data
+                        progress=False, eval_batch_size=8)
+    return ConfigTrainer(GridPoint(1e-3, 4), settings, start, data, CPU), data
 
 
 def test_linearinit_starts_from_exactly_the_linear_head_and_phi(tmp_path_factory):
@@ -38,7 +40,7 @@ def test_linearinit_starts_from_exactly_the_linear_head_and_phi(tmp_path_factory
     assert torch.equal(trainer.net.head.weight.detach(), head["weight"])
     assert torch.equal(trainer.net.head.bias.detach(), head["bias"])
     # ROLE's hand-over re-logits the estimates with the reference's clipping (docs/losses.md)
-    expected_phi = inverse_sigmoid_tensor(torch.sigmoid(head["phi"]))
+    expected_phi = inverse_sigmoid_tensor(torch.sigmoid(head["handoff"]["phi"]))
     assert torch.equal(trainer.state["phi"].detach()[0], expected_phi)
 
     # The first forward pass (eval mode) equals the linear head on stage one's features.
@@ -66,12 +68,12 @@ def test_one_epoch_from_the_saved_run_records_its_source(tmp_path_factory, tmp_p
     assert document["init"]["mode"] == "linear"
     assert document["init"]["run_dir"] == str(source)
     assert document["init"]["best_pt_sha256"] == sha256_file(source / "best.pt")
-    assert document["init"]["phi"] is True and document["init"]["ran_linear_phase"] is False
+    assert document["init"]["handoff"] == ["phi"] and document["init"]["ran_linear_phase"] is False
     assert document["backbone"]["image_size"] == SIZE  # the linear run's, not the protocol's 448
-    assert document["params"]["k"] == load_head(source)["params"]["k"]
+    assert document["selection"]["params"]["k"] == load_head(source)["params"]["k"]
     assert [e["epoch"] for e in document["configs"][0]["epochs"]] == [1]
     best = torch.load(run_dir / "best.pt", weights_only=True)
-    assert best["phi"].shape == (16, 3) and best["epoch"] == 1
+    assert best["handoff"]["phi"].shape == (16, 3) and best["epoch"] == 1
     assert {k.split(".")[0] for k in best["model"]} == {"trunk", "head"}
     assert (run_dir / "summary.md").read_text().startswith(f"# {NAME} / role")
 
@@ -93,7 +95,7 @@ def test_init_none_starts_from_a_seeded_fresh_head(tmp_path_factory, tmp_path):
     assert result.exit_code == 0, result.output
     document = json.loads((mine / NAME / "finetune" / "an" / "fresh" / "results.json").read_text())
     assert document["init"]["mode"] == "none"
-    assert document["selection"]["bsize"] == 8 and document["published"]["setting"] == "finetune"
+    assert document["selection"]["batch_size"] == 8 and document["published"]["setting"] == "finetune"
     assert document["configs"][0]["epochs"][0]["images_per_second"] > 0
 
 
@@ -107,5 +109,5 @@ def test_init_best_trains_the_linear_phase_first_when_there_is_no_run(tmp_path_f
     assert document["init"]["ran_linear_phase"] is True
     linear = json.loads((tmp_path / document["init"]["run_dir"] / "results.json").read_text())
     # LinearInit's fixed linear hyperparameters for ROLE: lr 1e-3, batch 16, 25 epochs
-    assert linear["grid"]["lr"] == [1e-3] and linear["grid"]["bsize"] == [16]
+    assert linear["grid"]["lr"] == [1e-3] and linear["grid"]["batch_size"] == [16]
     assert linear["protocol"]["epochs"] == 25

@@ -8,13 +8,14 @@ import pytest
 import torch
 from helpers_finetune import NAME, SIZE, base_cache
 
-from featcache.features.distributed import Ranks
 from featcache.finetune.data import load_finetune_data
-from featcache.finetune.loop import ConfigTrainer, FinetuneConfig, Settings
+from featcache.finetune.loop import ConfigTrainer, Settings
+from featcache.finetune.options import FinetuneOptions
 from featcache.finetune.run import loss_params
-from featcache.finetune.start import StartOptions, resolve_start
-from featcache.linear.search import check_loss_fits_data
-from featcache.losses import loss_names
+from featcache.finetune.start import resolve_start
+from featcache.losses import loss_class, loss_names
+from featcache.protocol.grid import GridPoint
+from featcache.runtime import Ranks
 
 CPU = Ranks(0, 1, 0, 1, torch.device("cpu"))
 #: parameters that make the state-changing losses act within two epochs
@@ -25,18 +26,18 @@ ACTIVE = {"em-apl": {"warmup": 1.0}, "ll-cp": {"delta_rel": 50.0}, "opml-sp": {"
 def setup(tmp_path_factory):
     cache = base_cache(tmp_path_factory.getbasetemp())
     data = load_finetune_data(cache / NAME / "labels.h5")
-    start = resolve_start(StartOptions(init="none", loss="an", dataset=NAME, weights="random",
-                                       image_size=SIZE), data, CPU)
+    start = resolve_start(FinetuneOptions(init="none", loss="an", dataset=NAME, weights="random",
+                                          image_size=SIZE), data, CPU)
     return data, start
 
 
 @pytest.mark.parametrize("loss", loss_names())
 def test_every_loss_runs_a_training_step(setup, loss):
     data, start = setup
-    data = check_loss_fits_data(loss, data)  # iu: observed negatives drawn on the fly
+    data = loss_class(loss).fit_data(data)  # iu: observed negatives drawn on the fly
     settings = Settings(loss=loss, params=loss_params(loss, ACTIVE.get(loss, {}), data), epochs=2,
-                        progress=False, eval_bsize=16)
-    trainer = ConfigTrainer(FinetuneConfig(1e-3, 8), settings, start, data, CPU)
+                        progress=False, eval_batch_size=16)
+    trainer = ConfigTrainer(GridPoint(1e-3, 8), settings, start, data, CPU)
     before_head = trainer.net.head.weight.detach().clone()
     before_conv = trainer.net.trunk.conv1.weight.detach().clone()
     before_state = {k: v.detach().clone() for k, v in trainer.state.items()}

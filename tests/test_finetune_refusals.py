@@ -7,12 +7,13 @@ import torch
 from helpers_finetune import NAME, SIZE, base_cache, copy_cache, finetune, linear_run
 from helpers_images import make_dataset
 
+from featcache.backbones.registry import create_backbone
 from featcache.data.labelfile import load_labels
-from featcache.features.backbones import create_backbone
-from featcache.features.distributed import Ranks
-from featcache.features.synthetic import write_image_labels
+from featcache.data.synthetic import write_image_labels
 from featcache.finetune.data import load_finetune_data
-from featcache.finetune.start import StartOptions, resolve_start
+from featcache.finetune.options import FinetuneOptions
+from featcache.finetune.start import resolve_start
+from featcache.runtime import Ranks
 
 CPU = Ranks(0, 1, 0, 1, torch.device("cpu"))
 SMALL = ("--epochs", "1", "--lr", "1e-3", "--bsize", "4")
@@ -34,7 +35,7 @@ def test_no_linear_run_and_no_features_says_which_command_makes_them(tmp_path):
     result = finetune(tmp_path / "cache", "--dataset", "bare", "--loss", "role", *SMALL)
     _refused(result, "no finished linear 'role' run", "featcache features --dataset bare")
     other = finetune(tmp_path / "cache", "--dataset", "bare", "--loss", "an", *SMALL)
-    _refused(other, "--linear-lr and --linear-bsize")
+    _refused(other, "--linear-lr and --linear-batch-size")
 
 
 def test_run_of_another_labels_file_is_refused(cache):
@@ -67,16 +68,16 @@ def test_run_whose_phi_does_not_fit_the_training_rows_is_refused(cache):
     head["train_rows"] = head["train_rows"][:-1]
     torch.save(head, best)
     _refused(finetune(cache, "--loss", "role", "--init", str(best), *SMALL),
-             "phi cover 15 training rows", "16 rows")
+             "phi covers 15 training rows", "16 rows")
 
 
 def test_run_of_another_loss_starts_with_a_warning(tmp_path_factory):
     cache = base_cache(tmp_path_factory.getbasetemp())
     data = load_finetune_data(cache / NAME / "labels.h5")
-    options = StartOptions(init=str(linear_run(cache)), loss="an-ls", dataset=NAME, cache=str(cache))
+    options = FinetuneOptions(init=str(linear_run(cache)), loss="an-ls", dataset=NAME, cache=str(cache))
     with pytest.warns(UserWarning, match="trained with loss 'role'"):
         start = resolve_start(options, data, CPU)
-    assert start.head_weight is not None and start.phi is None
+    assert start.head_weight is not None and not start.handoff
 
 
 def test_missing_and_broken_images(tmp_path):

@@ -69,7 +69,7 @@ def test_resume_after_an_interruption_equals_an_uninterrupted_run(cache, monkeyp
     whole = torch.load(root / "whole" / "best.pt", weights_only=True)
     resumed = torch.load(cut / "best.pt", weights_only=True)
     assert (whole["lr"], whole["epoch"]) == (resumed["lr"], resumed["epoch"])
-    assert torch.equal(whole["phi"], resumed["phi"])
+    assert torch.equal(whole["handoff"]["phi"], resumed["handoff"]["phi"])
     for key, tensor in whole["model"].items():
         assert torch.equal(tensor, resumed["model"][key]), key
     assert not (cut / "configs" / "lr0.0001-bs4" / "checkpoint.pt").exists()  # cleaned up

@@ -11,8 +11,9 @@ import torch
 from dataset_fixtures import invoke
 from linear_fixtures import synthetic_dataset
 
-from featcache.linear.runs import best_run, load_head, load_results
 from featcache.losses import loss_names
+from featcache.protocol.handoff import load_head
+from featcache.protocol.runs import best_run, load_results
 
 FAST = ("--epochs", "2", "--lr", "1e-2,1e-3", "--bsize", "16", "--quiet", "--no-plots")
 
@@ -42,7 +43,7 @@ def test_a_run_writes_results_head_summary_and_curves(toy):
     assert document["labels"]["sha256"] and document["features"]["sha256"]
     assert document["selection"]["params"]["k"] > 1.0  # from the labels file
     head = load_head(directory)
-    assert head["weight"].shape == (5, 16) and head["phi"].shape[1] == 5
+    assert head["weight"].shape == (5, 16) and head["handoff"]["phi"].shape[1] == 5
     assert head["lr"] == document["selection"]["lr"]
     assert best_run(directory.parent) == directory
 
@@ -149,4 +150,4 @@ def test_real_yeast_full_labels_beat_single_positives_and_the_run_reloads(cache_
     assert full > single + 1.0, (full, single)
     head = load_head(best_run(runs / "an"))
     assert head["weight"].shape == (14, 103) and head["classes"][0] == "Class1"
-    assert head["phi"] is None and torch.isfinite(head["weight"]).all()
+    assert "phi" not in head["handoff"] and torch.isfinite(head["weight"]).all()

@@ -10,9 +10,11 @@ from sklearn.metrics import average_precision_score
 
 from featcache.linear.data import load_linear_data
 from featcache.linear.heads import StackedAdam, StackedLinear, init_linear
-from featcache.linear.metrics import average_precision, mean_average_precision
-from featcache.linear.search import SearchSpec, resolve_loss_params, run_search
-from featcache.linear.trainer import HeadConfig, train_group
+from featcache.linear.search import SearchSpec, run_search
+from featcache.linear.trainer import train_group
+from featcache.losses import loss_class
+from featcache.metrics import average_precision, mean_average_precision
+from featcache.protocol.grid import GridPoint
 
 
 # ------------------------------------------------------------------ average precision
@@ -97,7 +99,7 @@ def toy(tmp_path):
 
 
 def test_a_stacked_head_trains_exactly_like_the_same_configuration_alone(toy):
-    grid = [HeadConfig(lr, 8) for lr in (1e-2, 1e-3, 1e-4)]
+    grid = [GridPoint(lr, 8) for lr in (1e-2, 1e-3, 1e-4)]
     together = train_group(toy, "an-ls", grid, epochs=3, progress=False)
     alone = train_group(toy, "an-ls", [grid[1]], epochs=3, progress=False)[0]
     torch.testing.assert_close(together[1].weight, alone.weight, rtol=1e-5, atol=1e-6)
@@ -106,16 +108,16 @@ def test_a_stacked_head_trains_exactly_like_the_same_configuration_alone(toy):
 
 
 def test_same_seed_same_numbers_and_another_seed_differs(toy):
-    grid = [HeadConfig(1e-2, 16, seed=0)]
+    grid = [GridPoint(1e-2, 16, seed=0)]
     first = train_group(toy, "role", grid, epochs=2, progress=False)[0]
     second = train_group(toy, "role", grid, epochs=2, progress=False)[0]
     assert torch.equal(first.weight, second.weight) and torch.equal(first.state["phi"], second.state["phi"])
-    other = train_group(toy, "role", [HeadConfig(1e-2, 16, seed=1)], epochs=2, progress=False)[0]
+    other = train_group(toy, "role", [GridPoint(1e-2, 16, seed=1)], epochs=2, progress=False)[0]
     assert not torch.equal(first.weight, other.weight)
 
 
 def test_best_epoch_is_the_first_with_the_highest_validation_map(toy):
-    result = train_group(toy, "an", [HeadConfig(1e-2, 8)], epochs=6, progress=False)[0]
+    result = train_group(toy, "an", [GridPoint(1e-2, 8)], epochs=6, progress=False)[0]
     values = [r.val_map for r in result.epochs]
     assert result.best_epoch == int(np.argmax(values))
     assert result.best_val == pytest.approx(max(values))
@@ -123,7 +125,7 @@ def test_best_epoch_is_the_first_with_the_highest_validation_map(toy):
 
 
 def test_the_saved_head_reproduces_the_best_epoch_test_map(toy):
-    result = train_group(toy, "an", [HeadConfig(1e-2, 8)], epochs=4, progress=False)[0]
+    result = train_group(toy, "an", [GridPoint(1e-2, 8)], epochs=4, progress=False)[0]
     probs = torch.sigmoid(toy.test.features @ result.weight.t() + result.bias)
     assert mean_average_precision(probs, toy.test.clean).item() == pytest.approx(
         result.best.test_map, abs=1e-6)
@@ -131,35 +133,34 @@ def test_the_saved_head_reproduces_the_best_epoch_test_map(toy):
 
 
 def test_role_returns_phi_at_the_best_epoch_for_linearinit(toy):
-    result = train_group(toy, "role", [HeadConfig(1e-3, 8)], epochs=2, progress=False)[0]
+    result = train_group(toy, "role", [GridPoint(1e-3, 8)], epochs=2, progress=False)[0]
     assert result.state["phi"].shape == (len(toy.train), toy.num_classes)
 
 
 def test_selection_across_configurations_prefers_the_earlier_on_ties(toy, monkeypatch):
-    spec = SearchSpec(loss="an", lrs=(1e-2, 1e-3), bsizes=(8, 16), epochs=2)
+    spec = SearchSpec(loss="an", learning_rates=(1e-2, 1e-3), batch_sizes=(8, 16), epochs=2)
     result = run_search(toy, spec, progress=False)
     heads = result.seeds[0].heads
-    assert [(h.config.bsize, h.config.lr) for h in heads] == [(8, 1e-2), (8, 1e-3), (16, 1e-2), (16, 1e-3)]
+    assert [(h.config.batch_size, h.config.lr) for h in heads] == [(8, 1e-2), (8, 1e-3), (16, 1e-2), (16, 1e-3)]
     best = max(h.best_val for h in heads)
     assert result.selected is next(h for h in heads if h.best_val == best)
 
 
 def test_param_lists_become_grid_axes_trained_as_heads(toy):
-    spec = SearchSpec(loss="an-ls", lrs=(1e-2,), bsizes=(8,), epochs=1,
+    spec = SearchSpec(loss="an-ls", learning_rates=(1e-2,), batch_sizes=(8,), epochs=1,
                       params={"eps_neg": [0.0, 0.1, 0.2]})
     result = run_search(toy, spec, progress=False)
     assert [h.config.param_dict["eps_neg"] for h in result.seeds[0].heads] == [0.0, 0.1, 0.2]
 
 
 def test_epr_takes_k_from_the_labels_file(toy):
-    params = resolve_loss_params("epr", {}, toy)
-    assert params["k"] == [pytest.approx(float(toy.labels.train.clean.sum(1).mean()))]
+    params = loss_class("epr").resolve({}, facts=toy.facts)
+    assert params.values["k"] == [pytest.approx(float(toy.labels.train.clean.sum(1).mean()))]
+    assert params.sources["k"] == "data"
 
 
 def test_iu_draws_observed_negatives_with_the_protocol_sampler(toy):
-    from featcache.linear.search import check_loss_fits_data
-
-    data = check_loss_fits_data("iu", toy)
+    data = loss_class("iu").fit_data(toy)
     observed = data.train.observed
     assert ((observed == -1).sum(dim=1) == 1).all()
     assert torch.equal(observed.clamp(min=0), toy.train.observed)
@@ -167,7 +168,7 @@ def test_iu_draws_observed_negatives_with_the_protocol_sampler(toy):
 
 
 def test_early_stopping_rules_freeze_heads(toy):
-    result = train_group(toy, "an", [HeadConfig(1e-2, 8)], epochs=8, early_stop="zhou",
+    result = train_group(toy, "an", [GridPoint(1e-2, 8)], epochs=8, early_stop="zhou",
                          progress=False)[0]
     if result.stopped_at is not None:
         assert len(result.epochs) == result.stopped_at + 1
@@ -175,7 +176,7 @@ def test_early_stopping_rules_freeze_heads(toy):
 
 
 def test_several_seeds_repeat_the_search_and_report_mean_and_std(toy):
-    spec = SearchSpec(loss="an", lrs=(1e-2,), bsizes=(16,), epochs=2, seeds=(0, 1))
+    spec = SearchSpec(loss="an", learning_rates=(1e-2,), batch_sizes=(16,), epochs=2, seeds=(0, 1))
     result = run_search(toy, spec, progress=False)
     tests = [seed.selected.best.test_map for seed in result.seeds]
     assert [seed.seed for seed in result.seeds] == [0, 1] and tests[0] != tests[1]
@@ -187,7 +188,7 @@ def test_several_seeds_repeat_the_search_and_report_mean_and_std(toy):
 
 
 def test_the_number_of_cpu_jobs_does_not_change_the_numbers(toy):
-    spec = SearchSpec(loss="role", lrs=(1e-2, 1e-3), bsizes=(8, 16), epochs=2)
+    spec = SearchSpec(loss="role", learning_rates=(1e-2, 1e-3), batch_sizes=(8, 16), epochs=2)
     one = run_search(toy, spec, progress=False, jobs=1)
     two = run_search(toy, spec, progress=False, jobs=2)
     for a, b in zip(one.seeds[0].heads, two.seeds[0].heads, strict=True):

@@ -110,8 +110,8 @@ def test_epr_and_role_leave_k_to_the_data_even_for_protocol_datasets():
     from featcache.errors import OptionError
 
     for name in ("epr", "role"):
-        assert loss_class(name).data_params("voc") == ["k"]
-        assert loss_class(name).data_params(None) == ["k"]
+        assert loss_class(name).default_values("voc")["k"] is None
+        assert loss_class(name).default_values(None)["k"] is None
         with pytest.raises(OptionError, match="k"):
             create_loss(name, 20, dataset="voc")
     assert create_loss("role", 312, dataset="cub", params={"k": 31.4}).params["k"] == [31.4]
@@ -220,6 +220,6 @@ def test_role_reads_phi_rows_by_example_index_and_trains_phi_at_lr_mult():
     loss.forward(tensor(LOGITS, 1), targets, state, 0).sum().backward()
     assert torch.all(state["phi"].grad[0, 0] == 0)
     assert torch.all(state["phi"].grad[0, 1:] != 0)
-    assert loss.trainable_state() == {"phi": [10.0]}
-    assert create_loss("role", 3, 2, params={"k": 1, "lr_mult": [5, 20]}).trainable_state() == {
+    assert loss.learned_state_lr_mults() == {"phi": [10.0]}
+    assert create_loss("role", 3, 2, params={"k": 1, "lr_mult": [5, 20]}).learned_state_lr_mults() == {
         "phi": [5.0, 20.0]}

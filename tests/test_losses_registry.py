@@ -26,37 +26,66 @@ def test_every_loss_of_the_issue_is_registered_once_in_order():
 def test_every_loss_describes_itself(name):
     cls = loss_class(name)
     assert cls.summary and "\n" not in cls.summary and cls.reference and cls.__doc__
-    assert set(cls.param_help) == set(cls.defaults)
+    assert all(param.help for param in cls.params.values())
     for overrides in cls.dataset_defaults.values():
-        assert set(overrides) <= set(cls.defaults)
+        assert set(overrides) <= set(cls.params)
+        assert all(cls.params[key].accepts(value) for key, value in overrides.items())
+    for key, param in cls.params.items():
+        assert param.default is None or param.accepts(param.default), key
 
 
-def test_requires_is_declared_for_the_losses_that_need_more_data():
-    needs = {name: set(loss_class(name).requires) for name in EXPECTED_NAMES}
-    assert needs.pop("bce") == needs.pop("bce-ls") == needs.pop("iun") == {"clean_train"}
+def test_needs_are_declared_for_the_losses_that_need_more_data():
+    needs = {name: {need.key for need in loss_class(name).needs} for name in EXPECTED_NAMES}
+    assert needs.pop("bce") == needs.pop("bce-ls") == needs.pop("iun") == {"full_labels"}
     assert needs.pop("iu") == {"observed_negatives"}
     assert all(not value for value in needs.values())
 
 
-def test_unknown_loss_lists_the_valid_ones():
+def test_unknown_loss_names_the_closest_ones_or_lists_all():
     with pytest.raises(OptionError) as error:
         create_loss("an-lss", 3)
-    assert "'an-lss'" in str(error.value) and "an-ls" in str(error.value) and "opml-sp" in str(error.value)
+    assert str(error.value).startswith("unknown loss 'an-lss'; did you mean 'an-ls'")
+    with pytest.raises(OptionError) as error:
+        create_loss("xyzzy", 3)
+    assert "'xyzzy'" in str(error.value) and "an-ls" in str(error.value) and "opml-sp" in str(error.value)
 
 
 def test_unknown_parameter_lists_the_valid_ones():
     with pytest.raises(OptionError, match="no parameter 'eps'.*eps_neg, eps_pos"):
         create_loss("an-ls", 3, params={"eps": 0.2})
+    with pytest.raises(OptionError, match="no parameter 'eps_nge'; did you mean 'eps_neg'"):
+        create_loss("an-ls", 3, params={"eps_nge": 0.2})
     with pytest.raises(OptionError, match="no parameter 'alpha'; its parameters are: none"):
         create_loss("an", 3, params={"alpha": 0.2})
 
 
 def test_k_must_come_from_the_data():
-    assert loss_class("epr").data_params() == ["k"]
-    assert loss_class("role").data_params("coco") == ["k"]
-    assert loss_class("an").data_params() == []
+    from featcache.losses import DataFacts
+
+    data_decided = {name for name in EXPECTED_NAMES
+                    if any(p.from_data is not None for p in loss_class(name).params.values())}
+    assert data_decided == {"epr", "role"}
+    assert loss_class("role").default_values("coco")["k"] is None
     with pytest.raises(OptionError, match="--param k=VALUE"):
         create_loss("epr", 3)
+    facts = DataFacts(dataset="toy", num_classes=3, mean_positives=1.7)
+    resolved = loss_class("role").resolve({}, facts=facts)
+    assert resolved.single() == {"k": 1.7, "lr_mult": 10.0}
+    assert resolved.sources == {"k": "data", "lr_mult": "default"}
+    assert loss_class("role").resolve({"k": 2.5}, facts=facts).values["k"] == [2.5]
+
+
+@pytest.mark.parametrize("name, params, shown", [
+    ("an-ls", {"eps_pos": 1.5}, r"eps_pos=1.5 is out of range: eps_pos takes \[0, 1\]"),
+    ("epr", {"k": -1.0}, r"k=-1 is out of range: k takes \(0, inf\)"),
+    ("ll-r", {"delta_rel": 150.0}, r"delta_rel=150 is out of range: delta_rel takes \[0, 100\]"),
+    ("em-apl", {"warmup": 2.5}, r"warmup=2.5 is out of range: warmup takes whole numbers"),
+    ("opml-sp", {"rank": 2.0}, r"rank=2 is out of range: rank takes 0 or 1"),
+    ("focal", {"gamma": float("nan")}, r"gamma=nan is out of range"),
+])
+def test_out_of_range_parameters_are_refused_with_the_range(name, params, shown):
+    with pytest.raises(OptionError, match=shown):
+        create_loss(name, 3, params={**params, **({"k": 1.0} if name == "epr" and "k" not in params else {})})
 
 
 def test_per_head_values_must_match_the_head_count():
@@ -89,7 +118,7 @@ def train(name, heads, params, epochs=3, batch=4, seed=0):
     state = loss.init_state(observed, clean, generator=torch.Generator().manual_seed(1))
     weight = (0.5 * torch.randn(6, classes, generator=torch.Generator().manual_seed(2)))
     weight = weight.expand(heads, -1, -1).clone().requires_grad_(True)
-    trainable = [state[key] for key in loss.trainable_state()]
+    trainable = [state[key] for key in loss.learned_state_lr_mults()]
     values = []
     for epoch in range(epochs):
         for start in range(0, features.shape[0] - batch + 1, batch):
@@ -111,7 +140,7 @@ def train(name, heads, params, epochs=3, batch=4, seed=0):
 
 @pytest.mark.parametrize("name", EXPECTED_NAMES)
 def test_every_loss_trains_three_heads_without_nan(name):
-    params = {k: v for k, v in DATA_PARAMS.items() if k in loss_class(name).defaults}
+    params = {k: v for k, v in DATA_PARAMS.items() if k in loss_class(name).params}
     values, state = train(name, 3, params)
     assert torch.isfinite(values).all()
     for key, tensor_ in state.items():
@@ -119,9 +148,11 @@ def test_every_loss_trains_three_heads_without_nan(name):
             assert torch.isfinite(tensor_).all(), key
 
 
-def alternative(value: float) -> float:
-    """Another valid value of a parameter, for the second head (flags 1 -> 0)."""
-    return 0.0 if value == 1.0 and value.is_integer() else value / 2 if value else 0.5
+def alternative(param, value: float) -> float:
+    """Another valid value of a parameter, for the second head (switches 1 -> 0)."""
+    if param.integer:
+        return 1.0 - value if param.high == 1.0 else value + 1.0
+    return value / 2 if value else 0.5
 
 
 #: values that make the per-example state change within the 3 test epochs
@@ -131,12 +162,13 @@ STATE_CHANGING = {
 }
 
 
-@pytest.mark.parametrize("name", [n for n in EXPECTED_NAMES if loss_class(n).defaults])
+@pytest.mark.parametrize("name", [n for n in EXPECTED_NAMES if loss_class(n).params])
 def test_per_head_parameters_match_separate_single_head_runs(name):
     cls = loss_class(name)
-    first = {key: (DATA_PARAMS[key] if value is None else value) for key, value in cls.defaults.items()}
+    first = {key: (DATA_PARAMS[key] if p.default is None else p.default)
+             for key, p in cls.params.items()}
     first.update(STATE_CHANGING.get(name, {}))
-    second = {key: alternative(value) for key, value in first.items()}
+    second = {key: alternative(cls.params[key], value) for key, value in first.items()}
     stacked, stacked_state = train(name, 2, {key: [first[key], second[key]] for key in first})
     if name in STATE_CHANGING:
         initial = loss_class(name)(5, 2, params=first).init_state(random_problem(0)[1])
@@ -171,6 +203,8 @@ def test_losses_command_markdown_has_one_row_per_loss():
 
 def test_losses_command_details_and_unknown_names():
     result = CliRunner().invoke(cli, ["losses", "ll-cp"])
-    assert result.exit_code == 0 and "delta_rel = 0.2: rejection-rate increase" in result.output
+    assert result.exit_code == 0 and "delta_rel = 0.2, in [0, 100]: rejection-rate increase" in result.output
     result = CliRunner().invoke(cli, ["losses", "nope"])
     assert result.exit_code != 0 and "unknown loss 'nope'; valid losses: bce" in result.output
+    result = CliRunner().invoke(cli, ["losses", "roel"])
+    assert result.exit_code != 0 and "unknown loss 'roel'; did you mean 'role'?" in result.output

@@ -66,7 +66,7 @@ def test_a_failing_step_names_the_recipe_and_the_step(cache_dir, tmp_path):
     recipe.write_text(RECIPE)
     result = invoke("pipeline", "run", recipe)  # no toy dataset prepared
     assert result.exit_code != 0
-    assert "step 1 (first) failed" in result.output and "no features file" in result.output
+    assert "step 1 (first) failed" in result.output and "no dataset 'toy'" in result.output
 
 
 @pytest.mark.parametrize("path, description", list_recipes(REPO / "pipelines"))

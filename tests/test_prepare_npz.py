@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from dataset_fixtures import invoke
 
+from featcache.data.featurefile import load_features, read_feature_attrs
 from featcache.data.formats.npz import read_npz
 from featcache.data.labelfile import load_labels
 from featcache.errors import InputError
-from featcache.features.store import load_features, read_feature_attrs
 
 
 def toy_arrays():

@@ -18,8 +18,29 @@ overwrite_option = click.option(
 
 device_option = click.option(
     "--device", default="auto", show_default=True,
-    help="Torch device: auto (cuda when available, else cpu), cpu, cuda, cuda:N.",
+    help="Torch device: auto (cuda when available, else cpu, with a warning), cpu, cuda, cuda:N.",
 )
+
+
+def _numbers(kind, option: str):
+    def convert(ctx, param, value):
+        numbers = parse_number_list(value, option, kind=kind)
+        if any(v <= 0 for v in numbers):
+            raise click.BadParameter(f"must be positive, got {value}", param_hint=option)
+        return numbers
+    return convert
+
+
+def learning_rates_option(help: str = "Learning rates of the grid (comma-separated)."):
+    """``--lr 1e-2,1e-3,...``: the grid's learning rates, parsed and checked."""
+    return click.option("--lr", "learning_rates", default="1e-2,1e-3,1e-4,1e-5", show_default=True,
+                        callback=_numbers(float, "--lr"), help=help)
+
+
+def batch_sizes_option(help: str = "Batch sizes of the grid (comma-separated; --bsize is an alias)."):
+    """``--batch-size 8,16`` (alias ``--bsize``): the grid's batch sizes, parsed and checked."""
+    return click.option("--batch-size", "--bsize", "batch_sizes", default="8,16",
+                        show_default=True, callback=_numbers(int, "--batch-size"), help=help)
 
 
 def parse_number_list(value: str, option: str, kind=float) -> list:
@@ -44,21 +65,8 @@ def parse_params(pairs: tuple[str, ...]) -> dict[str, list[float]]:
         if "=" not in pair:
             raise click.BadParameter(f"{pair!r} is not NAME=VALUE", param_hint="--param")
         name, value = pair.split("=", 1)
+        if name.strip() in params:
+            raise click.BadParameter(f"{name.strip()} is given twice; give several values as "
+                                     f"{name.strip()}=V1,V2", param_hint="--param")
         params[name.strip()] = parse_number_list(value, f"--param {name.strip()}")
     return params
-
-
-def resolve_device(name: str):
-    """The torch device for ``--device`` (``auto``: cuda when available)."""
-    import torch
-
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError as exc:
-        raise click.BadParameter(str(exc), param_hint="--device") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise click.BadParameter("CUDA is not available on this machine; use --device cpu",
-                                 param_hint="--device")
-    return device

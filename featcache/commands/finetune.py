@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import click
 
-from featcache.commands.common import cache_option, parse_number_list, parse_params
+from featcache.commands.common import (
+    batch_sizes_option,
+    cache_option,
+    learning_rates_option,
+    parse_params,
+)
 
 
 @click.command("finetune")
@@ -15,10 +20,10 @@ from featcache.commands.common import cache_option, parse_number_list, parse_par
                    "these labels (trained first, with LinearInit's fixed hyperparameters, when there "
                    "is none); none: a fresh head (the papers' 'Fine-tuned' column); PATH: a linear "
                    "run directory or its best.pt.")
-@click.option("--lr", "lrs", default="1e-2,1e-3,1e-4,1e-5", show_default=True,
-              help="Learning rates of the grid (backbone; the head gets --head-lr-mult times it).")
-@click.option("--bsize", "bsizes", default="8,16", show_default=True,
-              help="Batch sizes of the grid (global: shared among the ranks under torchrun).")
+@learning_rates_option(help="Learning rates of the grid (backbone; the head gets "
+                            "--head-lr-mult times it).")
+@batch_sizes_option(help="Batch sizes of the grid (global: shared among the ranks under "
+                         "torchrun; --bsize is an alias).")
 @click.option("--epochs", default=10, show_default=True, type=click.IntRange(min=1),
               help="Fine-tuning epochs (the reference code's 10; Cole et al.'s paper says 5 for "
                    "LinearInit: --epochs 5).")
@@ -30,7 +35,8 @@ from featcache.commands.common import cache_option, parse_number_list, parse_par
 @click.option("--linear-lr", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Learning rate of the linear phase when it must be trained first  [default: "
                    "LinearInit's: an-ls 1e-4, role 1e-3; required for other losses].")
-@click.option("--linear-bsize", type=click.IntRange(min=1), default=None,
+@click.option("--linear-batch-size", "--linear-bsize", "linear_batch_size",
+              type=click.IntRange(min=1), default=None,
               help="Batch size of that linear phase  [default: an-ls 8 (16 on nuswide), role 16 "
                    "(8 on cub); required for other losses].")
 @click.option("--backbone", default=None,
@@ -75,10 +81,10 @@ from featcache.commands.common import cache_option, parse_number_list, parse_par
 @click.option("--no-plots", is_flag=True, help="Do not draw curves.png.")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
 @cache_option
-def command(dataset, loss, init, lrs, bsizes, epochs, head_lr_mult, param_pairs, linear_lr,
-            linear_bsize, backbone, weights, image_size, precision, use_compile, workers,
-            eval_batch_size, val_variant, early_stop, seed, device, images_root, run_id, resume,
-            overwrite, no_plots, quiet, cache):
+def command(dataset, loss, init, learning_rates, batch_sizes, epochs, head_lr_mult, param_pairs,
+            linear_lr, linear_batch_size, backbone, weights, image_size, precision, use_compile,
+            workers, eval_batch_size, val_variant, early_stop, seed, device, images_root, run_id,
+            resume, overwrite, no_plots, quiet, cache):
     """Stage three: fine-tune the whole network end to end on the images.
 
     \b
@@ -89,28 +95,25 @@ def command(dataset, loss, init, lrs, bsizes, epochs, head_lr_mult, param_pairs,
     curves.png, and a checkpoint per epoch for --resume. Several GPUs:
       torchrun --nproc_per_node N -m featcache finetune --dataset voc --loss role
     """
-    from featcache.finetune.run import FinetuneOptions, run_finetune
+    from featcache.finetune.options import FinetuneOptions
+    from featcache.finetune.run import run_finetune
+    from featcache.linear.run import train_linear_phase
 
-    lr_values = parse_number_list(lrs, "--lr")
-    bsize_values = parse_number_list(bsizes, "--bsize", kind=int)
-    if any(v <= 0 for v in lr_values):
-        raise click.BadParameter("learning rates must be positive", param_hint="--lr")
-    if any(v <= 0 for v in bsize_values):
-        raise click.BadParameter("batch sizes must be positive", param_hint="--bsize")
     params = parse_params(param_pairs)
     for name, values in params.items():
         if len(values) != 1:
             raise click.BadParameter(f"{name} has {len(values)} values; fine-tuning takes one value "
                                      "per loss parameter", param_hint="--param")
     options = FinetuneOptions(
-        dataset=dataset, loss=loss, init=init, lrs=lr_values, bsizes=bsize_values, epochs=epochs,
-        head_lr_mult=head_lr_mult, params={k: v[0] for k, v in params.items()},
-        linear_lr=linear_lr, linear_bsize=linear_bsize, backbone=backbone, weights=weights,
+        dataset=dataset, loss=loss, init=init, learning_rates=learning_rates,
+        batch_sizes=batch_sizes, epochs=epochs, head_lr_mult=head_lr_mult,
+        params={k: v[0] for k, v in params.items()}, linear_lr=linear_lr,
+        linear_batch_size=linear_batch_size, backbone=backbone, weights=weights,
         image_size=image_size, precision=precision, compile=use_compile, workers=workers,
-        eval_bsize=eval_batch_size, val_variant=val_variant, early_stop=early_stop, seed=seed,
+        eval_batch_size=eval_batch_size, val_variant=val_variant, early_stop=early_stop, seed=seed,
         device=device, images_root=images_root, run_id=run_id, resume=resume, overwrite=overwrite,
         plots=not no_plots, progress=not quiet, cache=cache,
     )
-    outcome = run_finetune(options)
+    outcome = run_finetune(options, linear_phase=train_linear_phase)
     if outcome is not None:
         click.echo(outcome)

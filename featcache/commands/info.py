@@ -153,7 +153,7 @@ def describe_features(path: Path) -> str:
     """Markdown tables for one features file (without loading the features themselves)."""
     import h5py
 
-    from featcache.features.store import OFFICIAL_SPLITS, read_feature_attrs
+    from featcache.data.featurefile import OFFICIAL_SPLITS, read_feature_attrs
     from featcache.fileio import sha256_file
     from featcache.tables import Table
 

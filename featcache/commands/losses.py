@@ -7,8 +7,6 @@ import textwrap
 
 import click
 
-#: what a loss's ``requires`` entries mean, in words
-NEEDS = {"clean_train": "full train labels", "observed_negatives": "observed negatives"}
 DATASETS = ("voc", "coco", "nuswide", "cub")
 
 
@@ -19,7 +17,7 @@ def format_value(value) -> str:
 
 def describe(cls) -> dict[str, str]:
     """The text cells of one loss class."""
-    params = ", ".join(f"{key}={format_value(value)}" for key, value in cls.defaults.items())
+    params = ", ".join(f"{key}={format_value(param.default)}" for key, param in cls.params.items())
     per_dataset = "; ".join(
         f"{dataset}: " + ", ".join(f"{k}={format_value(v)}" for k, v in cls.dataset_defaults[dataset].items())
         for dataset in DATASETS if dataset in cls.dataset_defaults
@@ -30,7 +28,7 @@ def describe(cls) -> dict[str, str]:
         "summary": cls.summary,
         "params": params or "none",
         "datasets": per_dataset or "-",
-        "needs": ", ".join(NEEDS.get(need, need) for need in sorted(cls.requires)) or "-",
+        "needs": ", ".join(need.description for need in cls.needs) or "-",
     }
 
 
@@ -74,13 +72,18 @@ def parameter_help(cls) -> str:
     """One loss in detail: its docstring's first paragraph and each parameter's meaning."""
     doc = (cls.__doc__ or "").strip().split("\n\n")[0].replace("``", "")
     lines = [f"{cls.name} ({cls.reference})", textwrap.dedent(doc), ""]
-    for key, value in cls.defaults.items():
+    for key, param in cls.params.items():
         per_dataset = ", ".join(f"{d} {format_value(cls.dataset_defaults[d][key])}"
                                 for d in DATASETS if key in cls.dataset_defaults.get(d, {}))
         extra = f" [{per_dataset}]" if per_dataset else ""
-        lines.append(f"  {key} = {format_value(value)}{extra}: {cls.param_help.get(key, '')}")
-    if not cls.defaults:
+        lines.append(f"  {key} = {format_value(param.default)}{extra}, in {param.range_text()}: "
+                     f"{param.help}")
+    if not cls.params:
         lines.append("  (no parameters)")
+    if cls.needs:
+        lines.append("  needs: " + ", ".join(need.description for need in cls.needs))
+    if cls.handoff_state:
+        lines.append("  hands to fine-tuning: " + ", ".join(cls.handoff_state))
     return "\n".join(lines)
 
 

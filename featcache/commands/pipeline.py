@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import shlex
+from pathlib import Path
+
 import click
 
 from featcache.commands.common import cache_option
@@ -23,7 +26,7 @@ def run(recipe, assignments, dry_run, cache):
 
     The report goes to <cache>/pipelines/<name>/results.md, .csv and .json.
     """
-    from featcache.pipeline import load_recipe, run_recipe
+    from featcache.pipeline import load_recipe
 
     overrides = {}
     for item in assignments:
@@ -32,6 +35,38 @@ def run(recipe, assignments, dry_run, cache):
         name, value = item.split("=", 1)
         overrides[name.strip()] = value
     run_recipe(load_recipe(recipe, overrides, cache), cache=cache, dry_run=dry_run)
+
+
+def run_recipe(recipe, cache: str | None = None, dry_run: bool = False) -> None:
+    """Run every step of ``recipe`` through the command line, then write its report."""
+    from featcache.cli import cli
+    from featcache.errors import FeatcacheError
+    from featcache.pipeline import write_report
+
+    for number, step in enumerate(recipe.steps, start=1):
+        line = "featcache " + shlex.join(step.command)
+        if step.skip_if_exists and Path(step.skip_if_exists).exists():
+            click.echo(f"[{number}/{len(recipe.steps)}] {step.name}: done already "
+                       f"({step.skip_if_exists})")
+            continue
+        click.echo(f"[{number}/{len(recipe.steps)}] {step.name}: {line}")
+        if dry_run:
+            continue
+        arguments = list(step.command)
+        if cache is not None:
+            arguments[1:1] = ["--cache", cache]
+        try:
+            cli.main(args=arguments, prog_name="featcache", standalone_mode=False)
+        except (FeatcacheError, click.ClickException) as exc:
+            message = exc.format_message() if isinstance(exc, click.ClickException) else str(exc)
+            raise FeatcacheError(f"{recipe.path} step {number} ({step.name}) failed: {message}\n"
+                                 f"  the step was: {line}") from exc
+    if dry_run or not recipe.report:
+        return
+    table, out = write_report(recipe, cache)
+    click.echo("")
+    click.echo(table.markdown())
+    click.echo(f"\nreport written to {out.parent}/results.md / .csv / .json")
 
 
 @command.command("list")

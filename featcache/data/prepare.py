@@ -252,8 +252,8 @@ def import_feature_set(npz: str | os.PathLike, name: str, labels_path: str | os.
     dropped there are dropped from the features too. Both outputs are refused up front if
     they exist (unless ``overwrite``).
     """
+    from featcache.data.featurefile import write_features
     from featcache.data.formats.npz import read_npz
-    from featcache.features.store import write_features
 
     options = options or PrepareOptions()
     options.labels_only = True

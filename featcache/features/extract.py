@@ -4,7 +4,7 @@ Rows follow the labels file, official train then test, in fixed chunks (1024 row
 a multiple of the batch size, so that every batch is the same whatever happened before). Each
 finished chunk is saved as a shard (:mod:`featcache.features.shards`); running again computes
 only the missing chunks; when all exist they are assembled with
-:func:`featcache.features.store.write_features` (atomic) and the shards are removed. The result
+:func:`featcache.data.featurefile.write_features` (atomic) and the shards are removed. The result
 does not depend on interruptions, nor on the number of ranks under ``torchrun``.
 
 GPU runs use autocast (bf16, or fp16 where bf16 is missing; ``fp32`` for exact fidelity, with
@@ -15,11 +15,9 @@ on the device instead (close to, not identical with, PIL).
 
 from __future__ import annotations
 
-import os
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,25 +28,36 @@ import torchvision
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
-from featcache.data.labelfile import LabelSet, load_labels
-from featcache.errors import FeatcacheError, InputError, OptionError, OutputExistsError
-from featcache.features import images as imgs
-from featcache.features.backbones import (
+from featcache.backbones import (
     Uint8Normalize,
     backbone_spec,
     create_backbone,
+    inputs,
     transform_description,
 )
-from featcache.features.distributed import Ranks, ranks, torchrun_world
-from featcache.features.shards import ChunkStore, describe_differences
-from featcache.features.store import read_feature_attrs, write_features
-from featcache.features.weights import WeightsSource, describe_weights, locate_weights
-from featcache.paths import features_path, labels_path
+from featcache.backbones.weights import WeightsSource, describe_weights, locate_weights
+from featcache.data.featurefile import read_feature_attrs, write_features
+from featcache.data.images import image_problem, image_root
+from featcache.data.labelfile import LabelSet, load_labels
+from featcache.errors import FeatcacheError, InputError, OptionError, OutputExistsError
+from featcache.features.shards import ChunkStore
+from featcache.paths import existing_labels, features_path
+from featcache.protocol.runs import describe_differences
+from featcache.runtime import (
+    PRECISIONS,
+    Ranks,
+    autocast,
+    backend_flags,
+    cpu_threads,
+    default_batch_size,
+    default_workers,
+    describe_device,
+    ranks,
+    resolve_precision,
+)
 
-PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 DTYPES = ("float32", "float16")
 DEFAULT_CHUNK_ROWS = 1024
-_AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 @dataclass
@@ -135,7 +144,7 @@ def extract_features(dataset: str, options: ExtractOptions | None = None,
     options = options or ExtractOptions()
     options.validate()
     spec = backbone_spec(options.backbone)
-    labels = load_labels(labels_path(dataset, options.cache))
+    labels = load_labels(existing_labels(dataset, options.cache))
     source = describe_weights(spec, options.weights, options.seed)
     tag = spec.name + (f"-{source.tag}" if source.tag else "")
     final = features_path(dataset, tag, options.cache)
@@ -291,7 +300,7 @@ class _Run:
                    dynamic_ncols=True, disable=not self.job.is_main, file=sys.stderr)
         chunks = iter(todo)
         chunk, parts, oks = next(chunks), [], []
-        with bar, torch.inference_mode(), device_settings(self.device, self.precision):
+        with bar, torch.inference_mode(), backend_flags(self.device, self.precision):
             for batch in loader:
                 images, batch_rows, ok = self.to_device(batch)
                 self.stop_on_bad(batch_rows, ok, root)
@@ -313,15 +322,15 @@ class _Run:
             position += size
         size = self.options.image_size
         if self.options.gpu_decode:
-            dataset, collate = imgs.JpegBytesRows(root, self.images, size, rows), imgs.collate_jpeg_rows
+            dataset, collate = inputs.JpegBytesRows(root, self.images, size, rows), inputs.collate_jpeg_rows
         else:
-            dataset, collate = imgs.ImageRows(root, self.images, size, rows), None
+            dataset, collate = inputs.ImageRows(root, self.images, size, rows), None
         workers = self.options.workers
         if workers is None:
             workers = default_workers(self.device, self.job.local_world)
         return DataLoader(
             dataset, batch_sampler=batches, num_workers=workers, collate_fn=collate,
-            pin_memory=self.device.type == "cuda", worker_init_fn=imgs.worker_init,
+            pin_memory=self.device.type == "cuda", worker_init_fn=inputs.worker_init,
             prefetch_factor=2 if workers else None,
         )
 
@@ -329,7 +338,7 @@ class _Run:
         """(normalised float batch on the device, rows, ok flags) from a loader batch."""
         if self.options.gpu_decode:
             payloads, batch_rows, ok, is_jpeg = batch
-            images, decoded = imgs.decode_on_device(payloads, is_jpeg, self.options.image_size,
+            images, decoded = inputs.decode_on_device(payloads, is_jpeg, self.options.image_size,
                                                     self.device)
             ok = ok & decoded
         else:
@@ -339,9 +348,7 @@ class _Run:
         return images, batch_rows, ok
 
     def forward(self, model: torch.nn.Module, images: torch.Tensor) -> torch.Tensor:
-        if self.precision == "fp32":
-            return model(images).float()
-        with torch.autocast(self.device.type, dtype=_AUTOCAST[self.precision]):
+        with autocast(self.device, self.precision):
             return model(images).float()
 
     def stop_on_bad(self, batch_rows: torch.Tensor, ok: torch.Tensor, root: Path) -> None:
@@ -354,7 +361,7 @@ class _Run:
     def bad_reason(self, root: Path, row: int) -> dict:
         split, index = self.split_row(row)
         path = root / str(self.images[row])
-        reason = imgs.image_problem(path) or "the device JPEG decoder could not decode it"
+        reason = image_problem(path) or "the device JPEG decoder could not decode it"
         if reason == "file does not exist" and self.labels.provenance.get("labels_only"):
             reason += (f" ({self.labels.path} was prepared with labels_only: its images were never "
                        "checked; point --images-root at the folder that holds them)")
@@ -432,105 +439,6 @@ def write_shard(store: ChunkStore, chunk: int, features, bad, reasons) -> None:
     store.write(chunk, features, bad, reasons)
 
 
-def image_root(labels: LabelSet, override: str | os.PathLike | None) -> Path:
-    """The folder the labels file's image paths are relative to.
-
-    ``--images-root`` wins; otherwise the labels file's ``image_root`` attribute, relative to
-    the current directory or, failing that, to the labels file's directory.
-    """
-    if override is not None:
-        root = Path(override)
-        if not root.is_dir():
-            raise OptionError(f"--images-root {root} is not a directory")
-        return root
-    if not labels.image_root:
-        raise OptionError(f"{labels.path} records no image folder (image_root); pass "
-                          "--images-root DIR")
-    root = Path(labels.image_root).expanduser()
-    if not root.is_dir() and not root.is_absolute() and labels.path is not None:
-        beside = labels.path.parent / root
-        root = beside if beside.is_dir() else root
-    if not root.is_dir():
-        hint = (" (it was prepared with labels_only: images were never checked)"
-                if labels.provenance.get("labels_only") else "")
-        raise InputError(f"image folder {root} (image_root of {labels.path}{hint}) does not exist; "
-                         "pass --images-root DIR")
-    return root
-
-
-def resolve_precision(precision: str, device: torch.device) -> str:
-    """``auto``: bf16 on GPUs that have it, else fp16; fp32 on the CPU."""
-    if precision != "auto":
-        return precision
-    if device.type != "cuda":
-        return "fp32"
-    return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-
-
-def default_batch_size(device: torch.device) -> int:
-    return 256 if device.type == "cuda" else 32
-
-
 def default_chunk_rows(batch_size: int) -> int:
     """About 1024 rows, a whole number of batches."""
     return batch_size * max(1, round(DEFAULT_CHUNK_ROWS / batch_size))
-
-
-def usable_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
-
-
-def default_workers(device: torch.device, local_world: int = 1) -> int:
-    """GPU: every CPU this rank can have but one (JPEG decoding must keep the GPU busy);
-    CPU: one worker (the model is the bottleneck), none on a single core."""
-    cpus = max(1, usable_cpus() // max(1, local_world))
-    if device.type == "cuda":
-        return max(1, min(cpus - 1, 32))
-    return 1 if cpus >= 2 else 0
-
-
-def cpu_threads() -> int:
-    """Threads for a CPU forward pass: ``$OMP_NUM_THREADS`` when set (torchrun sets 1), else
-    the CPUs of this machine shared among the ranks on it. The count is part of a run's identity:
-    oneDNN's sums, hence the last bits of the features, depend on it."""
-    value = os.environ.get("OMP_NUM_THREADS", "")
-    if value.isdigit() and int(value) > 0:
-        return int(value)
-    _, _, _, local_world = torchrun_world()
-    return max(1, usable_cpus() // max(1, local_world))
-
-
-def describe_device(device: torch.device) -> str:
-    if device.type == "cuda":
-        return f"cuda ({torch.cuda.get_device_name(device)})"
-    return "cpu"
-
-
-@contextmanager
-def device_settings(device: torch.device, precision: str) -> Iterator[None]:
-    """CPU: :func:`cpu_threads` intra-op threads. GPU fp32: IEEE convolutions and matmuls
-    (no TF32), so that ``--precision fp32`` means fp32. Restored afterwards."""
-    if device.type == "cpu":
-        before = torch.get_num_threads()
-        torch.set_num_threads(cpu_threads())
-        try:
-            yield
-        finally:
-            torch.set_num_threads(before)
-        return
-    with (_ieee_fp32() if precision == "fp32" else nullcontext()):
-        yield
-
-
-@contextmanager
-def _ieee_fp32() -> Iterator[None]:
-    conv, matmul = torch.backends.cudnn.conv, torch.backends.cuda.matmul
-    before = (conv.fp32_precision, matmul.fp32_precision)
-    conv.fp32_precision, matmul.fp32_precision = "ieee", "ieee"
-    try:
-        yield
-    finally:
-        conv.fp32_precision, matmul.fp32_precision = before

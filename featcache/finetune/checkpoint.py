@@ -1,7 +1,8 @@
-"""Per-epoch checkpoints and the run's settings, so that ``--resume`` continues exactly.
+"""Per-epoch checkpoints, so that ``--resume`` continues exactly.
 
-A run directory holds ``run.json`` (the settings that must not change on resume, written when
-the run starts) and, per configuration, ``configs/<key>/checkpoint.pt`` after every epoch:
+A run folder holds ``run.json`` (the settings that must not change on resume, with their
+fingerprint: :class:`featcache.protocol.runs.RunFolder`) and, per configuration,
+``configs/<name>/checkpoint.pt`` after every epoch:
 network, optimizer, grad scaler, the loss's per-example state (phi, pseudo-labels, corrected
 labels), RNG states, the epoch and the history so far. Everything is written atomically
 (temporary name, then rename), so an interruption leaves the previous checkpoint intact.
@@ -11,7 +12,6 @@ and the (large) checkpoint is deleted.
 
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
 
@@ -19,12 +19,11 @@ import numpy as np
 import torch
 
 from featcache.errors import InputError
-from featcache.features.shards import describe_differences
-from featcache.fileio import atomic_output, write_json_atomic
+from featcache.fileio import atomic_output
+from featcache.protocol.runs import describe_differences, read_json
 
 FORMAT = "featcache-finetune-checkpoint"
 FORMAT_VERSION = 1
-RUN_FILE = "run.json"
 CHECKPOINT = "checkpoint.pt"
 HISTORY = "history.json"
 
@@ -80,31 +79,6 @@ def load_checkpoint(path: Path, identity: dict) -> dict:
     return payload
 
 
-def write_run_settings(run_dir: Path, settings: dict) -> None:
-    write_json_atomic(run_dir / RUN_FILE, settings)
-
-
-def check_run_settings(run_dir: Path, settings: dict) -> None:
-    """``--resume``: refuse a run directory started with other settings (names the differences)."""
-    stored = _read_json(run_dir / RUN_FILE, "")
-    if stored is None:
-        raise InputError(f"{run_dir} holds no fine-tuning run to resume (no {RUN_FILE}); start it "
-                         "without --resume")
-    if stored != settings:
-        raise InputError(f"cannot resume {run_dir}: it was started with other settings "
-                         f"({describe_differences(stored, settings)}); resume with the same "
-                         "options, or start a new run (another --run-id)")
-
-
 def read_history(path: Path) -> dict | None:
     """A finished configuration's history (None when there is none yet)."""
-    return _read_json(path, "; delete it to train that configuration again")
-
-
-def _read_json(path: Path, advice: str) -> dict | None:
-    if not path.is_file():
-        return None
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{path} is not valid JSON ({exc}){advice}") from exc
+    return read_json(path, "; delete it to train that configuration again")

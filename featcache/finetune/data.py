@@ -1,8 +1,8 @@
 """The images and labels of the train / val / test splits, and the loaders that feed training.
 
 Images are decoded as the reference does (PIL, ``convert("RGB")``) and resized to s x s in
-DataLoader workers (stage one's :class:`~featcache.features.images.ImageRows`), sent as uint8
-and normalised on the device (:func:`~featcache.features.backbones.normalize_batch`): the same
+DataLoader workers (:class:`~featcache.backbones.inputs.ImageRows`, as stage one does), sent as
+uint8 and normalised on the device (:class:`~featcache.backbones.Uint8Normalize`): the same
 values as the protocol's ``Resize, [flip,] ToTensor, Normalize`` with a quarter of the bytes.
 
 Reproducibility: the order of epoch e is a permutation drawn from a generator seeded by
@@ -24,12 +24,14 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Sampler
 
+from featcache.backbones.inputs import ImageRows, worker_init
+from featcache.data.images import image_problem, image_root
 from featcache.data.labelfile import LabelSet, load_labels
+from featcache.data.negatives import observed_with_negatives
 from featcache.errors import InputError, OptionError
-from featcache.features.extract import image_root
-from featcache.features.images import ImageRows, image_problem, worker_init
-from featcache.linear.data import observed_with_negatives
-from featcache.linear.trainer import derive_seed
+from featcache.losses import DataFacts
+from featcache.protocol.loss_choice import training_facts
+from featcache.protocol.seeds import derive_seed
 
 
 @dataclass
@@ -73,10 +75,16 @@ class FinetuneData:
         """Rows of the official train split used for training (what phi's rows follow)."""
         return self.labels.train_index
 
+    @property
+    def facts(self) -> DataFacts:
+        """What a loss may ask of the training split (full labels, negatives, k)."""
+        return training_facts(self.labels, self.train.observed.numpy(), self.train.clean is not None)
+
     def with_observed_negatives(self, num_neg: int) -> FinetuneData:
         """A copy whose training observations hold ``num_neg`` negatives per row (for ``iu``)."""
-        observed, note = observed_with_negatives(self.labels, self.labels.train_index,
-                                                 self.train.observed, num_neg)
+        drawn, note = observed_with_negatives(self.labels, self.labels.train_index,
+                                              self.train.observed.numpy(), num_neg)
+        observed = torch.as_tensor(drawn, dtype=torch.float32)
         train = ImageSplit("train", self.train.rows, self.train.images, observed, self.train.clean)
         return FinetuneData(self.dataset, self.classes, self.labels, self.root, self.relpaths,
                             train, self.val, self.test, self.notes + [note])
@@ -134,13 +142,13 @@ def bad_image_error(data: FinetuneData, split: ImageSplit, position: int) -> Inp
 
 
 # ---------------------------------------------------------------------------- order and flips
-def epoch_order(num_rows: int, bsize: int, seed: int, epoch: int) -> Tensor:
-    """The training batches of one epoch: (steps, bsize) positions in the training split."""
-    steps = num_rows // bsize
+def epoch_order(num_rows: int, batch_size: int, seed: int, epoch: int) -> Tensor:
+    """The training batches of one epoch: (steps, batch_size) positions in the training split."""
+    steps = num_rows // batch_size
     if steps == 0:
-        raise OptionError(f"batch size {bsize} is larger than the {num_rows} training images")
-    generator = torch.Generator().manual_seed(derive_seed(seed, "finetune-order", bsize, epoch))
-    return torch.randperm(num_rows, generator=generator)[: steps * bsize].view(steps, bsize)
+        raise OptionError(f"batch size {batch_size} is larger than the {num_rows} training images")
+    generator = torch.Generator().manual_seed(derive_seed(seed, "finetune-order", batch_size, epoch))
+    return torch.randperm(num_rows, generator=generator)[: steps * batch_size].view(steps, batch_size)
 
 
 def epoch_flips(num_rows: int, seed: int, epoch: int) -> Tensor:
@@ -152,31 +160,31 @@ def epoch_flips(num_rows: int, seed: int, epoch: int) -> Tensor:
 class EpochBatches(Sampler):
     """Batch sampler of (position, flip) pairs: this rank's share of each global batch.
 
-    A global batch of ``bsize`` examples is cut into ``world`` consecutive parts; rank r takes
-    part r, so the ranks together see exactly the batches of a single-process run.
+    A global batch of ``batch_size`` examples is cut into ``world`` consecutive parts; rank r
+    takes part r, so the ranks together see exactly the batches of a single-process run.
     """
 
-    def __init__(self, num_rows: int, bsize: int, seed: int, flip: bool = True, rank: int = 0,
-                 world: int = 1):
-        if bsize % world:
-            raise OptionError(f"batch size {bsize} must be divisible by the number of ranks "
+    def __init__(self, num_rows: int, batch_size: int, seed: int, flip: bool = True,
+                 rank: int = 0, world: int = 1):
+        if batch_size % world:
+            raise OptionError(f"batch size {batch_size} must be divisible by the number of ranks "
                               f"({world}): each rank takes an equal part of every batch")
-        self.num_rows, self.bsize, self.seed, self.flip = num_rows, bsize, seed, flip
+        self.num_rows, self.batch_size, self.seed, self.flip = num_rows, batch_size, seed, flip
         self.rank, self.world = rank, world
         self.epoch = 0
-        epoch_order(num_rows, bsize, seed, 0)  # refuses a batch larger than the split
+        epoch_order(num_rows, batch_size, seed, 0)  # refuses a batch larger than the split
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
     def __len__(self) -> int:
-        return self.num_rows // self.bsize
+        return self.num_rows // self.batch_size
 
     def __iter__(self):
-        order = epoch_order(self.num_rows, self.bsize, self.seed, self.epoch)
+        order = epoch_order(self.num_rows, self.batch_size, self.seed, self.epoch)
         flips = (epoch_flips(self.num_rows, self.seed, self.epoch) if self.flip
                  else torch.zeros(self.num_rows, dtype=torch.bool))
-        part = self.bsize // self.world
+        part = self.batch_size // self.world
         for batch in order[:, self.rank * part:(self.rank + 1) * part].tolist():
             yield [(position, bool(flips[position])) for position in batch]
 
@@ -213,7 +221,7 @@ def make_loader(data: FinetuneData, split: ImageSplit, image_size: int, batch_sa
     )
 
 
-def eval_batches(num_rows: int, bsize: int, rank: int = 0, world: int = 1) -> list[list[int]]:
+def eval_batches(num_rows: int, batch_size: int, rank: int = 0, world: int = 1) -> list[list[int]]:
     """Consecutive batches over this rank's shard of a split (every example, none dropped)."""
     mine = shard_range(num_rows, rank, world)
-    return [list(mine[i:i + bsize]) for i in range(0, len(mine), bsize)]
+    return [list(mine[i:i + batch_size]) for i in range(0, len(mine), batch_size)]

@@ -1,7 +1,7 @@
 """Running stage three under ``torchrun``: keeping every rank's per-example state identical.
 
 ``torchrun --nproc_per_node N -m featcache finetune ...`` joins the process group through
-:func:`featcache.features.distributed.ranks` (NCCL on GPUs, gloo on the CPU). The network is
+:func:`featcache.runtime.ranks` (NCCL on GPUs, gloo on the CPU). The network is
 wrapped in ``DistributedDataParallel``, which averages its gradients; what lives outside it is
 kept identical here:
 
@@ -26,8 +26,8 @@ import torch.distributed as dist
 from torch import Tensor
 
 from featcache.errors import FeatcacheError
-from featcache.features.distributed import Ranks
 from featcache.finetune.data import shard_range
+from featcache.runtime import Ranks
 
 
 def all_reduce_sum(tensor: Tensor, job: Ranks) -> Tensor:

@@ -16,7 +16,6 @@ import math
 import sys
 import time
 from collections.abc import Callable
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,9 +23,8 @@ import torch
 from torch import Tensor, nn
 from tqdm import tqdm
 
+from featcache.backbones import Uint8Normalize, backbone_spec
 from featcache.errors import OptionError
-from featcache.features.backbones import backbone_spec, normalize_batch
-from featcache.features.distributed import Ranks
 from featcache.fileio import write_json_atomic
 from featcache.finetune.checkpoint import (
     CHECKPOINT,
@@ -54,34 +52,21 @@ from featcache.finetune.distributed import (
 )
 from featcache.finetune.model import FinetuneNet, build_net, linear_head
 from featcache.finetune.start import StartPoint
-from featcache.linear.metrics import average_precision, mean_average_precision
-from featcache.linear.trainer import EARLY_STOP_RULES, derive_seed
-from featcache.linear.trainer import EpochRecord as LinearEpochRecord
 from featcache.losses import SPMLLoss, Targets, create_loss
-
-AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
-#: Kim et al.'s rule: stop when validation mAP falls this many points below its best
-KIM_DROP = 3.0
-
-
-@dataclass(frozen=True)
-class FinetuneConfig:
-    """One grid point."""
-
-    lr: float
-    bsize: int
-
-    def key(self) -> str:
-        """A directory-safe name, e.g. ``lr0.0001-bs16``."""
-        return f"lr{self.lr:g}-bs{self.bsize}"
+from featcache.metrics import average_precision, mean_average_precision
+from featcache.protocol.grid import GridPoint
+from featcache.protocol.records import EpochRecord as BaseEpochRecord
+from featcache.protocol.seeds import derive_seed
+from featcache.protocol.selection import check_early_stop, should_stop
+from featcache.runtime import AUTOCAST_DTYPES, Ranks, autocast
 
 
 @dataclass
 class Settings:
-    """What every configuration of a run shares."""
+    """What every configuration of a run shares (the options, resolved)."""
 
     loss: str
-    params: dict[str, float]
+    params: dict[str, float]  # every loss parameter, defaults included
     epochs: int = 10
     seed: int = 0
     head_lr_mult: float = 1.0
@@ -90,13 +75,12 @@ class Settings:
     precision: str = "fp32"  # resolved: fp32, bf16 or fp16
     compile: bool = False
     workers: int = 0
-    eval_bsize: int = 32
+    eval_batch_size: int = 32
     progress: bool = True
 
     def validate(self, device: torch.device) -> None:
-        if self.early_stop not in EARLY_STOP_RULES:
-            raise OptionError(f"--early-stop must be one of {', '.join(EARLY_STOP_RULES)}")
-        if self.precision not in ("fp32", *AUTOCAST):
+        check_early_stop(self.early_stop)
+        if self.precision not in ("fp32", *AUTOCAST_DTYPES):
             raise OptionError(f"--precision {self.precision!r}: choose auto, fp32, bf16 or fp16")
         if self.precision == "fp16" and device.type != "cuda":
             raise OptionError("--precision fp16 needs a GPU; on the CPU use fp32 or bf16")
@@ -111,22 +95,19 @@ class Settings:
 
 
 @dataclass
-class EpochRecord(LinearEpochRecord):
+class EpochRecord(BaseEpochRecord):
     """Metrics of one epoch (``epoch`` 0-based; JSON counts from 1), with its timings."""
 
     train_seconds: float = 0.0
     eval_seconds: float = 0.0
     images_per_second: float = 0.0
 
-    def selection(self, val_variant: str) -> float:
-        return self.val_map if val_variant == "clean" else self.val_map_observed
-
     def to_json(self) -> dict:
-        out = {"epoch": self.epoch + 1, "train_loss": self.train_loss, "val_map": self.val_map,
-               "val_map_observed": self.val_map_observed, "test_map": self.test_map,
-               "train_map": self.train_map, "train_seconds": self.train_seconds,
-               "eval_seconds": self.eval_seconds, "images_per_second": self.images_per_second}
-        return out | ({"extra": self.extra} if self.extra else {})
+        timings = {"train_seconds": self.train_seconds, "eval_seconds": self.eval_seconds,
+                   "images_per_second": self.images_per_second}
+        record = super().to_json()
+        extra = record.pop("extra", None)
+        return record | timings | ({"extra": extra} if extra else {})
 
     @classmethod
     def from_json(cls, record: dict) -> EpochRecord:
@@ -139,7 +120,7 @@ class EpochRecord(LinearEpochRecord):
 class ConfigResult:
     """Everything one configuration produced: its epochs and its best epoch."""
 
-    config: FinetuneConfig
+    config: GridPoint
     epochs: list[EpochRecord] = field(default_factory=list)
     best_epoch: int = -1
     best_val: float = -math.inf
@@ -163,18 +144,18 @@ class ConfigResult:
 
     def should_stop(self, rule: str, improved: bool, val_variant: str) -> bool:
         """Kim et al.: val more than 3 points below the best; Zhou et al.: no improvement."""
-        if rule == "kim":
-            return self.best_val - self.epochs[-1].selection(val_variant) > KIM_DROP
-        return rule == "zhou" and not improved
+        return bool(should_stop(rule, self.best_val, self.epochs[-1].selection(val_variant),
+                                improved))
 
     def to_json(self) -> dict:
-        return {"lr": self.config.lr, "bsize": self.config.bsize, "best_epoch": self.best_epoch + 1,
+        return {"lr": self.config.lr, "batch_size": self.config.batch_size,
+                "best_epoch": self.best_epoch + 1,
                 "best_val": self.best_val, "test_ap": self.test_ap, "stopped_at": self.stopped_at,
                 "seconds": self.seconds, "epochs": [r.to_json() for r in self.epochs]}
 
     @classmethod
     def from_json(cls, record: dict) -> ConfigResult:
-        return cls(FinetuneConfig(float(record["lr"]), int(record["bsize"])),
+        return cls(GridPoint(float(record["lr"]), int(record["batch_size"])),
                    [EpochRecord.from_json(r) for r in record["epochs"]],
                    int(record["best_epoch"]) - 1, float(record["best_val"]), list(record["test_ap"]),
                    record["stopped_at"], float(record["seconds"]))
@@ -183,7 +164,7 @@ class ConfigResult:
 class ConfigTrainer:
     """The network, loss state, optimizer and loaders of one configuration on one rank."""
 
-    def __init__(self, config: FinetuneConfig, settings: Settings, start: StartPoint,
+    def __init__(self, config: GridPoint, settings: Settings, start: StartPoint,
                  data: FinetuneData, job: Ranks):
         self.config, self.settings, self.data, self.job = config, settings, data, job
         self.device = device = job.device
@@ -194,7 +175,7 @@ class ConfigTrainer:
             head = linear_head(dim, num_classes, start.head_weight, start.head_bias)
         else:
             generator = torch.Generator().manual_seed(
-                derive_seed(settings.seed, "finetune-head", config.key()))
+                derive_seed(settings.seed, "finetune-head", config.name()))
             head = linear_head(dim, num_classes, generator=generator)
         # channels_last: faster convolutions on GPUs (tensor cores) and on the CPU (oneDNN, ~10 %)
         self.net: FinetuneNet = build_net(start.trunk, head).to(device,
@@ -208,11 +189,12 @@ class ConfigTrainer:
         train = data.train
         self.observed = train.observed.to(device)
         self.clean = None if train.clean is None else train.clean.to(device)
-        generator = torch.Generator().manual_seed(derive_seed(settings.seed, "state", config.bsize))
+        generator = torch.Generator().manual_seed(
+            derive_seed(settings.seed, "state", config.batch_size))
         state = self.loss.init_state(self.observed, self.clean, generator=generator,
                                      initial=start.initial_state())
-        self.trainable = self.loss.trainable_state()
-        self.state = {name: (t.detach().to(device).requires_grad_(True) if name in self.trainable
+        self.learned = self.loss.learned_state_lr_mults()
+        self.state = {name: (t.detach().to(device).requires_grad_(True) if name in self.learned
                              else t.to(device)) for name, t in state.items()}
 
         self.model: nn.Module = self.net
@@ -228,21 +210,21 @@ class ConfigTrainer:
             {"params": list(self.net.trunk.parameters()), "lr": config.lr, "name": "backbone"},
             {"params": head_params, "lr": config.lr * settings.head_lr_mult, "name": "head"},
         ] + [{"params": [self.state[name]], "lr": config.lr * mults[0], "name": name}
-             for name, mults in self.trainable.items()]
+             for name, mults in self.learned.items()]
         self.optimizer = torch.optim.Adam(groups, lr=config.lr, fused=device.type == "cuda")
         self.scaler = torch.amp.GradScaler(device.type, enabled=settings.precision == "fp16")
-        self.sampler = EpochBatches(len(train), config.bsize, settings.seed, flip=True,
+        self.sampler = EpochBatches(len(train), config.batch_size, settings.seed, flip=True,
                                     rank=job.rank, world=job.world)
+        self.normalize = Uint8Normalize(start.backbone).to(device)
         self.train_loader = make_loader(data, train, self.image_size, self.sampler,
                                          settings.workers, device, persistent=True)
 
     # ------------------------------------------------------------------ steps
     def autocast(self):
-        dtype = AUTOCAST.get(self.settings.precision)
-        return nullcontext() if dtype is None else torch.autocast(self.device.type, dtype=dtype)
+        return autocast(self.device, self.settings.precision)
 
     def to_input(self, images: Tensor) -> Tensor:
-        x = normalize_batch(images.to(self.device, non_blocking=True))
+        x = self.normalize(images.to(self.device, non_blocking=True))
         return x.contiguous(memory_format=torch.channels_last)
 
     def step(self, images: Tensor, positions: Tensor, epoch: int) -> tuple[Tensor, Tensor]:
@@ -254,24 +236,24 @@ class ConfigTrainer:
         loss = self.loss.forward(logits.float().unsqueeze(0), targets, self.state, epoch)[0]
         self.optimizer.zero_grad(set_to_none=True)
         self.scaler.scale(loss).backward()
-        for name in self.trainable:
+        for name in self.learned:
             sync_row_grad(self.state[name], index, self.job)
         self.scaler.step(self.optimizer)
         self.scaler.update()
-        sync_state_rows(self.state, set(self.trainable), index, len(self.data.train), self.job)
+        sync_state_rows(self.state, set(self.learned), index, len(self.data.train), self.job)
         return loss.detach(), torch.sigmoid(logits.detach().float())
 
     def train_epoch(self, epoch: int) -> tuple[float, Tensor | None, float, int]:
         """(mean loss, running training predictions or None, seconds, images) of one epoch."""
         self.net.train()
         self.sampler.set_epoch(epoch)
-        split, bsize = self.data.train, self.config.bsize
+        split, batch_size = self.data.train, self.config.batch_size
         running = (torch.full((len(split), self.data.num_classes), math.nan, device=self.device)
                    if self.clean is not None else None)
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         steps = len(self.sampler)
-        bar = self._bar(steps * bsize, f"lr={self.config.lr:g} bs={bsize} epoch {epoch + 1}/"
-                                        f"{self.settings.epochs}")
+        bar = self._bar(steps * batch_size, f"lr={self.config.lr:g} bs={batch_size} epoch "
+                                            f"{epoch + 1}/{self.settings.epochs}")
         started = time.perf_counter()
         for step, (images, positions, ok) in enumerate(self.train_loader):
             self._check_images(split, positions, ok)
@@ -279,7 +261,7 @@ class ConfigTrainer:
             loss_sum += loss
             if running is not None:
                 running[positions.to(self.device)] = probs
-            bar.update(bsize)
+            bar.update(batch_size)
             if step % 25 == 0:
                 bar.set_postfix(loss=f"{loss.item():.4f}")
         if self.device.type == "cuda":
@@ -291,13 +273,14 @@ class ConfigTrainer:
             seen = all_reduce_sum((~torch.isnan(running[:, 0])).float(), self.job) > 0
             running = all_reduce_sum(torch.nan_to_num(running), self.job)
             running[~seen] = math.nan
-        return loss_mean, running, seconds, steps * bsize
+        return loss_mean, running, seconds, steps * batch_size
 
     @torch.no_grad()
     def predict(self, split: ImageSplit) -> Tensor:
         """Probabilities (n, L) on every example of ``split`` (eval mode, no flip), all ranks."""
         self.net.eval()
-        batches = eval_batches(len(split), self.settings.eval_bsize, self.job.rank, self.job.world)
+        batches = eval_batches(len(split), self.settings.eval_batch_size, self.job.rank,
+                               self.job.world)
         loader = make_loader(self.data, split, self.image_size, batches, self.settings.workers,
                              self.device)
         bar = self._bar(len(split), f"predict {split.name}")
@@ -383,7 +366,7 @@ def _map(probs: Tensor, targets: Tensor) -> float:
     return float(mean_average_precision(probs, targets.to(probs.device)))
 
 
-def train_config(config: FinetuneConfig, settings: Settings, start: StartPoint, data: FinetuneData,
+def train_config(config: GridPoint, settings: Settings, start: StartPoint, data: FinetuneData,
                  job: Ranks, config_dir: Path, identity: dict,
                  on_best: Callable[[ConfigTrainer, ConfigResult], None]) -> ConfigResult:
     """Train (or resume, or reload) one configuration; ``on_best`` runs at each new best epoch."""
@@ -416,10 +399,10 @@ def train_config(config: FinetuneConfig, settings: Settings, start: StartPoint, 
     return result
 
 
-def _report(job: Ranks, config: FinetuneConfig, settings: Settings, record: EpochRecord) -> None:
+def _report(job: Ranks, config: GridPoint, settings: Settings, record: EpochRecord) -> None:
     if not (job.is_main and settings.progress):
         return
     val = record.selection(settings.val_variant)
-    tqdm.write(f"{settings.loss} lr={config.lr:g} bs={config.bsize} epoch {record.epoch + 1}/"
+    tqdm.write(f"{settings.loss} lr={config.lr:g} bs={config.batch_size} epoch {record.epoch + 1}/"
                f"{settings.epochs}: loss {record.train_loss:.4f}  val {val:.2f}  test "
                f"{record.test_map:.2f}  ({record.images_per_second:.1f} img/s)", file=sys.stderr)

@@ -7,13 +7,13 @@ import copy
 import torch
 from torch import Tensor, nn
 
-from featcache.linear.heads import init_linear
+from featcache.protocol.seeds import init_linear
 
 
 class FinetuneNet(nn.Module):
     """Normalised images (B, 3, H, W) -> logits (B, L): ``head(trunk(x))``.
 
-    The trunk is :func:`featcache.features.backbones.create_backbone`'s module, the one whose
+    The trunk is :func:`featcache.backbones.create_backbone`'s module, the one whose
     pooled output stage one cached, so a LinearInit head sees exactly the features it was
     trained on. The head runs in float32 even under autocast (the logits feed the loss, which
     is computed in float32; the head is a tiny part of the work).

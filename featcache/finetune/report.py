@@ -7,30 +7,26 @@ checkpoints let ``--resume`` continue). ``best.pt`` is written during the run
 
 from __future__ import annotations
 
-import datetime as _dt
-import platform
-import sys
 from pathlib import Path
 
-import torch
-
-from featcache import __version__
 from featcache.fileio import write_json_atomic, write_text_atomic
 from featcache.finetune.data import FinetuneData
 from featcache.finetune.loop import ConfigResult, Settings
 from featcache.finetune.search import GridResult
 from featcache.finetune.start import StartPoint
 from featcache.losses import loss_class
+from featcache.protocol.plots import plot_series
+from featcache.protocol.records import document_header, machine_record
+from featcache.protocol.runs import RESULTS, fingerprint
 from featcache.published import PROTOCOL_DATASETS, published
 from featcache.tables import Table
-
-RESULTS = "results.json"
 
 
 def _config_record(result: ConfigResult) -> dict:
     best = result.best
     return {
-        "lr": result.config.lr, "bsize": result.config.bsize, "best_epoch": best.epoch + 1,
+        "lr": result.config.lr, "batch_size": result.config.batch_size,
+        "best_epoch": best.epoch + 1,
         "val_map": best.val_map, "val_map_observed": best.val_map_observed,
         "test_map": best.test_map, "train_map": best.train_map, "stopped_at": result.stopped_at,
         "seconds": result.seconds, "epochs": [r.to_json() for r in result.epochs],
@@ -38,7 +34,7 @@ def _config_record(result: ConfigResult) -> dict:
 
 
 def results_document(grid: GridResult, settings: Settings, start: StartPoint, data: FinetuneData,
-                     lrs: list[float], bsizes: list[int], machine: dict) -> dict:
+                     run_settings: dict, machine: dict) -> dict:
     """Everything worth keeping about a fine-tuning run, as JSON-ready data."""
     selected = grid.selected
     best = selected.best
@@ -46,16 +42,9 @@ def results_document(grid: GridResult, settings: Settings, start: StartPoint, da
     train_seconds = sum(r.train_seconds for r in epochs)
     images = sum(r.images_per_second * r.train_seconds for r in epochs)
     setting = "linearinit" if start.mode == "linear" else "finetune"
+    loss = loss_class(settings.loss)
     return {
-        "featcache_version": __version__,
-        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-        "command": sys.argv,
-        "stage": "finetune",
-        "dataset": data.dataset,
-        "loss": settings.loss,
-        "loss_reference": loss_class(settings.loss).reference,
-        "params": settings.params,
-        "labels": {"path": str(data.labels.path), "sha256": data.labels.sha256},
+        **document_header("finetune", loss, data.labels),
         "images_root": str(data.root),
         "init": start.record,
         "backbone": {"name": start.backbone, **start.weights_identity,
@@ -64,15 +53,16 @@ def results_document(grid: GridResult, settings: Settings, start: StartPoint, da
                   "classes": data.num_classes},
         "protocol": {
             "optimizer": "adam", "epochs": settings.epochs, "head_lr_mult": settings.head_lr_mult,
-            "state_lr_mult": {name: settings.params.get(param) for name, param in
-                              loss_class(settings.loss).state_lr_mult.items()},
+            "learned_state_lr_mult": {name: settings.params.get(param) for name, param in
+                              loss.learned_state.items()},
             "val_variant": settings.val_variant, "early_stop": settings.early_stop,
             "seed": settings.seed, "train_transform": "resize, horizontal flip (seeded), normalize",
             "train_drop_last": True, "eval_every_example": True,
         },
-        "grid": {"lr": lrs, "bsize": bsizes},
+        "grid": {"lr": run_settings["learning_rates"], "batch_size": run_settings["batch_sizes"]},
         "selection": {
-            "lr": selected.config.lr, "bsize": selected.config.bsize, "epoch": best.epoch + 1,
+            "lr": selected.config.lr, "batch_size": selected.config.batch_size,
+            "params": settings.params, "epoch": best.epoch + 1,
             "val_map": best.val_map, "val_map_observed": best.val_map_observed,
             "test_map": best.test_map, "train_map": best.train_map,
             "test_ap_per_class": {c: a * 100.0 for c, a in zip(data.classes, selected.test_ap,
@@ -88,18 +78,19 @@ def results_document(grid: GridResult, settings: Settings, start: StartPoint, da
         "timings": {"seconds": grid.seconds, "train_seconds": train_seconds,
                     "train_images_per_second": images / max(train_seconds, 1e-9),
                     "epochs": len(epochs)},
-        "machine": {**machine, "python": platform.python_version(), "torch": torch.__version__,
-                    "platform": platform.platform()},
+        "machine": machine_record(**machine),
+        "settings": run_settings,
+        "fingerprint": fingerprint(run_settings),
     }
 
 
 def config_table(document: dict) -> Table:
-    table = Table(["lr", "bsize", "best epoch", "val mAP", "test mAP", "train mAP", "stopped",
+    table = Table(["lr", "batch", "best epoch", "val mAP", "test mAP", "train mAP", "stopped",
                    "seconds"])
     variant = document["protocol"]["val_variant"]
     for config in document["configs"]:
         val = config["val_map"] if variant == "clean" else config["val_map_observed"]
-        table.add(f"{config['lr']:g}", config["bsize"], config["best_epoch"], val,
+        table.add(f"{config['lr']:g}", config["batch_size"], config["best_epoch"], val,
                   config["test_map"], config["train_map"], config["stopped_at"], config["seconds"])
     return table
 
@@ -113,8 +104,8 @@ def summary_markdown(document: dict) -> str:
     backbone = document["backbone"]
     if init.get("mode") == "linear":
         start = (f"LinearInit from {init['run_dir']} ({init['loss']}, lr {init['lr']:g}, batch "
-                 f"{init['bsize']}, epoch {init['epoch']}, val {init['val_map']:.2f}"
-                 + (", with its label estimates phi" if init.get("phi") else "") + ")")
+                 f"{init['batch_size']}, epoch {init['epoch']}, val {init['val_map']:.2f}"
+                 + (f", with its {', '.join(init['handoff'])}" if init.get("handoff") else "") + ")")
     else:
         start = "a fresh linear head (--init none)"
     lines = [
@@ -125,9 +116,12 @@ def summary_markdown(document: dict) -> str:
         f"- network: {backbone['name']} ({backbone.get('weights')} weights), "
         f"{backbone['image_size']}x{backbone['image_size']} images; start: {start}",
         f"- grid: lr {', '.join(f'{x:g}' for x in document['grid']['lr'])} x batch "
-        f"{', '.join(map(str, document['grid']['bsize']))}, {document['protocol']['epochs']} "
+        f"{', '.join(map(str, document['grid']['batch_size']))}, {document['protocol']['epochs']} "
         f"epochs, head lr x{document['protocol']['head_lr_mult']:g}, validation: {variant}",
-        f"- selected: lr {selection['lr']:g}, batch {selection['bsize']}, epoch {selection['epoch']}",
+        f"- selected: lr {selection['lr']:g}, batch {selection['batch_size']}, epoch "
+        f"{selection['epoch']}",
+        "- loss parameters: " + (", ".join(f"{k}={v:g}" for k, v in selection["params"].items())
+                                 or "none"),
         f"- test mAP {selection['test_map']:.2f} (val {val:.2f})",
     ]
     if selection.get("train_map") is not None:
@@ -153,10 +147,8 @@ def write_outputs(run_dir: Path, document: dict, grid: GridResult, plot: bool = 
     """summary.md, curves.png, then results.json last (marks the run finished)."""
     write_text_atomic(run_dir / "summary.md", summary_markdown(document))
     if plot:
-        from featcache.linear.plots import plot_series
-
         variant = document["protocol"]["val_variant"]
-        curves = [(f"lr={c.config.lr:g} bs={c.config.bsize}", [r.epoch + 1 for r in c.epochs],
+        curves = [(f"lr={c.config.lr:g} bs={c.config.batch_size}", [r.epoch + 1 for r in c.epochs],
                    [r.selection(variant) for r in c.epochs], [r.test_map for r in c.epochs])
                   for c in grid.configs]
         selected = grid.selected

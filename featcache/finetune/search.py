@@ -18,29 +18,21 @@ from pathlib import Path
 
 import torch
 
+from featcache.backbones import transform_description
 from featcache.errors import FeatcacheError
-from featcache.features.distributed import Ranks
 from featcache.fileio import atomic_output
 from featcache.finetune.data import FinetuneData
-from featcache.finetune.loop import (
-    ConfigResult,
-    ConfigTrainer,
-    FinetuneConfig,
-    Settings,
-    train_config,
-)
+from featcache.finetune.loop import ConfigResult, ConfigTrainer, Settings, train_config
 from featcache.finetune.start import StartPoint
+from featcache.losses import loss_class
+from featcache.protocol.grid import GridPoint
+from featcache.protocol.selection import select_first_best
+from featcache.runtime import Ranks
 
-DEFAULT_LRS = (1e-2, 1e-3, 1e-4, 1e-5)
-DEFAULT_BSIZES = (8, 16)
-DEFAULT_EPOCHS = 10
 BEST = "best.pt"
 MODEL_FORMAT = "featcache-finetune-model"
-
-
-def grid(lrs: Sequence[float], bsizes: Sequence[int]) -> list[FinetuneConfig]:
-    """Grid points in the reference's order: batch sizes outer, learning rates inner."""
-    return [FinetuneConfig(float(lr), int(bsize)) for bsize in bsizes for lr in lrs]
+#: 2: ``params`` holds every loss parameter; ``handoff`` the loss's hand-off state
+MODEL_FORMAT_VERSION = 2
 
 
 @dataclass
@@ -50,7 +42,7 @@ class GridResult:
     seconds: float
 
 
-def run_grid(configs: Sequence[FinetuneConfig], settings: Settings, start: StartPoint,
+def run_grid(configs: Sequence[GridPoint], settings: Settings, start: StartPoint,
              data: FinetuneData, job: Ranks, run_dir: Path) -> GridResult:
     """Train (or resume) every configuration and select one; best.pt holds its best epoch."""
     started = time.perf_counter()
@@ -66,15 +58,12 @@ def run_grid(configs: Sequence[FinetuneConfig], settings: Settings, start: Start
 
     results = []
     for config in configs:
-        identity = {"config": config.key(), **settings.identity()}
+        identity = {"config": config.name(), **settings.identity()}
         result = train_config(config, settings, start, data, job,
-                              run_dir / "configs" / config.key(), identity, on_best)
+                              run_dir / "configs" / config.name(), identity, on_best)
         best_val = max(best_val, result.best_val)
         results.append(result)
-    selected = results[0]
-    for result in results[1:]:
-        if result.best_val > selected.best_val:
-            selected = result
+    selected = select_first_best(results, lambda r: r.best_val)
     if job.is_main and not (run_dir / BEST).is_file():
         raise FeatcacheError(f"{run_dir / BEST} is missing (deleted while the run was paused?); "
                              "start the run again without --resume")
@@ -83,10 +72,9 @@ def run_grid(configs: Sequence[FinetuneConfig], settings: Settings, start: Start
 
 def model_description(settings: Settings, start: StartPoint, data: FinetuneData) -> dict:
     """What best.pt says about itself besides the weights."""
-    from featcache.features.backbones import transform_description
-
     return {
-        "format": MODEL_FORMAT, "format_version": 1, "dataset": data.dataset, "loss": settings.loss,
+        "format": MODEL_FORMAT, "format_version": MODEL_FORMAT_VERSION, "dataset": data.dataset,
+        "loss": settings.loss,
         "params": settings.params, "classes": list(data.classes), "backbone": start.backbone,
         "weights": start.weights_identity, "image_size": start.image_size,
         "transform": transform_description(start.image_size, start.backbone),
@@ -99,13 +87,14 @@ def write_best(path: Path, trainer: ConfigTrainer, result: ConfigResult, about: 
     """Save the best epoch so far: network (trunk.* and head.*), phi and the other label state."""
     weights = trainer.weights()
     state = weights["state"]
+    handoff = loss_class(about["loss"]).handoff_state
     best = result.best
     payload = {
-        **about, "lr": result.config.lr, "bsize": result.config.bsize, "epoch": best.epoch + 1,
-        "val_map": best.val_map, "val_map_observed": best.val_map_observed,
+        **about, "lr": result.config.lr, "batch_size": result.config.batch_size,
+        "epoch": best.epoch + 1, "val_map": best.val_map, "val_map_observed": best.val_map_observed,
         "test_map": best.test_map, "model": weights["model"],
-        "phi": state["phi"][0] if "phi" in state else None,
-        "label_state": {k: v[0] for k, v in state.items() if k != "phi"},
+        "handoff": {k: v[0] for k, v in state.items() if k in handoff},
+        "label_state": {k: v[0] for k, v in state.items() if k not in handoff},
     }
     with atomic_output(path, overwrite=True) as tmp:
         torch.save(payload, tmp)

@@ -10,57 +10,40 @@ A linear run is refused, with the reason, when it does not fit: another dataset 
 file, another class list, another backbone, other weights (sha256), another image size or
 transform, a features file that changed since, or (for ROLE's phi) other training rows.
 A run of another loss is accepted with a warning: its head is a linear classifier like any
-other, but only a ROLE run carries label estimates, and only ROLE uses them.
+other, but hand-off state (ROLE's label estimates) is used only by the loss that made it.
+
+Stage three does not train linear heads itself: when the linear phase must run first it asks
+stage two through the ``linear_phase`` callable it is given (the command passes
+:func:`featcache.linear.run.train_linear_phase`).
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 
+from featcache.backbones import backbone_spec, create_backbone, transform_description
+from featcache.backbones.weights import describe_weights, locate_weights
+from featcache.data.featurefile import read_feature_attrs
 from featcache.errors import InputError, OptionError
-from featcache.features.backbones import backbone_spec, create_backbone, transform_description
-from featcache.features.distributed import Ranks
-from featcache.features.store import read_feature_attrs
-from featcache.features.weights import describe_weights, locate_weights
 from featcache.fileio import sha256_file
 from featcache.finetune.data import FinetuneData
 from featcache.finetune.distributed import on_main
+from featcache.finetune.options import FinetuneOptions
 from featcache.losses import loss_class
 from featcache.paths import dataset_dir, features_path, runs_dir
+from featcache.protocol.grid import linearinit_hparams
+from featcache.protocol.handoff import HEAD_FILE, LinearPhase, LinearPhaseRequest, load_head
+from featcache.protocol.runs import best_run
+from featcache.runtime import Ranks
 
 DEFAULT_BACKBONE = "resnet50"
 DEFAULT_WEIGHTS = "v1"
 DEFAULT_IMAGE_SIZE = 448
-LINEAR_EPOCHS = 25
-#: LinearInit's fixed linear-phase hyperparameters (Cole et al.): loss -> (lr, batch, per-dataset batch)
-LINEARINIT_HPARAMS: dict[str, tuple[float, int, dict[str, int]]] = {
-    "an-ls": (1e-4, 8, {"nuswide": 16}),
-    "role": (1e-3, 16, {"cub": 8}),
-}
-
-
-@dataclass
-class StartOptions:
-    """What the user asked for; ``None`` means "from the linear run, else the protocol default"."""
-
-    init: str
-    loss: str
-    dataset: str
-    cache: str | None = None
-    backbone: str | None = None
-    weights: str | None = None
-    image_size: int | None = None
-    linear_lr: float | None = None
-    linear_bsize: int | None = None
-    params: Mapping[str, Sequence[float]] = field(default_factory=dict)
-    seed: int = 0
-    val_variant: str = "clean"
 
 
 @dataclass
@@ -73,7 +56,7 @@ class StartPoint:
     image_size: int
     head_weight: Tensor | None = None  # (L, D)
     head_bias: Tensor | None = None  # (L,)
-    phi: Tensor | None = None  # (N_train, L) ROLE's label estimates (logits)
+    handoff: dict[str, Tensor] = field(default_factory=dict)  # ROLE's phi (N_train, L), logits
     params: dict[str, float] = field(default_factory=dict)  # the linear run's loss parameters
     run_dir: Path | None = None
     record: dict = field(default_factory=dict)
@@ -85,40 +68,32 @@ class StartPoint:
 
     def initial_state(self) -> dict[str, Tensor] | None:
         """What ``loss.init_state(initial=...)`` receives (ROLE's phi from LinearInit)."""
-        return None if self.phi is None else {"phi": self.phi}
+        return dict(self.handoff) or None
 
 
-def linearinit_hparams(loss: str, dataset: str, lr: float | None,
-                       bsize: int | None) -> tuple[float, int]:
-    """The linear phase's (lr, batch size): the options, else LinearInit's fixed values."""
-    if loss in LINEARINIT_HPARAMS:
-        default_lr, default_bsize, by_dataset = LINEARINIT_HPARAMS[loss]
-        return (default_lr if lr is None else lr,
-                by_dataset.get(dataset, default_bsize) if bsize is None else bsize)
-    if lr is None or bsize is None:
-        raise OptionError(
-            f"there is no finished linear {loss!r} run to start from, and LinearInit's fixed "
-            f"linear hyperparameters are published only for {', '.join(LINEARINIT_HPARAMS)}: "
-            "pass --linear-lr and --linear-bsize to train the linear phase first, train a run "
-            f"with `featcache train-linear --loss {loss}`, or use --init none"
-        )
-    return lr, bsize
-
-
-def resolve_start(options: StartOptions, data: FinetuneData, job: Ranks | None = None,
-                  progress: bool = True) -> StartPoint:
+def resolve_start(options: FinetuneOptions, data: FinetuneData, job: Ranks | None = None,
+                  linear_phase: LinearPhase | None = None) -> StartPoint:
     """The start point for ``options.init``. With ``best`` and no fitting run, the linear phase
-    is trained first (on rank 0 under torchrun; the other ranks wait for it)."""
+    is trained first by ``linear_phase`` (on rank 0 under torchrun; the others wait for it)."""
     if options.init == "none":
         return fresh_start(options)
     if options.init == "best":
         run_dir = on_main(job, lambda: best_linear_run(options, data))
         ran = run_dir is None
         if ran:
-            linearinit_hparams(options.loss, data.dataset, options.linear_lr, options.linear_bsize)
-            device = job.device if job is not None else torch.device("cpu")
-            run_dir = on_main(job, lambda: train_linear_phase(options, linear_features(options),
-                                                              device, progress))
+            lr, batch_size = linearinit_hparams(options.loss, data.dataset, options.linear_lr,
+                                                options.linear_batch_size)
+            if linear_phase is None:
+                raise OptionError(f"no finished linear {options.loss!r} run fits; train one with "
+                                  f"`featcache train-linear --dataset {options.dataset} --loss "
+                                  f"{options.loss}`, or use --init none")
+            request = LinearPhaseRequest(
+                dataset=options.dataset, loss=options.loss, features=linear_features(options),
+                lr=lr, batch_size=batch_size, params=dict(options.params), seed=options.seed,
+                val_variant=options.val_variant,
+                device=str(job.device) if job is not None else "cpu", cache=options.cache,
+                progress=options.progress)
+            run_dir = on_main(job, lambda: linear_phase(request))
         start = linear_start(Path(run_dir), options, data)
         start.record["ran_linear_phase"] = ran
         return start
@@ -132,7 +107,7 @@ def resolve_start(options: StartOptions, data: FinetuneData, job: Ranks | None =
 
 
 # ---------------------------------------------------------------------------- fresh head
-def fresh_start(options: StartOptions) -> StartPoint:
+def fresh_start(options: FinetuneOptions) -> StartPoint:
     """``--init none``: ``--weights`` (default v1) and a fresh head (drawn per configuration)."""
     backbone = options.backbone or DEFAULT_BACKBONE
     source = describe_weights(backbone_spec(backbone), options.weights or DEFAULT_WEIGHTS)
@@ -143,10 +118,8 @@ def fresh_start(options: StartOptions) -> StartPoint:
 
 
 # ---------------------------------------------------------------------------- linear runs
-def best_linear_run(options: StartOptions, data: FinetuneData) -> Path | None:
+def best_linear_run(options: FinetuneOptions, data: FinetuneData) -> Path | None:
     """The best finished linear run that fits (None when there is none)."""
-    from featcache.linear.runs import best_run
-
     checked: dict[str, bool] = {}
 
     def fits(document: dict) -> bool:
@@ -169,7 +142,7 @@ def best_linear_run(options: StartOptions, data: FinetuneData) -> Path | None:
         return None
 
 
-def _weights_match(attrs: dict, options: StartOptions) -> bool:
+def _weights_match(attrs: dict, options: FinetuneOptions) -> bool:
     if options.weights is None:
         return True
     spec = backbone_spec(attrs.get("backbone", DEFAULT_BACKBONE))
@@ -179,7 +152,7 @@ def _weights_match(attrs: dict, options: StartOptions) -> bool:
     return attrs.get("weights") == wanted.name
 
 
-def linear_features(options: StartOptions) -> Path:
+def linear_features(options: FinetuneOptions) -> Path:
     """The features file the linear phase trains on; the error says which command makes one."""
     backbone = options.backbone or DEFAULT_BACKBONE
     spec = backbone_spec(backbone)
@@ -210,17 +183,9 @@ def linear_features(options: StartOptions) -> Path:
     return found[0]
 
 
-def load_linear_head(run_dir: Path) -> dict:
-    """A finished linear run's head checkpoint (the errors say what is wrong)."""
-    from featcache.linear.runs import load_head, load_results
-
-    load_results(run_dir)  # refuses an unfinished run
-    return load_head(run_dir)
-
-
-def linear_start(run_dir: Path, options: StartOptions, data: FinetuneData) -> StartPoint:
+def linear_start(run_dir: Path, options: FinetuneOptions, data: FinetuneData) -> StartPoint:
     """LinearInit from ``run_dir``, after every compatibility check."""
-    head = load_linear_head(run_dir)
+    head = load_head(run_dir)
     where = f"linear run {run_dir}"
     check_run_data(head, where, data)
     notes: list[str] = []
@@ -233,29 +198,33 @@ def linear_start(run_dir: Path, options: StartOptions, data: FinetuneData) -> St
     check_features_unchanged(head, where)
     trunk = trunk_for_run(head, where, options)
     same_loss = head.get("loss") == options.loss
+    carried = head.get("handoff") or {}
     if not same_loss:
         message = (f"{where} was trained with loss {head.get('loss')!r}; fine-tuning with "
-                   f"{options.loss!r} starts from its head" + ("" if head.get("phi") is None
-                                                               else " (its label estimates are not used)"))
+                   f"{options.loss!r} starts from its head"
+                   + (f" (its {', '.join(carried)} is not used)" if carried else ""))
         warnings.warn(message, stacklevel=2)
         notes.append(message)
-    phi = None
-    wants_phi = "phi" in loss_class(options.loss).state_lr_mult
-    if wants_phi and same_loss and head.get("phi") is not None:
-        phi = check_phi(head, where, data)
-    elif wants_phi:
-        notes.append(f"{where} carries no label estimates: phi starts from ROLE's initialisation")
+    handoff = {}
+    for name in loss_class(options.loss).handoff_state:
+        if same_loss and carried.get(name) is not None:
+            handoff[name] = check_handoff(carried[name], name, head, where, data)
+        else:
+            notes.append(f"{where} carries no {name}: it starts from the loss's initialisation")
     record = {
-        "mode": "linear", "run_dir": str(run_dir), "best_pt_sha256": sha256_file(run_dir / "best.pt"),
+        "mode": "linear", "run_dir": str(run_dir),
+        "best_pt_sha256": sha256_file(run_dir / HEAD_FILE),
         "loss": head.get("loss"), "params": head.get("params"), "lr": head.get("lr"),
-        "bsize": head.get("bsize"), "epoch": head.get("epoch"), "val_map": head.get("val_map"),
-        "test_map": head.get("test_map"), "labels_sha256": head.get("labels_sha256"),
-        "features_sha256": head.get("features_sha256"), "features_path": head.get("features_path"),
-        "phi": phi is not None, "weights": trunk.weights_identity,
+        "batch_size": head.get("batch_size"), "epoch": head.get("epoch"),
+        "val_map": head.get("val_map"), "test_map": head.get("test_map"),
+        "labels_sha256": head.get("labels_sha256"), "features_sha256": head.get("features_sha256"),
+        "features_path": head.get("features_path"), "handoff": sorted(handoff),
+        "weights": trunk.weights_identity,
     }
     return StartPoint(
         "linear", backbone, trunk, image_size, head_weight=head["weight"].float(),
-        head_bias=head["bias"].float(), phi=phi, params=dict(head.get("params") or {}) if same_loss else {},
+        head_bias=head["bias"].float(), handoff=handoff,
+        params=dict(head.get("params") or {}) if same_loss else {},
         run_dir=run_dir, record=record, notes=notes,
     )
 
@@ -310,7 +279,7 @@ def check_features_unchanged(head: dict, where: str) -> None:
                          "(extracted again?); train a new linear run on the current features")
 
 
-def trunk_for_run(head: dict, where: str, options: StartOptions) -> nn.Module:
+def trunk_for_run(head: dict, where: str, options: FinetuneOptions) -> nn.Module:
     """The backbone with the run's weights (or ``--weights``, which must be the same weights)."""
     spec = backbone_spec(str(head.get("backbone")))
     run_name, run_sha = head.get("weights"), head.get("weights_sha256")
@@ -348,43 +317,19 @@ def _weights_mismatch(where: str, head: dict, name: str, sha: str | None) -> str
             "train a linear run on features of these weights")
 
 
-def check_phi(head: dict, where: str, data: FinetuneData) -> Tensor:
-    """ROLE's phi (N, L), refused when its rows are not the current training split's."""
-    phi = torch.as_tensor(head["phi"]).float()
+def check_handoff(value: Tensor, name: str, head: dict, where: str, data: FinetuneData) -> Tensor:
+    """Hand-off state (N, L), refused when its rows are not the current training split's."""
+    value = torch.as_tensor(value).float()
     rows = torch.as_tensor(head.get("train_rows", [])).long().numpy()
     expected = data.train_rows
     if len(rows) != len(expected) or (rows != expected).any():
         raise InputError(
-            f"{where}'s label estimates phi cover {len(rows)} training rows, but fine-tuning trains "
-            f"on the {len(expected)} rows of the training split of {data.labels.path} (images "
-            "skipped as unreadable when the features were extracted?); fix the images, extract "
-            "the features again and train a new linear run, or use --init none"
+            f"{where}'s {name} covers {len(rows)} training rows, but fine-tuning trains on the "
+            f"{len(expected)} rows of the training split of {data.labels.path} (images skipped "
+            "as unreadable when the features were extracted?); fix the images, extract the "
+            "features again and train a new linear run, or use --init none"
         )
-    if tuple(phi.shape) != (len(expected), data.num_classes):
-        raise InputError(f"{where}: phi has shape {tuple(phi.shape)}, expected "
+    if tuple(value.shape) != (len(expected), data.num_classes):
+        raise InputError(f"{where}: {name} has shape {tuple(value.shape)}, expected "
                          f"({len(expected)}, {data.num_classes})")
-    return phi
-
-
-
-def train_linear_phase(options: StartOptions, features: Path, device: torch.device,
-                       progress: bool = True) -> Path:
-    """LinearInit's linear phase: one configuration (fixed lr and batch), 25 epochs, written as
-    a normal stage-two run directory; returns it."""
-    from featcache.linear.data import load_linear_data
-    from featcache.linear.report import run_summary
-    from featcache.linear.runs import new_run_id, prepare_run_dir, write_run
-    from featcache.linear.search import SearchSpec, resolve_loss_params, run_search
-    from featcache.paths import labels_path
-
-    data = load_linear_data(labels_path(options.dataset, options.cache), features, device=device)
-    lr, bsize = linearinit_hparams(options.loss, data.dataset, options.linear_lr,
-                                   options.linear_bsize)
-    params = resolve_loss_params(options.loss, options.params, data)
-    spec = SearchSpec(loss=options.loss, lrs=[lr], bsizes=[bsize], params=params,
-                      seeds=[options.seed], epochs=LINEAR_EPOCHS, val_variant=options.val_variant)
-    result = run_search(data, spec, device=device, progress=progress)
-    run_dir = prepare_run_dir(runs_dir(options.dataset, options.loss, options.cache), new_run_id(),
-                              overwrite=False)
-    write_run(run_dir, result, data, str(device), run_summary(result, data))
-    return run_dir
+    return value

@@ -14,10 +14,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from featcache.data.featurefile import FeatureSet, load_features
 from featcache.data.labelfile import LabelSet, load_labels
-from featcache.data.sampling import PROTOCOL_SEED, observe_uniform
+from featcache.data.negatives import observed_with_negatives
 from featcache.errors import InputError
-from featcache.features.store import FeatureSet, load_features
+from featcache.losses import DataFacts
+from featcache.protocol.loss_choice import training_facts
 
 log = logging.getLogger(__name__)
 
@@ -58,41 +60,22 @@ class LinearData:
     def feature_dim(self) -> int:
         return self.train.features.shape[1]
 
+    @property
+    def facts(self) -> DataFacts:
+        """What a loss may ask of the training split (full labels, negatives, k)."""
+        return training_facts(self.labels, self.train.observed.cpu().numpy(),
+                              self.train.clean is not None)
+
     def with_observed_negatives(self, num_neg: int) -> LinearData:
         """A copy whose training observations also hold ``num_neg`` negatives per row
-        (see :func:`observed_with_negatives`)."""
-        derived, note = observed_with_negatives(self.labels, self.train.rows, self.train.observed,
-                                                num_neg)
+        (:func:`featcache.data.negatives.observed_with_negatives`)."""
+        drawn, note = observed_with_negatives(self.labels, self.train.rows,
+                                              self.train.observed.cpu().numpy(), num_neg)
+        derived = torch.as_tensor(drawn, dtype=torch.float32, device=self.train.observed.device)
         train = SplitTensors(self.train.features, derived, self.train.clean, self.train.rows,
                              self.train.images)
         return LinearData(self.dataset, self.classes, train, self.val, self.test, self.k,
                           self.labels, self.features, self.notes + [note])
-
-
-def observed_with_negatives(labels: LabelSet, rows: np.ndarray, observed: Tensor,
-                            num_neg: int) -> tuple[Tensor, str]:
-    """The observed labels of official-train ``rows`` with ``num_neg`` negatives per row, and a note.
-
-    Uses the protocol sampler on the official clean train labels, exactly as the reference
-    generator run with ``--num-neg``; the observed positives do not change (the negatives are
-    shuffled with the same draws whatever ``num_neg`` is), which is checked against ``observed``.
-    Shared by stage two and stage three.
-    """
-    if labels.train.clean is None:
-        raise InputError(
-            f"{labels.path} has no clean training labels to draw observed negatives from; "
-            "prepare the dataset with --num-neg 1 instead"
-        )
-    seed = int(labels.provenance.get("obs_seed", PROTOCOL_SEED))
-    num_pos = int(labels.provenance.get("num_pos", 1))
-    drawn = observe_uniform(labels.train.clean, num_pos=num_pos, num_neg=num_neg, seed=seed)
-    derived = torch.as_tensor(drawn[rows], dtype=torch.float32, device=observed.device)
-    if not torch.equal(derived.clamp(min=0), observed.clamp(min=0)):
-        raise InputError(
-            f"{labels.path}: re-drawing the observations with num_neg={num_neg} changed the "
-            "observed positives (were the labels prepared with another seed?)"
-        )
-    return derived, f"observed negatives drawn on the fly: num_neg={num_neg}, seed={seed}"
 
 
 def load_linear_data(labels_path: str | Path, features_path: str | Path,

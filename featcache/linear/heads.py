@@ -13,18 +13,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-
-def init_linear(in_features: int, out_features: int, generator: torch.Generator,
-                device=None) -> tuple[Tensor, Tensor]:
-    """``torch.nn.Linear``'s default initialisation drawn from ``generator``.
-
-    Returns weight (in_features, out_features) (transposed for ``x @ W``) and bias
-    (out_features,), both U(-1/sqrt(in), 1/sqrt(in)) as ``nn.Linear.reset_parameters`` gives.
-    """
-    bound = 1.0 / math.sqrt(in_features)
-    weight = torch.empty(out_features, in_features).uniform_(-bound, bound, generator=generator)
-    bias = torch.empty(out_features).uniform_(-bound, bound, generator=generator)
-    return weight.t().contiguous().to(device), bias.to(device)
+from featcache.protocol.seeds import init_linear
 
 
 class StackedLinear:

@@ -10,12 +10,14 @@ from featcache.tables import Table
 
 def config_table(result: SearchResult) -> Table:
     """Every configuration of every seed: its best epoch and metrics."""
-    table = Table(["seed", "lr", "bsize", "params", "best epoch", "val mAP", "test mAP", "train mAP"])
+    table = Table(["seed", "lr", "batch", "params", "best epoch", "val mAP", "test mAP", "train mAP"])
+    shown = [k for k, values in result.spec.params.values.items()
+             if len(values) > 1 or result.spec.params.sources.get(k) == "given"]
     for seed in result.seeds:
         for head in seed.heads:
-            params = ", ".join(f"{k}={v:g}" for k, v in head.config.params if k != "k") or "-"
+            params = ", ".join(f"{k}={head.config.param_dict[k]:g}" for k in shown) or "-"
             best = head.best
-            table.add(seed.seed, f"{head.config.lr:g}", head.config.bsize, params,
+            table.add(seed.seed, f"{head.config.lr:g}", head.config.batch_size, params,
                       head.best_epoch + 1, best.val_map if best.val_map is not None
                       else best.val_map_observed, best.test_map, best.train_map)
     return table
@@ -31,10 +33,13 @@ def run_summary(result: SearchResult, data: LinearData) -> str:
         "",
         f"- train / val / test: {len(data.train)} / {len(data.val)} / {len(data.test)} images, "
         f"{data.num_classes} classes",
-        f"- grid: lr {', '.join(f'{x:g}' for x in spec.lrs)} x batch {', '.join(map(str, spec.bsizes))}"
+        f"- grid: lr {', '.join(f'{x:g}' for x in spec.learning_rates)} x batch "
+        f"{', '.join(map(str, spec.batch_sizes))}"
         f", {spec.epochs} epochs, seeds {', '.join(map(str, spec.seeds))}, validation: {spec.val_variant}",
-        f"- selected: lr {selected.config.lr:g}, batch {selected.config.bsize}, epoch "
+        f"- selected: lr {selected.config.lr:g}, batch {selected.config.batch_size}, epoch "
         f"{selected.best_epoch + 1} (seed {selected.config.seed})",
+        "- loss parameters: " + (", ".join(f"{k}={v:g}" for k, v in selected.config.params)
+                                 or "none"),
     ]
     val_key = "val_map" if spec.val_variant == "clean" else "val_map_observed"
     if summary["seeds"] > 1:
@@ -58,7 +63,7 @@ def run_summary(result: SearchResult, data: LinearData) -> str:
 def losses_table(dataset: str, documents: dict[str, dict]) -> Table:
     """One row per loss: selected val / test mAP (mean +- std over seeds), published beside ours."""
     show_published = dataset in PROTOCOL_DATASETS
-    columns = ["loss", "lr", "bsize", "epoch", "val mAP", "test mAP", "std", "train mAP"]
+    columns = ["loss", "lr", "batch", "epoch", "val mAP", "test mAP", "std", "train mAP"]
     if show_published:
         columns += ["published", "delta"]
     columns += ["seconds"]
@@ -69,7 +74,7 @@ def losses_table(dataset: str, documents: dict[str, dict]) -> Table:
         if val is None:
             val = summary.get("val_map_observed_mean")
         test = summary["test_map_mean"]
-        row = [loss, f"{selection['lr']:g}", selection["bsize"], selection["epoch"], val, test,
+        row = [loss, f"{selection['lr']:g}", selection["batch_size"], selection["epoch"], val, test,
                summary["test_map_std"] if summary["seeds"] > 1 else None, summary.get("train_map_mean")]
         if show_published:
             reference = published("linear", loss, dataset)

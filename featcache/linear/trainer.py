@@ -5,16 +5,16 @@ parameter values). Each epoch draws one seeded permutation of the training rows,
 it in batches (the last partial batch is dropped, as the reference code's training loader does),
 then evaluates every head on the whole validation and test splits (the reference also drops the
 last partial batch there; we evaluate every example). Per-head selection follows the reference:
-the best epoch is the first one with the highest validation mAP.
+the best epoch is the first one with the highest validation mAP
+(:mod:`featcache.protocol.selection`).
 """
 
 from __future__ import annotations
 
 import math
 import time
-import zlib
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -23,53 +23,25 @@ from tqdm.auto import tqdm
 from featcache.errors import OptionError
 from featcache.linear.data import LinearData
 from featcache.linear.heads import StackedAdam, StackedLinear
-from featcache.linear.metrics import average_precision, mean_average_precision
-from featcache.losses import Targets, create_loss, loss_class
-
-EARLY_STOP_RULES = ("none", "kim", "zhou")
-
-
-@dataclass(frozen=True)
-class HeadConfig:
-    """One point of the search grid."""
-
-    lr: float
-    bsize: int
-    seed: int = 0
-    params: tuple[tuple[str, float], ...] = ()
-
-    @property
-    def param_dict(self) -> dict[str, float]:
-        return dict(self.params)
-
-    def key(self) -> str:
-        """A canonical text for this configuration (seeds its head's initialisation)."""
-        params = ",".join(f"{k}={v!r}" for k, v in self.params)
-        return f"lr={self.lr!r}|bsize={self.bsize}|{params}"
-
-
-@dataclass
-class EpochRecord:
-    epoch: int
-    train_loss: float
-    val_map: float | None
-    val_map_observed: float
-    test_map: float
-    train_map: float | None = None
-    extra: dict = field(default_factory=dict)
+from featcache.losses import Targets, create_loss
+from featcache.metrics import average_precision, mean_average_precision
+from featcache.protocol.grid import GridPoint
+from featcache.protocol.records import EpochRecord
+from featcache.protocol.seeds import derive_seed
+from featcache.protocol.selection import check_early_stop, check_val_variant, should_stop
 
 
 @dataclass
 class HeadResult:
     """Everything one configuration produced."""
 
-    config: HeadConfig
+    config: GridPoint
     epochs: list[EpochRecord]
     best_epoch: int
     best_val: float
     weight: Tensor  # (L, D) at the best epoch, nn.Linear layout
     bias: Tensor  # (L,)
-    state: dict[str, Tensor]  # trainable per-example state at the best epoch (ROLE: phi (N, L))
+    state: dict[str, Tensor]  # learned per-example state at the best epoch (ROLE: phi (N, L))
     test_ap: Tensor  # (L,) per-class test AP at the best epoch, in [0, 1]
     stopped_at: int | None = None
     seconds: float = 0.0
@@ -79,167 +51,158 @@ class HeadResult:
         return self.epochs[self.best_epoch]
 
 
-def derive_seed(*parts) -> int:
-    """A 63-bit seed from a run seed and text parts (stable across processes and machines)."""
-    text = "|".join(str(p) for p in parts).encode()
-    return (zlib.crc32(text) << 31 ^ zlib.crc32(text[::-1])) & ((1 << 63) - 1)
-
-
-def resolve_loss_params(loss: str, given: Mapping[str, Sequence[float]],
-                        data: LinearData) -> dict[str, list[float]]:
-    """The user's --param values, plus what the loss leaves to the data (k from the labels file)."""
-    cls = loss_class(loss)
-    unknown = sorted(set(given) - set(cls.defaults))
-    if unknown:
-        valid = ", ".join(sorted(cls.defaults)) or "none"
-        raise OptionError(f"loss {loss!r} has no parameter {', '.join(map(repr, unknown))}; "
-                          f"its parameters are: {valid}")
-    params = {k: [float(v) for v in vs] for k, vs in given.items()}
-    for key in cls.data_params(data.dataset):
-        if key in params:
-            continue
-        if key == "k" and data.k is not None:
-            params["k"] = [data.k]
-        elif key == "k":
-            raise OptionError(
-                f"loss {loss!r} needs k, the expected number of positives per image; the labels "
-                "file has no clean training labels to compute it: pass --param k=VALUE"
-            )
-        else:
-            raise OptionError(f"loss {loss!r} needs --param {key}=VALUE")
-    return params
-
-
-def train_group(data: LinearData, loss_name: str, configs: Sequence[HeadConfig], epochs: int,
+def train_group(data: LinearData, loss_name: str, configs: Sequence[GridPoint], epochs: int,
                 val_variant: str = "clean", early_stop: str = "none",
                 device: torch.device | str = "cpu", progress: bool = True,
                 position: int = 0) -> list[HeadResult]:
     """Train the heads of ``configs`` (one seed, one batch size) together; one result each."""
     if not configs:
         return []
-    bsize, seed = configs[0].bsize, configs[0].seed
-    if any(c.bsize != bsize or c.seed != seed for c in configs):
-        raise ValueError("train_group needs configurations with one batch size and one seed")
-    if early_stop not in EARLY_STOP_RULES:
-        raise OptionError(f"--early-stop must be one of {', '.join(EARLY_STOP_RULES)}")
-    if val_variant == "clean" and data.val.clean is None:
-        raise OptionError("this dataset has no clean validation labels (single positives only); "
-                          "use --val observed")
-    num_train = len(data.train)
-    steps = num_train // bsize
-    if steps == 0:
-        raise OptionError(f"batch size {bsize} is larger than the {num_train} training rows")
-    heads_n = len(configs)
-    L, D = data.num_classes, data.feature_dim
-    param_names = sorted({k for c in configs for k, _ in c.params})
-    params = {k: [c.param_dict[k] for c in configs] for k in param_names}
-    params.update({k: v for k, v in resolve_loss_params(loss_name, {}, data).items()
-                   if k not in params})
-    loss = create_loss(loss_name, L, heads_n, params=params, dataset=data.dataset)
+    return GroupTrainer(data, loss_name, configs, epochs, val_variant, early_stop,
+                        torch.device(device)).run(progress, position)
 
-    head = StackedLinear.create(
-        D, L, [torch.Generator().manual_seed(derive_seed(seed, "head", c.key())) for c in configs],
-        device=device)
-    state = loss.init_state(
-        data.train.observed, data.train.clean,
-        generator=torch.Generator().manual_seed(derive_seed(seed, "state", bsize)))
-    state = {k: v.detach().to(device) for k, v in state.items()}
-    trainable = loss.trainable_state()
-    for name in trainable:
-        state[name].requires_grad_(True)
-    lrs = [c.lr for c in configs]
-    optim_params = head.parameters() + [state[name] for name in trainable]
-    optim_lrs = [lrs, lrs] + [[lr * m for lr, m in zip(lrs, trainable[name], strict=True)]
-                             for name in trainable]
-    adam = StackedAdam(optim_params, optim_lrs)
 
-    X, Z, Y = data.train.features, data.train.observed, data.train.clean
-    val_targets = data.val.clean
-    val_observed = (data.val.observed == 1).float()
-    test_targets = data.test.clean if data.test.clean is not None else (data.test.observed == 1).float()
+class GroupTrainer:
+    """The stacked heads, loss state and optimizer of one group, and its per-head bookkeeping."""
 
-    perm_gen = torch.Generator().manual_seed(derive_seed(seed, "order", bsize))
-    best_val = torch.full((heads_n,), -math.inf, dtype=torch.float64)
-    best_epoch = [-1] * heads_n
-    best_weight = head.weight.detach().clone()
-    best_bias = head.bias.detach().clone()
-    best_state = {name: state[name].detach().clone() for name in trainable}
-    best_test_ap = torch.zeros(heads_n, L, dtype=torch.float64)
-    active = torch.ones(heads_n, dtype=torch.bool)
-    stopped_at: list[int | None] = [None] * heads_n
-    history: list[list[EpochRecord]] = [[] for _ in configs]
-    started = time.perf_counter()
+    def __init__(self, data: LinearData, loss_name: str, configs: Sequence[GridPoint],
+                 epochs: int, val_variant: str, early_stop: str, device: torch.device):
+        batch_size, seed = configs[0].batch_size, configs[0].seed
+        if any(c.batch_size != batch_size or c.seed != seed for c in configs):
+            raise ValueError("train_group needs configurations with one batch size and one seed")
+        check_early_stop(early_stop)
+        check_val_variant(val_variant, data.val.clean is not None, data.labels.path)
+        self.steps = len(data.train) // batch_size
+        if self.steps == 0:
+            raise OptionError(f"batch size {batch_size} is larger than the {len(data.train)} "
+                              "training rows")
+        self.data, self.configs, self.epochs = data, list(configs), epochs
+        self.loss_name, self.val_variant, self.early_stop = loss_name, val_variant, early_stop
+        self.batch_size, self.seed, self.device = batch_size, seed, device
+        heads, classes = len(configs), data.num_classes
+        params = {k: [c.param_dict[k] for c in configs] for k in configs[0].param_dict}
+        self.loss = create_loss(loss_name, classes, heads, params=params, facts=data.facts)
 
-    bar = tqdm(total=epochs * steps, unit="step", disable=not progress, leave=False, mininterval=1.0,
-               position=position,
-               desc=f"{loss_name} bs={bsize} seed={seed} x{heads_n}")
-    for epoch in range(epochs):
-        perm = torch.randperm(num_train, generator=perm_gen).to(device)
-        loss_sum = torch.zeros(heads_n, dtype=torch.float64, device=device)
-        running = (torch.full((heads_n, num_train, L), float("nan"), device=device)
-                   if Y is not None else None)
-        for step in range(steps):
-            index = perm[step * bsize:(step + 1) * bsize]
-            logits = head(X[index])
+        self.head = StackedLinear.create(
+            data.feature_dim, classes,
+            [torch.Generator().manual_seed(derive_seed(seed, "head", c.key())) for c in configs],
+            device=device)
+        state = self.loss.init_state(
+            data.train.observed, data.train.clean,
+            generator=torch.Generator().manual_seed(derive_seed(seed, "state", batch_size)))
+        self.state = {k: v.detach().to(device) for k, v in state.items()}
+        self.learned = self.loss.learned_state_lr_mults()
+        for name in self.learned:
+            self.state[name].requires_grad_(True)
+        lrs = [c.lr for c in configs]
+        self.optim_params = self.head.parameters() + [self.state[name] for name in self.learned]
+        self.adam = StackedAdam(self.optim_params, [lrs, lrs] + [
+            [lr * m for lr, m in zip(lrs, self.learned[name], strict=True)] for name in self.learned])
+        self.order = torch.Generator().manual_seed(derive_seed(seed, "order", batch_size))
+
+        self.best_val = torch.full((heads,), -math.inf, dtype=torch.float64)
+        self.best_epoch = [-1] * heads
+        self.best_weight = self.head.weight.detach().clone()
+        self.best_bias = self.head.bias.detach().clone()
+        self.best_state = {name: self.state[name].detach().clone() for name in self.learned}
+        self.best_test_ap = torch.zeros(heads, classes, dtype=torch.float64)
+        self.active = torch.ones(heads, dtype=torch.bool)
+        self.stopped_at: list[int | None] = [None] * heads
+        self.history: list[list[EpochRecord]] = [[] for _ in configs]
+
+    def run(self, progress: bool, position: int) -> list[HeadResult]:
+        started = time.perf_counter()
+        bar = tqdm(total=self.epochs * self.steps, unit="step", disable=not progress, leave=False,
+                   mininterval=1.0, position=position,
+                   desc=f"{self.loss_name} bs={self.batch_size} seed={self.seed} x{len(self.configs)}")
+        for epoch in range(self.epochs):
+            loss_sum, running = self.train_epoch(epoch)
+            bar.update(self.steps)
+            self.end_epoch(epoch, loss_sum, running)
+            bar.set_postfix(best_val=f"{float(self.best_val.max()):.2f}")
+            if not self.active.any():
+                break
+        bar.close()
+        return self.results(time.perf_counter() - started)
+
+    def train_epoch(self, epoch: int) -> tuple[Tensor, Tensor | None]:
+        """One pass in a seeded order: (per-head loss sum, running training predictions)."""
+        data, train = self.data, self.data.train
+        X, Z, Y = train.features, train.observed, train.clean
+        perm = torch.randperm(len(train), generator=self.order).to(self.device)
+        loss_sum = torch.zeros(len(self.configs), dtype=torch.float64, device=self.device)
+        running = (torch.full((len(self.configs), len(train), data.num_classes), float("nan"),
+                              device=self.device) if Y is not None else None)
+        for step in range(self.steps):
+            index = perm[step * self.batch_size:(step + 1) * self.batch_size]
+            logits = self.head(X[index])
             targets = Targets(Z[index], index, None if Y is None else Y[index])
-            per_head = loss.forward(logits, targets, state, epoch)
-            grads = torch.autograd.grad(per_head.sum(), optim_params)
-            adam.step(grads)
+            per_head = self.loss.forward(logits, targets, self.state, epoch)
+            grads = torch.autograd.grad(per_head.sum(), self.optim_params)
+            self.adam.step(grads)
             loss_sum += per_head.detach()
             if running is not None:
                 running[:, index] = torch.sigmoid(logits.detach())
-        bar.update(steps)
+        return loss_sum, running
 
+    def end_epoch(self, epoch: int, loss_sum: Tensor, running: Tensor | None) -> None:
+        """The loss's end-of-epoch update, evaluation, per-head best epoch and early stopping."""
+        data = self.data
+        X = data.train.features
         with torch.no_grad():
-            extra = loss.end_epoch(epoch, epochs, lambda: torch.sigmoid(head(X)), state) or {}
-            val_probs = torch.sigmoid(head(data.val.features))
-            val_observed_map = _map(val_probs, val_observed)
-            val_map = _map(val_probs, val_targets) if val_targets is not None else None
-            test_ap = average_precision(torch.sigmoid(head(data.test.features)), test_targets)
+            extra = self.loss.end_epoch(epoch, self.epochs, lambda: torch.sigmoid(self.head(X)),
+                                        self.state) or {}
+            val_probs = torch.sigmoid(self.head(data.val.features))
+            val_observed_map = _map(val_probs, (data.val.observed == 1).float())
+            val_map = _map(val_probs, data.val.clean) if data.val.clean is not None else None
+            test_targets = (data.test.clean if data.test.clean is not None
+                            else (data.test.observed == 1).float())
+            test_ap = average_precision(torch.sigmoid(self.head(data.test.features)), test_targets)
             test_map = test_ap.mean(dim=-1).cpu() * 100.0
-            train_map = _running_map(running, Y) if running is not None else None
-        selection = val_map if val_variant == "clean" else val_observed_map
-        improved = (selection > best_val) & active
-        for h in range(heads_n):
-            if not active[h]:
+            train_map = _running_map(running, data.train.clean) if running is not None else None
+        selection = val_map if self.val_variant == "clean" else val_observed_map
+        improved = (selection > self.best_val) & self.active
+        for h in range(len(self.configs)):
+            if not self.active[h]:
                 continue
-            history[h].append(EpochRecord(
-                epoch=epoch,
-                train_loss=float(loss_sum[h]) / steps,
+            self.history[h].append(EpochRecord(
+                epoch=epoch, train_loss=float(loss_sum[h]) / self.steps,
                 val_map=None if val_map is None else float(val_map[h]),
-                val_map_observed=float(val_observed_map[h]),
-                test_map=float(test_map[h]),
+                val_map_observed=float(val_observed_map[h]), test_map=float(test_map[h]),
                 train_map=None if train_map is None else float(train_map[h]),
                 extra={k: (v[h] if isinstance(v, (list, tuple)) else v) for k, v in extra.items()},
             ))
             if improved[h]:
-                best_epoch[h] = epoch
+                self.best_epoch[h] = epoch
         if improved.any():
-            mask = improved.to(device)
-            best_val = torch.where(improved, selection, best_val)
-            best_weight = torch.where(mask.view(-1, 1, 1), head.weight.detach(), best_weight)
-            best_bias = torch.where(mask.view(-1, 1, 1), head.bias.detach(), best_bias)
-            for name in trainable:
-                best_state[name] = torch.where(mask.view(-1, 1, 1), state[name].detach(),
-                                               best_state[name])
-            best_test_ap = torch.where(improved.view(-1, 1), test_ap.cpu(), best_test_ap)
-        _apply_early_stop(early_stop, selection, best_val, improved, active, stopped_at, epoch, adam)
-        bar.set_postfix(best_val=f"{float(best_val.max()):.2f}")
-        if not active.any():
-            break
-    bar.close()
-    seconds = time.perf_counter() - started
+            self.keep_best(improved, selection, test_ap)
+        stop = self.active & should_stop(self.early_stop, self.best_val, selection, improved)
+        for h in torch.nonzero(stop).flatten().tolist():
+            # A stopped head keeps its best weights and stops moving (its learning rates are 0).
+            self.active[h] = False
+            self.stopped_at[h] = epoch
+            for lrs in self.adam.lrs:
+                lrs[h] = 0.0
 
-    results = []
-    for h, config in enumerate(configs):
-        results.append(HeadResult(
-            config=config, epochs=history[h], best_epoch=best_epoch[h],
-            best_val=float(best_val[h]),
-            weight=best_weight[h].t().contiguous().cpu(), bias=best_bias[h, 0].cpu(),
-            state={name: best_state[name][h].cpu() for name in trainable},
-            test_ap=best_test_ap[h], stopped_at=stopped_at[h], seconds=seconds / heads_n,
-        ))
-    return results
+    def keep_best(self, improved: Tensor, selection: Tensor, test_ap: Tensor) -> None:
+        mask = improved.to(self.device).view(-1, 1, 1)
+        self.best_val = torch.where(improved, selection, self.best_val)
+        self.best_weight = torch.where(mask, self.head.weight.detach(), self.best_weight)
+        self.best_bias = torch.where(mask, self.head.bias.detach(), self.best_bias)
+        for name in self.learned:
+            self.best_state[name] = torch.where(mask, self.state[name].detach(),
+                                                self.best_state[name])
+        self.best_test_ap = torch.where(improved.view(-1, 1), test_ap.cpu(), self.best_test_ap)
+
+    def results(self, seconds: float) -> list[HeadResult]:
+        heads = len(self.configs)
+        return [HeadResult(
+            config=config, epochs=self.history[h], best_epoch=self.best_epoch[h],
+            best_val=float(self.best_val[h]),
+            weight=self.best_weight[h].t().contiguous().cpu(), bias=self.best_bias[h, 0].cpu(),
+            state={name: self.best_state[name][h].cpu() for name in self.learned},
+            test_ap=self.best_test_ap[h], stopped_at=self.stopped_at[h], seconds=seconds / heads,
+        ) for h, config in enumerate(self.configs)]
 
 
 def _map(probs: Tensor, targets: Tensor) -> Tensor:
@@ -255,21 +218,3 @@ def _running_map(running: Tensor, clean: Tensor) -> Tensor:
     """
     seen = ~torch.isnan(running[0, :, 0])
     return _map(running[:, seen], clean[seen])
-
-
-def _apply_early_stop(rule: str, selection: Tensor, best_val: Tensor, improved: Tensor,
-                      active: Tensor, stopped_at: list, epoch: int, adam: StackedAdam) -> None:
-    """Optional early stopping, per head (off by default for linear training).
-
-    ``kim`` (Kim et al.'s code): stop when validation mAP falls more than 3 points below the
-    best; ``zhou`` (Zhou et al.'s code): stop at the first epoch that does not improve on the
-    best. A stopped head keeps its best weights and stops moving (its learning rates become 0).
-    """
-    if rule == "none":
-        return
-    stop = active & ((best_val - selection > 3.0) if rule == "kim" else ~improved)
-    for h in torch.nonzero(stop).flatten().tolist():
-        active[h] = False
-        stopped_at[h] = epoch
-        for lrs in adam.lrs:
-            lrs[h] = 0.0

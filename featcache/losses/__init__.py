@@ -7,7 +7,19 @@ OPML, OPML-SP; ZLPR), ``baselines`` (focal, ASL, DW, L1R, L2R). ``featcache loss
 them; ``docs/losses.md`` writes out every formula.
 """
 
-from featcache.losses.base import LOG_EPSILON, SPMLLoss, Targets, neglog  # noqa: F401
+from featcache.losses.base import (  # noqa: F401
+    FULL_LABELS,
+    LOG_EPSILON,
+    OBSERVED_NEGATIVES,
+    DataFacts,
+    Need,
+    Param,
+    ResolvedParams,
+    SPMLLoss,
+    Targets,
+    TrainingData,
+    neglog,
+)
 from featcache.losses.registry import create_loss, loss_class, loss_names, register_loss  # noqa: F401
 
 # Registration order is the order of `featcache losses` and `--loss all`: keep it.

@@ -10,21 +10,35 @@ Conventions (``shared/PROTOCOL.md`` section 3): probabilities f = sigmoid(g);
 regularizer is added afterwards, not divided. Losses defined on logits (the LL-* family, ZLPR,
 OPML) say so in their docstrings.
 
-Per-example state (ROLE's label estimates, APL's pseudo-labels, LL-Cp's corrected labels,
-OPML-SP's corrections) lives in a dict of tensors of shape (H, N, L) that the loss creates in
-:meth:`SPMLLoss.init_state`; rows are indexed by ``Targets.index`` (rows of the training split).
+Each loss class declares, in one place, everything the stages ask of it:
+
+- ``needs``: what the training data must offer (:data:`FULL_LABELS`, :data:`OBSERVED_NEGATIVES`),
+  each a :class:`Need` that says in words why given data falls short;
+- ``params``: its parameters, each a :class:`Param` with its default, its valid range and, for
+  a parameter the data decides (EPR's and ROLE's ``k``), how to read it from :class:`DataFacts`;
+  ``dataset_defaults`` overrides defaults per protocol dataset (the reference code's values);
+- ``learned_state``: per-example state the optimizer trains beside the head, with the parameter
+  that holds its learning-rate multiplier (ROLE: phi at ``lr_mult`` times the head's rate);
+- ``handoff_state``: the state a linear run hands to fine-tuning (ROLE's phi).
+
+:meth:`SPMLLoss.resolve` turns what a user gave into every parameter's value (defaults
+included), which is what runs record. Per-example state (ROLE's label estimates, APL's
+pseudo-labels, LL-Cp's corrected labels, OPML-SP's corrections) lives in a dict of tensors of
+shape (H, N, L) that the loss creates in :meth:`SPMLLoss.init_state`; rows are indexed by
+``Targets.index`` (rows of the training split).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import ClassVar
+import math
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import ClassVar, Protocol, TypeVar
 
 import torch
 from torch import Tensor
 
-from featcache.errors import OptionError
+from featcache.errors import LossNeedError, LossStateError, OptionError, did_you_mean
 
 LOG_EPSILON = 1e-5
 
@@ -47,6 +61,166 @@ def expected_positive_regularizer(probs: Tensor, k: float | Tensor) -> Tensor:
     classes = probs.shape[-1]
     k = k.reshape(-1) if isinstance(k, Tensor) else k
     return (probs.sum(dim=-1).mean(dim=-1) - k) ** 2 / classes**2
+
+
+# ------------------------------------------------------------------------------ the data's side
+@dataclass(frozen=True)
+class DataFacts:
+    """What a loss may ask of its training data (built by each stage from its labels file)."""
+
+    dataset: str
+    num_classes: int
+    source: str = "the labels file"  # named in messages: the labels file's path
+    has_clean_train: bool = True
+    has_observed_negatives: bool = False
+    mean_positives: float | None = None  # k: mean positives per official training image
+
+
+class TrainingData(Protocol):
+    """What a stage's data offers a :class:`Need` (stage two's and stage three's data do)."""
+
+    @property
+    def facts(self) -> DataFacts: ...
+
+    def with_observed_negatives(self, num_neg: int) -> TrainingData: ...
+
+
+D = TypeVar("D", bound=TrainingData)
+
+
+@dataclass(frozen=True)
+class Need:
+    """Something a loss requires of the training data.
+
+    ``unmet(facts)`` says why data falls short (None when it does not); ``adapt(data)``
+    completes data that can be completed (observed negatives drawn from full labels).
+    """
+
+    key: str
+    description: str
+    unmet: Callable[[DataFacts], str | None]
+    adapt: Callable[[TrainingData], TrainingData] | None = None
+
+
+def _needs_full_labels(facts: DataFacts) -> str | None:
+    if facts.has_clean_train:
+        return None
+    return (f"trains on full labels, but {facts.source} holds single positives only "
+            "(no clean training labels)")
+
+
+def _needs_negatives(facts: DataFacts) -> str | None:
+    if facts.has_observed_negatives or facts.has_clean_train:
+        return None
+    return "needs observed negatives; prepare the labels with --num-neg 1"
+
+
+def _draw_negatives(data: TrainingData) -> TrainingData:
+    return data if data.facts.has_observed_negatives else data.with_observed_negatives(num_neg=1)
+
+
+#: full (clean) training labels: the oracles bce, bce-ls and iun
+FULL_LABELS = Need("full_labels", "full train labels", _needs_full_labels)
+#: observed negatives (``--num-neg``), drawn with the protocol's sampler when full labels exist
+OBSERVED_NEGATIVES = Need("observed_negatives", "observed negatives", _needs_negatives,
+                          adapt=_draw_negatives)
+
+
+# ------------------------------------------------------------------------------------ parameters
+@dataclass(frozen=True)
+class Param:
+    """One loss parameter: its default, its valid range, and (``from_data``) how the data sets it.
+
+    A ``None`` default with ``from_data`` means the data decides (EPR's ``k``: the labels
+    file's mean positives per image). ``integer`` parameters take whole numbers (epochs,
+    0/1 switches).
+    """
+
+    default: float | None
+    help: str
+    low: float = -math.inf
+    high: float = math.inf
+    low_open: bool = False
+    high_open: bool = False
+    integer: bool = False
+    from_data: Callable[[DataFacts], float | None] | None = None
+    missing: str = ""  # what to do when neither the data nor the user gives a value
+
+    def range_text(self) -> str:
+        """The valid range in interval notation, e.g. ``[0, 1]`` or ``(0, inf)``."""
+        def bound(value: float) -> str:
+            return "inf" if value == math.inf else "-inf" if value == -math.inf else f"{value:g}"
+
+        if self.integer and (self.low, self.high) == (0.0, 1.0):
+            return "0 or 1"
+        kind = "whole numbers in " if self.integer else ""
+        return (f"{kind}{'(' if self.low_open else '['}{bound(self.low)}, "
+                f"{bound(self.high)}{')' if self.high_open or self.high == math.inf else ']'}")
+
+    def accepts(self, value: float) -> bool:
+        if not math.isfinite(value) or (self.integer and not float(value).is_integer()):
+            return False
+        above = value > self.low if self.low_open else value >= self.low
+        below = value < self.high if self.high_open else value <= self.high
+        return above and below
+
+
+def _mean_positives(facts: DataFacts) -> float | None:
+    return facts.mean_positives
+
+
+#: EPR's and ROLE's k: expected positives per image, from the labels file unless given
+K_PARAM = Param(
+    None, "expected positives per image (default: the labels file's mean over the training set)",
+    low=0.0, low_open=True, from_data=_mean_positives,
+    missing="the labels file has no clean training labels to compute it: pass --param k=VALUE",
+)
+
+
+def unit_interval(default: float, help: str) -> Param:
+    """A parameter in [0, 1] (smoothing, fractions)."""
+    return Param(default, help, low=0.0, high=1.0)
+
+
+def non_negative(default: float, help: str) -> Param:
+    """A parameter in [0, inf) (weights, exponents)."""
+    return Param(default, help, low=0.0)
+
+
+def positive(default: float, help: str) -> Param:
+    """A parameter in (0, inf) (multipliers, constants inside logs)."""
+    return Param(default, help, low=0.0, low_open=True)
+
+
+def switch(default: float, help: str) -> Param:
+    """A 0/1 switch."""
+    return Param(default, help, low=0.0, high=1.0, integer=True)
+
+
+def epoch_count(default: float, help: str) -> Param:
+    """A number of epochs (a whole number >= 0)."""
+    return Param(default, help, low=0.0, integer=True)
+
+
+@dataclass
+class ResolvedParams:
+    """Every parameter of a loss: its values (several for a grid axis) and where each came from
+    (``given``, ``dataset``, ``data`` or ``default``)."""
+
+    values: dict[str, list[float]] = field(default_factory=dict)
+    sources: dict[str, str] = field(default_factory=dict)
+
+    def chosen(self) -> list[str]:
+        """Parameters set by the user or the data (not defaults): they name a configuration."""
+        return sorted(k for k, source in self.sources.items() if source in ("given", "data"))
+
+    def single(self) -> dict[str, float]:
+        """One value per parameter (refuses grid axes)."""
+        several = sorted(k for k, v in self.values.items() if len(v) != 1)
+        if several:
+            raise OptionError(f"parameter {', '.join(several)} has several values; one is "
+                              "needed here")
+        return {k: v[0] for k, v in self.values.items()}
 
 
 @dataclass
@@ -77,68 +251,110 @@ class SPMLLoss:
     summary: ClassVar[str] = ""
     #: where the loss comes from, e.g. ``"Cole et al. CVPR 2021"``
     reference: ClassVar[str] = ""
-    #: parameters and their defaults; ``None`` means the user (or the data) must supply it
-    defaults: ClassVar[Mapping[str, float | None]] = {}
-    #: one short line per parameter, for ``featcache losses`` and the docs
-    param_help: ClassVar[Mapping[str, str]] = {}
-    #: per-dataset overrides of ``defaults``, keyed by protocol dataset (voc, coco, nuswide, cub)
+    #: the parameters, with defaults, ranges and (``from_data``) what the data decides
+    params: ClassVar[Mapping[str, Param]] = {}
+    #: per-dataset overrides of the defaults, keyed by protocol dataset (voc, coco, nuswide, cub)
     dataset_defaults: ClassVar[Mapping[str, Mapping[str, float]]] = {}
-    #: what the training data must offer: ``"clean_train"`` (full training labels) or
-    #: ``"observed_negatives"`` (observed negatives, i.e. labels prepared with --num-neg > 0)
-    requires: ClassVar[frozenset[str]] = frozenset()
-    #: the learning-rate multiplier of trainable state tensors, by state name (ROLE: phi -> 10)
-    state_lr_mult: ClassVar[Mapping[str, str]] = {}
+    #: what the training data must offer
+    needs: ClassVar[tuple[Need, ...]] = ()
+    #: state tensors trained by the optimizer beside the head -> the parameter holding their
+    #: learning-rate multiplier (ROLE: ``{"phi": "lr_mult"}``)
+    learned_state: ClassVar[Mapping[str, str]] = {}
+    #: state a linear run hands to fine-tuning (ROLE's label estimates ``phi``)
+    handoff_state: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, num_classes: int, num_heads: int = 1,
                  params: Mapping[str, ParamValue] | None = None,
-                 dataset: str | None = None):
+                 dataset: str | None = None, facts: DataFacts | None = None):
         self.num_classes = int(num_classes)
         self.num_heads = int(num_heads)
-        self.params = self.resolve_params(params or {}, dataset, num_heads)
+        resolved = self.resolve(params or {}, facts=facts, dataset=dataset)
+        self.params: dict[str, list[float]] = {}
+        for key, values in resolved.values.items():
+            if len(values) == 1:
+                values = values * self.num_heads
+            if len(values) != self.num_heads:
+                raise OptionError(f"loss {self.name!r} parameter {key!r} has {len(values)} values "
+                                  f"for {self.num_heads} heads")
+            self.params[key] = values
+
+    # ----------------------------------------------------------------- needs
+    @classmethod
+    def unmet_need(cls, facts: DataFacts, given: Collection[str] = ()) -> str | None:
+        """Why data with these facts cannot train this loss (None when it can): a declared
+        need, or a parameter that only the data or the user can set (``given`` names the
+        parameters the user set)."""
+        for need in cls.needs:
+            reason = need.unmet(facts)
+            if reason is not None:
+                return reason
+        for key, param in cls.params.items():
+            if (param.default is None and key not in given
+                    and key not in cls.dataset_defaults.get(facts.dataset, {})
+                    and (param.from_data is None or param.from_data(facts) is None)):
+                return f"needs {key} ({param.help}); " + (param.missing or f"pass --param {key}=VALUE")
+        return None
+
+    @classmethod
+    def fit_data(cls, data: D) -> D:
+        """``data`` made ready for this loss (observed negatives drawn for ``iu``), or a
+        :class:`~featcache.errors.LossNeedError` saying what the data lacks."""
+        reason = cls.unmet_need(data.facts, given=cls.params)
+        if reason is not None:
+            raise LossNeedError(f"loss {cls.name!r} {reason}")
+        for need in cls.needs:
+            if need.adapt is not None:
+                data = need.adapt(data)
+        return data
 
     # ----------------------------------------------------------------- parameters
     @classmethod
-    def data_params(cls, dataset: str | None = None) -> list[str]:
-        """Parameters left ``None`` by the defaults and dataset defaults (EPR/ROLE's ``k``).
-
-        The trainer supplies these from the data (the labels file's k) unless the user gave
-        them; a known dataset's default (the reference code's k) is used as it is.
-        """
-        merged = {**cls.defaults, **cls.dataset_defaults.get(dataset or "", {})}
-        return sorted(key for key, value in merged.items() if value is None)
+    def default_values(cls, dataset: str | None = None) -> dict[str, float | None]:
+        """Each parameter's default on ``dataset`` (None: the data decides)."""
+        values = {key: param.default for key, param in cls.params.items()}
+        values.update(cls.dataset_defaults.get(dataset or "", {}))
+        return values
 
     @classmethod
-    def resolve_params(cls, given: Mapping[str, ParamValue], dataset: str | None,
-                       num_heads: int = 1) -> dict[str, list[float]]:
-        """Merge defaults, dataset defaults and ``given`` into one list of H values per name."""
-        unknown = sorted(set(given) - set(cls.defaults))
+    def resolve(cls, given: Mapping[str, ParamValue], facts: DataFacts | None = None,
+                dataset: str | None = None) -> ResolvedParams:
+        """Every parameter's values: ``given`` (several values: a grid axis), else the dataset's
+        default, else what the data says (``from_data``), else the default; each checked
+        against its range. Errors name the parameter, the range and the fix."""
+        unknown = sorted(set(given) - set(cls.params))
         if unknown:
-            valid = ", ".join(sorted(cls.defaults)) or "none"
-            raise OptionError(
-                f"loss {cls.name!r} has no parameter {', '.join(map(repr, unknown))}; "
-                f"its parameters are: {valid}"
-            )
-        merged: dict[str, ParamValue | None] = dict(cls.defaults)
-        merged.update(cls.dataset_defaults.get(dataset or "", {}))
-        merged.update(given)
-        resolved: dict[str, list[float]] = {}
-        for key, value in merged.items():
-            if value is None:
-                raise OptionError(
-                    f"loss {cls.name!r} needs parameter {key!r}; pass --param {key}=VALUE"
-                )
+            valid = ", ".join(sorted(cls.params)) or "none"
+            hint = did_you_mean(unknown[0], cls.params)
+            raise OptionError(f"loss {cls.name!r} has no parameter "
+                              f"{', '.join(map(repr, unknown))}{hint}; its parameters are: {valid}")
+        dataset = dataset or (facts.dataset if facts is not None else None)
+        by_dataset = cls.dataset_defaults.get(dataset or "", {})
+        resolved = ResolvedParams()
+        for key, param in cls.params.items():
+            if key in given:
+                value, source = given[key], "given"
+            elif key in by_dataset:
+                value, source = by_dataset[key], "dataset"
+            elif param.from_data is not None and facts is not None and param.from_data(facts) is not None:
+                value, source = param.from_data(facts), "data"
+            elif param.default is not None:
+                value, source = param.default, "default"
+            else:
+                raise OptionError(f"loss {cls.name!r} needs parameter {key!r} ({param.help}); "
+                                  + (param.missing or f"pass --param {key}=VALUE"))
             values = [float(v) for v in value] if isinstance(value, (list, tuple)) else [float(value)]
-            if len(values) == 1:
-                values = values * num_heads
-            if len(values) != num_heads:
-                raise OptionError(
-                    f"loss {cls.name!r} parameter {key!r} has {len(values)} values for "
-                    f"{num_heads} heads"
-                )
-            resolved[key] = values
+            if not values:
+                raise OptionError(f"loss {cls.name!r} parameter {key!r} has no value")
+            for number in values:
+                if not param.accepts(number):
+                    raise OptionError(
+                        f"loss {cls.name!r} parameter {key}={number:g} is out of range: {key} "
+                        f"takes {param.range_text()} ({param.help})")
+            resolved.values[key] = values
+            resolved.sources[key] = source
         return resolved
 
-    def p(self, name: str, like: Tensor | None = None) -> float | Tensor:
+    def value(self, name: str, like: Tensor | None = None) -> float | Tensor:
         """Parameter ``name``: a float when all heads share it, else an (H, 1, 1) tensor."""
         values = self.params[name]
         if all(v == values[0] for v in values):
@@ -163,9 +379,16 @@ class SPMLLoss:
         """
         return {}
 
-    def trainable_state(self) -> dict[str, list[float]]:
+    def learned_state_lr_mults(self) -> dict[str, list[float]]:
         """State tensors the optimizer trains beside the head, with each head's lr multiplier."""
-        return {name: list(self.params[param]) for name, param in self.state_lr_mult.items()}
+        return {name: list(self.params[param]) for name, param in self.learned_state.items()}
+
+    def state_tensor(self, state: Mapping[str, Tensor], key: str) -> Tensor:
+        """``state[key]``, or a clear error when the caller did not pass :meth:`init_state`'s dict."""
+        if key not in state:
+            raise LossStateError(f"loss {self.name!r} keeps per-example state {key!r}: pass the dict "
+                                 "returned by init_state() to every call")
+        return state[key]
 
     # ----------------------------------------------------------------- computing
     def forward(self, logits: Tensor, targets: Targets, state: dict[str, Tensor],

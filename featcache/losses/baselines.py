@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from featcache.losses.base import SPMLLoss, matrix_mean, neglog
+from featcache.losses.base import Param, SPMLLoss, matrix_mean, neglog, non_negative
 from featcache.losses.registry import register_loss
 from featcache.losses.terms import assume_negative, where_mask
 
@@ -24,12 +24,11 @@ class Focal(SPMLLoss):
     name = "focal"
     summary = "Focal loss on AN targets: (1-f)^gamma neglog(f), f^gamma neglog(1-f)."
     reference = "Lin et al. ICCV 2017; " + BASELINE
-    defaults = {"gamma": 2.0}
-    param_help = {"gamma": "focusing exponent"}
+    params = {"gamma": non_negative(2.0, "focusing exponent")}
 
     def forward(self, logits, targets, state, epoch):
         f = torch.sigmoid(logits)
-        gamma = self.p("gamma", logits)
+        gamma = self.value("gamma", logits)
         positive = targets.observed == 1
         matrix = torch.where(positive, (1.0 - f) ** gamma * neglog(f), f**gamma * neglog(1.0 - f))
         return matrix_mean(matrix)
@@ -47,17 +46,17 @@ class Asymmetric(SPMLLoss):
     name = "asl"
     summary = "Asymmetric loss on AN targets: focusing gamma_neg and probability shift clip."
     reference = "Ridnik et al. ICCV 2021; " + BASELINE
-    defaults = {"gamma_pos": 0.0, "gamma_neg": 4.0, "clip": 0.05}
-    param_help = {"gamma_pos": "focusing exponent of positives",
-                  "gamma_neg": "focusing exponent of negatives",
-                  "clip": "probability margin m: negatives use max(f - m, 0)"}
+    params = {"gamma_pos": non_negative(0.0, "focusing exponent of positives"),
+              "gamma_neg": non_negative(4.0, "focusing exponent of negatives"),
+              "clip": Param(0.05, "probability margin m: negatives use max(f - m, 0)", low=0.0,
+                            high=1.0, high_open=True)}
 
     def forward(self, logits, targets, state, epoch):
         f = torch.sigmoid(logits)
-        shifted = (f - self.p("clip", logits)).clamp(min=0)
+        shifted = (f - self.value("clip", logits)).clamp(min=0)
         positive = targets.observed == 1
-        matrix = torch.where(positive, (1.0 - f) ** self.p("gamma_pos", logits) * neglog(f),
-                             shifted ** self.p("gamma_neg", logits) * neglog(1.0 - shifted))
+        matrix = torch.where(positive, (1.0 - f) ** self.value("gamma_pos", logits) * neglog(f),
+                             shifted ** self.value("gamma_neg", logits) * neglog(1.0 - shifted))
         return matrix_mean(matrix)
 
 
@@ -68,23 +67,21 @@ class DownWeighted(SPMLLoss):
     name = "dw"
     summary = "AN with assumed negatives down-weighted by a constant."
     reference = BASELINE
-    defaults = {"weight": 0.1}
-    param_help = {"weight": "weight of the assumed-negative terms"}
+    params = {"weight": non_negative(0.1, "weight of the assumed-negative terms")}
 
     def forward(self, logits, targets, state, epoch):
         f = torch.sigmoid(logits)
-        return matrix_mean(assume_negative(f, targets.observed, self.p("weight", logits)))
+        return matrix_mean(assume_negative(f, targets.observed, self.value("weight", logits)))
 
 
 class RegularizedAssumeNegative(SPMLLoss):
     """AN plus ``lam * f^power`` on each unobserved entry (inside the matrix, so / (B * L))."""
 
     power = 1
-    defaults = {"lam": 0.1}
 
     def forward(self, logits, targets, state, epoch):
         f = torch.sigmoid(logits)
-        penalty = where_mask(targets.observed == 0, self.p("lam", logits) * f**self.power)
+        penalty = where_mask(targets.observed == 0, self.value("lam", logits) * f**self.power)
         return matrix_mean(assume_negative(f, targets.observed) + penalty)
 
 
@@ -95,7 +92,7 @@ class L1Regularized(RegularizedAssumeNegative):
     name = "l1r"
     summary = "AN + L1 penalty lam*f on unobserved predictions."
     reference = BASELINE
-    param_help = {"lam": "weight of the L1 penalty on unobserved predictions"}
+    params = {"lam": non_negative(0.1, "weight of the L1 penalty on unobserved predictions")}
 
 
 @register_loss
@@ -106,4 +103,4 @@ class L2Regularized(RegularizedAssumeNegative):
     summary = "AN + L2 penalty lam*f^2 on unobserved predictions."
     reference = BASELINE
     power = 2
-    param_help = {"lam": "weight of the L2 penalty on unobserved predictions"}
+    params = {"lam": non_negative(0.1, "weight of the L2 penalty on unobserved predictions")}

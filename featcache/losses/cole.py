@@ -15,11 +15,16 @@ from torch import Tensor
 
 from featcache.errors import InputError
 from featcache.losses.base import (
+    FULL_LABELS,
+    K_PARAM,
+    OBSERVED_NEGATIVES,
     SPMLLoss,
     Targets,
     expected_positive_regularizer,
     matrix_mean,
     neglog,
+    positive,
+    unit_interval,
 )
 from featcache.losses.registry import register_loss
 from featcache.losses.terms import (
@@ -27,18 +32,17 @@ from featcache.losses.terms import (
     expand_initial,
     inverse_sigmoid,
     inverse_sigmoid_tensor,
-    require_state,
     soft_bce,
     where_mask,
 )
 
 COLE = "Cole et al. CVPR 2021"
 
-#: k, the expected number of positives per image, is left to the data: the trainer passes the
-#: labels file's mean positives per official training image (PROTOCOL.md section 1 tabulates
-#: it rounded: voc 1.5, coco 2.9, nuswide 1.9, cub 31.4). The reference code hard-codes
-#: voc 1.5, coco 2.5, nuswide 1.9, cub 31.4; pass --param k=... to use those instead.
-K_HELP = "expected positives per image (default: the labels file's mean over the training set)"
+# k, the expected number of positives per image (K_PARAM), is left to the data: the stages pass
+# the labels file's mean positives per official training image (PROTOCOL.md section 1 tabulates
+# it rounded: voc 1.5, coco 2.9, nuswide 1.9, cub 31.4). The reference code hard-codes
+# voc 1.5, coco 2.9, nuswide 1.9, cub 31.4 (coco was 2.5 until its commit aefa578, 2021-07-20);
+# pass --param k=... to use those instead.
 
 # ROLE's label-estimator initialisation (reference models.LabelEstimator).
 ROLE_INIT_UNOBSERVED = 0.6  # unobserved phi ~ U[-logit(0.6), logit(0.6)]
@@ -61,7 +65,7 @@ class FullBCE(SPMLLoss):
     name = "bce"
     summary = "Full labels: y=1 neglog(f), y=0 neglog(1-f) (oracle)."
     reference = COLE
-    requires = frozenset({"clean_train"})
+    needs = (FULL_LABELS,)
 
     def forward(self, logits, targets, state, epoch):
         f = torch.sigmoid(logits)
@@ -79,13 +83,12 @@ class FullBCESmoothed(SPMLLoss):
     name = "bce-ls"
     summary = "Full labels, label smoothing: targets 1-eps and eps (oracle)."
     reference = COLE
-    requires = frozenset({"clean_train"})
-    defaults = {"eps": 0.1}
-    param_help = {"eps": "smoothing: positives target 1-eps, negatives eps"}
+    needs = (FULL_LABELS,)
+    params = {"eps": unit_interval(0.1, "smoothing: positives target 1-eps, negatives eps")}
 
     def forward(self, logits, targets, state, epoch):
         clean = clean_labels(targets, self.name)
-        eps = self.p("eps", logits)
+        eps = self.value("eps", logits)
         return matrix_mean(soft_bce(torch.sigmoid(logits), clean * (1.0 - eps) + (1.0 - clean) * eps))
 
 
@@ -100,7 +103,7 @@ class IgnoreUnobservedTrueNegatives(SPMLLoss):
     name = "iun"
     summary = "Observed positive + every true negative (needs full labels)."
     reference = COLE
-    requires = frozenset({"clean_train"})
+    needs = (FULL_LABELS,)
 
     def forward(self, logits, targets, state, epoch):
         clean = clean_labels(targets, self.name)
@@ -116,7 +119,7 @@ class IgnoreUnobserved(SPMLLoss):
     name = "iu"
     summary = "Observed positive + observed negative; unobserved ignored (needs --num-neg)."
     reference = COLE
-    requires = frozenset({"observed_negatives"})
+    needs = (OBSERVED_NEGATIVES,)
 
     def forward(self, logits, targets, state, epoch):
         f = torch.sigmoid(logits)
@@ -148,13 +151,12 @@ class AssumeNegativeSmoothed(SPMLLoss):
     name = "an-ls"
     summary = "AN with label smoothing (eps_pos on positives, eps_neg on assumed negatives)."
     reference = COLE
-    defaults = {"eps_pos": 0.1, "eps_neg": 0.1}
-    param_help = {"eps_pos": "smoothing of observed positives (target 1-eps_pos)",
-                  "eps_neg": "smoothing of assumed negatives (target eps_neg)"}
+    params = {"eps_pos": unit_interval(0.1, "smoothing of observed positives (target 1-eps_pos)"),
+              "eps_neg": unit_interval(0.1, "smoothing of assumed negatives (target eps_neg)")}
 
     def forward(self, logits, targets, state, epoch):
         positive = targets.observed == 1
-        target = positive * (1.0 - self.p("eps_pos", logits)) + ~positive * self.p("eps_neg", logits)
+        target = positive * (1.0 - self.value("eps_pos", logits)) + ~positive * self.value("eps_neg", logits)
         return matrix_mean(soft_bce(torch.sigmoid(logits), target))
 
 
@@ -164,7 +166,8 @@ class NegativeSmoothed(AssumeNegativeSmoothed):
 
     name = "n-ls"
     summary = "AN smoothing only the assumed negatives: an-ls with eps_pos=0, eps_neg=0.1."
-    defaults = {"eps_pos": 0.0, "eps_neg": 0.1}
+    params = {"eps_pos": unit_interval(0.0, AssumeNegativeSmoothed.params["eps_pos"].help),
+              "eps_neg": unit_interval(0.1, AssumeNegativeSmoothed.params["eps_neg"].help)}
 
 
 @register_loss
@@ -188,13 +191,12 @@ class ExpectedPositiveRegularized(SPMLLoss):
     name = "epr"
     summary = "Observed positives + expected-positive regularizer (k positives per image)."
     reference = COLE
-    defaults = {"k": None}
-    param_help = {"k": K_HELP}
+    params = {"k": K_PARAM}
 
     def forward(self, logits, targets, state, epoch):
         f = torch.sigmoid(logits)
         matrix = where_mask(targets.observed == 1, neglog(f))
-        return matrix_mean(matrix) + expected_positive_regularizer(f, self.p("k", logits))
+        return matrix_mean(matrix) + expected_positive_regularizer(f, self.value("k", logits))
 
 
 @register_loss
@@ -210,9 +212,10 @@ class RegularizedOnlineLabelEstimation(SPMLLoss):
     name = "role"
     summary = "Online label estimation: head and per-example label estimates teach each other."
     reference = COLE
-    defaults = {"k": None, "lr_mult": 10.0}
-    param_help = {"k": K_HELP, "lr_mult": "learning-rate multiplier of the label estimates phi"}
-    state_lr_mult = {"phi": "lr_mult"}
+    params = {"k": K_PARAM,
+              "lr_mult": positive(10.0, "learning-rate multiplier of the label estimates phi")}
+    learned_state = {"phi": "lr_mult"}
+    handoff_state = ("phi",)
 
     def init_state(self, observed: Tensor, clean: Tensor | None = None,
                    generator: torch.Generator | None = None,
@@ -240,13 +243,13 @@ class RegularizedOnlineLabelEstimation(SPMLLoss):
         return {"phi": phi.requires_grad_(True)}
 
     def forward(self, logits, targets, state, epoch):
-        phi = require_state(state, "phi", self.name)
+        phi = self.state_tensor(state, "phi")
         f = torch.sigmoid(logits)
         estimate = torch.sigmoid(phi[:, targets.index])
         positive = targets.observed == 1
         matrix = where_mask(positive, neglog(f) + neglog(estimate))
         matrix = 0.5 * (matrix + soft_bce(f, estimate.detach()) + soft_bce(estimate, f.detach()))
-        k = self.p("k", logits)
+        k = self.value("k", logits)
         regularizer = 0.5 * (expected_positive_regularizer(f, k)
                              + expected_positive_regularizer(estimate, k))
         return matrix_mean(matrix) + regularizer

@@ -12,11 +12,17 @@ from collections.abc import Callable, Mapping
 import torch
 from torch import Tensor
 
-from featcache.losses.base import SPMLLoss, matrix_mean, neglog
+from featcache.losses.base import (
+    SPMLLoss,
+    epoch_count,
+    matrix_mean,
+    neglog,
+    non_negative,
+    unit_interval,
+)
 from featcache.losses.registry import register_loss
 from featcache.losses.terms import (
     binary_entropy,
-    require_state,
     select_per_class,
     soft_bce,
     where_mask,
@@ -35,7 +41,7 @@ APL_DEFAULTS = {
     "cub": {"alpha": 0.01, "beta": 0.4, "theta": 0.9, "warmup": 3},
 }
 
-ALPHA_HELP = "weight of the entropy term on unobserved labels"
+ALPHA = non_negative(0.1, "weight of the entropy term on unobserved labels")
 
 
 def entropy_matrix(probs: Tensor, observed: Tensor, unobserved_weight: Tensor | float) -> Tensor:
@@ -52,13 +58,12 @@ class EntropyMaximization(SPMLLoss):
     name = "em"
     summary = "Entropy maximisation on unobserved labels: z=0 term -alpha*H(f)."
     reference = ZHOU
-    defaults = {"alpha": 0.1}
+    params = {"alpha": ALPHA}
     dataset_defaults = {name: {"alpha": alpha} for name, alpha in EM_ALPHA.items()}
-    param_help = {"alpha": ALPHA_HELP}
 
     def forward(self, logits, targets, state, epoch):
         f = torch.sigmoid(logits)
-        return matrix_mean(entropy_matrix(f, targets.observed, -self.p("alpha", logits)))
+        return matrix_mean(entropy_matrix(f, targets.observed, -self.value("alpha", logits)))
 
 
 @register_loss
@@ -79,14 +84,15 @@ class EntropyMaximizationAPL(SPMLLoss):
     name = "em-apl"
     summary = "EM + asymmetric pseudo-labels: each epoch after warmup, soft negatives per class."
     reference = ZHOU
-    defaults = {"alpha": 0.1, "beta": 0.2, "theta": 0.9, "warmup": 5}
-    dataset_defaults = APL_DEFAULTS
-    param_help = {
-        "alpha": ALPHA_HELP,
-        "beta": "weight of the soft pseudo-label terms",
-        "theta": "fraction of each class's unobserved entries pseudo-labelled over training",
-        "warmup": "epochs of plain EM before the first pseudo-labelling (1-based epoch count)",
+    params = {
+        "alpha": ALPHA,
+        "beta": non_negative(0.2, "weight of the soft pseudo-label terms"),
+        "theta": unit_interval(
+            0.9, "fraction of each class's unobserved entries pseudo-labelled over training"),
+        "warmup": epoch_count(
+            5, "epochs of plain EM before the first pseudo-labelling (1-based epoch count)"),
     }
+    dataset_defaults = APL_DEFAULTS
 
     def init_state(self, observed: Tensor, clean: Tensor | None = None,
                    generator: torch.Generator | None = None,
@@ -97,17 +103,17 @@ class EntropyMaximizationAPL(SPMLLoss):
         return {"pseudo": pseudo, "unobserved": unobserved}
 
     def forward(self, logits, targets, state, epoch):
-        pseudo = require_state(state, "pseudo", self.name)[:, targets.index]
+        pseudo = self.state_tensor(state, "pseudo")[:, targets.index]
         f = torch.sigmoid(logits)
         labelled = ~torch.isnan(pseudo) & (targets.observed == 0)
         soft = soft_bce(f, torch.nan_to_num(pseudo))
-        matrix = torch.where(labelled, self.p("beta", logits) * soft,
-                             entropy_matrix(f, targets.observed, -self.p("alpha", logits)))
+        matrix = torch.where(labelled, self.value("beta", logits) * soft,
+                             entropy_matrix(f, targets.observed, -self.value("alpha", logits)))
         return matrix_mean(matrix)
 
     def end_epoch(self, epoch: int, num_epochs: int, probs: Callable[[], Tensor],
                   state: dict[str, Tensor]) -> dict[str, float]:
-        pseudo = require_state(state, "pseudo", self.name)
+        pseudo = self.state_tensor(state, "pseudo")
         unobserved = state["unobserved"]
         added = [0] * self.num_heads
         current = None
@@ -138,9 +144,8 @@ class EntropyMinimization(SPMLLoss):
     name = "entmin"
     summary = "Entropy minimisation baseline: z=0 term +alpha*H(f) (collapses, as published)."
     reference = ZHOU
-    defaults = {"alpha": 0.1}
-    param_help = {"alpha": ALPHA_HELP}
+    params = {"alpha": ALPHA}
 
     def forward(self, logits, targets, state, epoch):
         f = torch.sigmoid(logits)
-        return matrix_mean(entropy_matrix(f, targets.observed, self.p("alpha", logits)))
+        return matrix_mean(entropy_matrix(f, targets.observed, self.value("alpha", logits)))

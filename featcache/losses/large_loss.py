@@ -24,18 +24,20 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from featcache.losses.base import SPMLLoss, matrix_mean
+from featcache.losses.base import Param, SPMLLoss, matrix_mean, non_negative
 from featcache.losses.registry import register_loss
-from featcache.losses.terms import batch_labels, head_floats, per_head_labels, require_state
+from featcache.losses.terms import batch_labels, head_floats, per_head_labels
 
 KIM = "Kim et al. CVPR 2022"
 KIM_ABS = "Kim et al. CVPR 2022, supplement B"
 
-RELATIVE_DEFAULTS = {"delta_rel": 0.2}
-RELATIVE_HELP = {"delta_rel": "rejection-rate increase per epoch, in percent (Kim: 0.1 to 0.5)"}
-ABSOLUTE_DEFAULTS = {"r0": 1.5, "delta_abs": 0.15}
-ABSOLUTE_HELP = {"r0": "initial loss threshold R0 (supplement grid 1.0, 1.5, 2.0)",
-                 "delta_abs": "threshold decrease per epoch (supplement grid 0.1, 0.15, 0.2)"}
+#: delta_rel is a percentage: 0.2 means 0.2 % more rejected per epoch (PROTOCOL.md section 4)
+RELATIVE_PARAMS = {"delta_rel": Param(
+    0.2, "rejection-rate increase per epoch, in percent (Kim: 0.1 to 0.5)", low=0.0, high=100.0)}
+ABSOLUTE_PARAMS = {
+    "r0": non_negative(1.5, "initial loss threshold R0 (supplement grid 1.0, 1.5, 2.0)"),
+    "delta_abs": non_negative(0.15, "threshold decrease per epoch (supplement grid 0.1, 0.15, 0.2)"),
+}
 
 
 def ceil_count(value: float) -> int:
@@ -59,7 +61,7 @@ class LargeLoss(SPMLLoss):
     def forward(self, logits, targets, state, epoch):
         labels = batch_labels(targets, state)
         if self.permanent:
-            require_state(state, "observed", self.name)
+            self.state_tensor(state, "observed")
         labels = labels.expand_as(logits)
         unobserved = labels == 0
         loss = F.binary_cross_entropy_with_logits(logits, labels.clamp(min=0), reduction="none")
@@ -84,8 +86,7 @@ class LargeLoss(SPMLLoss):
 class RelativeLargeLoss(LargeLoss):
     """Top-k selection among the batch's unobserved losses (the paper's main variants)."""
 
-    defaults = RELATIVE_DEFAULTS
-    param_help = RELATIVE_HELP
+    params = RELATIVE_PARAMS
 
     def num_large(self, entries: int, epoch: int, delta_rel: float) -> int:
         """k for one head: how many of the batch's ``entries`` count as large."""
@@ -118,8 +119,7 @@ class AbsoluteLargeLoss(LargeLoss):
     """Threshold selection: large means loss > R(e) = r0 - e * delta_abs (supplement B)."""
 
     reference = KIM_ABS
-    defaults = ABSOLUTE_DEFAULTS
-    param_help = ABSOLUTE_HELP
+    params = ABSOLUTE_PARAMS
 
     def select(self, loss, unobserved, epoch):
         r0 = head_floats(self.params["r0"], loss)

@@ -18,16 +18,23 @@ from collections.abc import Callable, Mapping
 import torch
 from torch import Tensor
 
-from featcache.linear.metrics import average_precision
-from featcache.losses.base import LOG_EPSILON, SPMLLoss
+from featcache.losses.base import (
+    LOG_EPSILON,
+    SPMLLoss,
+    epoch_count,
+    non_negative,
+    positive,
+    switch,
+    unit_interval,
+)
 from featcache.losses.registry import register_loss
 from featcache.losses.terms import (
     batch_labels,
     head_floats,
     per_head_labels,
-    require_state,
     select_per_class,
 )
+from featcache.metrics import average_precision
 
 LI = "Li et al. (OPML), reconstruction"
 SU = "Su et al. 2022 (ZLPR), as compared by Li et al."
@@ -72,9 +79,8 @@ class OPML(PairLoss):
     name = "opml"
     summary = "Push one pair of labels apart: log(a+sum_neg e^g) + log(b+sum_pos e^-g) (reconstr.)."
     reference = LI
-    defaults = {"a": 1.0, "b": 1.0}
-    param_help = {"a": "constant of the negatives' log-sum-exp (bounds the loss)",
-                  "b": "constant of the positives' log-sum-exp"}
+    params = {"a": positive(1.0, "constant of the negatives' log-sum-exp (bounds the loss)"),
+              "b": positive(1.0, "constant of the positives' log-sum-exp")}
 
 
 @register_loss
@@ -102,19 +108,18 @@ class OPMLSinglePositive(PairLoss):
     name = "opml-sp"
     summary = "OPML + AP-based soft labels + high-rank regularizer + AP-based correction (reconstr.)."
     reference = LI
-    defaults = {"a": 1.0, "b": 1.0, "smooth": 1.0, "smooth_power": 1.0, "rank": 1.0,
-                "lam": 1e-3, "correct": 1.0, "correct_ratio": 1e-3, "correct_cap": 1.0,
-                "correct_warmup": 1.0}
-    param_help = {
-        **OPML.param_help,
-        "smooth": "1: AP-based soft targets for unobserved labels, 0: hard OPML",
-        "smooth_power": "power p of the soft target eps = (AP_c * f)^p",
-        "rank": "1: add the high-rank regularizer, 0: not",
-        "lam": "weight of the high-rank regularizer -sum log(sigma_i + 1e-5)",
-        "correct": "1: AP-based label correction after each epoch, 0: none",
-        "correct_ratio": "flips per class and epoch: int(correct_ratio * N * AP_c)",
-        "correct_cap": "at most int(correct_cap * observed positives of the class) flips in all",
-        "correct_warmup": "first epoch (1-based) after which labels are corrected",
+    params = {
+        **OPML.params,
+        "smooth": switch(1, "1: AP-based soft targets for unobserved labels, 0: hard OPML"),
+        "smooth_power": positive(1.0, "power p of the soft target eps = (AP_c * f)^p"),
+        "rank": switch(1, "1: add the high-rank regularizer, 0: not"),
+        "lam": non_negative(1e-3, "weight of the high-rank regularizer -sum log(sigma_i + 1e-5)"),
+        "correct": switch(1, "1: AP-based label correction after each epoch, 0: none"),
+        "correct_ratio": unit_interval(
+            1e-3, "flips per class and epoch: int(correct_ratio * N * AP_c)"),
+        "correct_cap": non_negative(
+            1.0, "at most int(correct_cap * observed positives of the class) flips in all"),
+        "correct_warmup": epoch_count(1, "first epoch (1-based) after which labels are corrected"),
     }
 
     def init_state(self, observed: Tensor, clean: Tensor | None = None,
@@ -133,7 +138,7 @@ class OPMLSinglePositive(PairLoss):
         positive = (labels == 1).to(logits.dtype)
         unobserved = (labels == 0).to(logits.dtype)
         smooth = head_floats(self.params["smooth"], logits)
-        ap = require_state(state, "train_ap", self.name).to(logits.dtype)
+        ap = self.state_tensor(state, "train_ap").to(logits.dtype)
         power = head_floats(self.params["smooth_power"], logits)
         eps = smooth * unobserved * (ap * f.detach()) ** power
         a, b = self.constants(logits)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from featcache.errors import OptionError
-from featcache.losses.base import ParamValue, SPMLLoss
+from featcache.errors import OptionError, unknown_name
+from featcache.losses.base import DataFacts, ParamValue, SPMLLoss
 
 _REGISTRY: dict[str, type[SPMLLoss]] = {}
 
@@ -16,6 +16,9 @@ def register_loss(cls: type[SPMLLoss]) -> type[SPMLLoss]:
         raise ValueError(f"{cls.__name__} has no name")
     if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:
         raise ValueError(f"loss name {cls.name!r} is registered twice")
+    referred = {key for values in cls.dataset_defaults.values() for key in values}
+    if (referred | set(cls.learned_state.values())) - set(cls.params):
+        raise ValueError(f"{cls.__name__} refers to undeclared parameters")
     _REGISTRY[cls.name] = cls
     return cls
 
@@ -26,18 +29,21 @@ def loss_names() -> list[str]:
 
 
 def loss_class(name: str) -> type[SPMLLoss]:
-    """The class registered as ``name``; the error lists the valid names."""
+    """The class registered as ``name``; the error names the closest valid names."""
     try:
         return _REGISTRY[name]
     except KeyError:
-        raise OptionError(
-            f"unknown loss {name!r}; valid losses: {', '.join(loss_names())} "
-            "(`featcache losses` describes each)"
-        ) from None
+        raise OptionError(unknown_name("loss", name, loss_names(), plural="losses",
+                                       listing="`featcache losses` describes each")) from None
 
 
 def create_loss(name: str, num_classes: int, num_heads: int = 1,
                 params: Mapping[str, ParamValue] | None = None,
-                dataset: str | None = None) -> SPMLLoss:
-    """Build the loss ``name`` for ``num_classes`` classes and ``num_heads`` stacked heads."""
-    return loss_class(name)(num_classes, num_heads=num_heads, params=params, dataset=dataset)
+                dataset: str | None = None, facts: DataFacts | None = None) -> SPMLLoss:
+    """Build the loss ``name`` for ``num_classes`` classes and ``num_heads`` stacked heads.
+
+    ``params`` may leave out anything with a default; ``facts`` supplies what the data decides
+    (``k``); ``dataset`` selects the reference code's per-dataset defaults.
+    """
+    return loss_class(name)(num_classes, num_heads=num_heads, params=params, dataset=dataset,
+                            facts=facts)

@@ -68,14 +68,6 @@ def batch_labels(targets: Targets, state: dict[str, Tensor], key: str = "observe
     return targets.observed
 
 
-def require_state(state: dict[str, Tensor], key: str, loss_name: str) -> Tensor:
-    """``state[key]``, or a clear error when the trainer did not call ``init_state``."""
-    if key not in state:
-        raise ValueError(f"loss {loss_name!r} keeps per-example state {key!r}: pass the dict "
-                         "returned by init_state() to every call")
-    return state[key]
-
-
 def head_floats(values: list[float], like: Tensor, shape: tuple[int, ...] = (-1, 1, 1)) -> Tensor:
     """Per-head parameter values as a tensor on ``like``'s device, reshaped to ``shape``."""
     return torch.tensor(values, dtype=like.dtype, device=like.device).view(*shape)

@@ -22,7 +22,7 @@ import torchvision
 from torch import Tensor, nn
 from torchvision import transforms
 
-from featcache.errors import OptionError
+from featcache.errors import OptionError, unknown_name
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -111,20 +111,19 @@ def backbone_spec(name: str) -> BackboneSpec:
     try:
         return _REGISTRY[name]
     except KeyError:
-        raise OptionError(
-            f"unknown backbone {name!r}; choose one of {', '.join(backbone_names())}"
-        ) from None
+        raise OptionError(unknown_name("backbone", name, backbone_names(),
+                                       listing="`featcache features --help` lists them")) from None
 
 
 def create_backbone(name: str = "resnet50", weights="v1", seed: int = 0) -> nn.Module:
     """Build backbone ``name`` with ``weights`` (``v1``, ``v2``, ``random``, a file path, or a
-    resolved :class:`~featcache.features.weights.WeightsSource`), in eval mode on the CPU.
+    resolved :class:`~featcache.backbones.weights.WeightsSource`), in eval mode on the CPU.
 
     The module maps a normalised batch ``(B, 3, H, W)`` to pooled features ``(B, dim)``. Its
     attribute ``weights_identity`` says which weights it holds (recorded in features files).
     ``seed`` fixes the initialisation of ``random`` weights.
     """
-    from featcache.features.weights import WeightsSource, load_state_dict, resolve_weights
+    from featcache.backbones.weights import WeightsSource, load_state_dict, resolve_weights
 
     spec = backbone_spec(name)
     source = weights if isinstance(weights, WeightsSource) else resolve_weights(spec, weights, seed)
@@ -189,12 +188,6 @@ class Uint8Normalize(nn.Module):
     def forward(self, batch: Tensor) -> Tensor:
         # Same operations in the same order as torchvision's to_tensor and normalize.
         return batch.to(torch.float32).div(255).sub_(self.mean).div_(self.std)
-
-
-def normalize_batch(batch: Tensor, backbone: str = "resnet50") -> Tensor:
-    """Functional :class:`Uint8Normalize` (builds mean and std each call: in a loop, keep a
-    ``Uint8Normalize(backbone).to(device)`` instead)."""
-    return Uint8Normalize(backbone).to(batch.device)(batch)
 
 
 def transform_description(image_size: int, backbone: str = "resnet50",

@@ -1,66 +1,28 @@
-"""Reading dataset images exactly as the reference code does, and saying which ones are bad.
+"""Dataset images as backbone inputs: decoded (as the reference does), resized, batched.
 
-Decoding is ``PIL.Image.open(path).convert("RGB")`` (Cole et al., ``datasets.ds_multilabel``):
-no EXIF transpose; PNG with alpha, palette, grayscale and CMYK images all go through
-``convert("RGB")``. PIL's ``LOAD_TRUNCATED_IMAGES`` must be off, or a truncated JPEG would be
-padded with grey instead of being reported; :func:`require_strict_pil` turns it off (with a
-warning) wherever images are read.
-
-The datasets never raise for a bad image: they return ``ok = False`` and the extraction engine,
-in the main process and in row order, either stops with one error naming the file or, with
-``--skip-bad``, flags the row. :func:`image_problem` says what is wrong with a file.
+:class:`ImageRows` decodes with :func:`featcache.data.images.load_rgb` and resizes on the CPU
+to uint8 in DataLoader workers; :class:`~featcache.backbones.registry.Uint8Normalize` finishes
+the transform on the device. The datasets never raise for a bad image: they return
+``ok = False`` and the caller, in the main process and in row order, either stops with one
+error naming the file or flags the row (stage one's ``--skip-bad``).
 """
 
 from __future__ import annotations
 
 import io
 import os
-import warnings
 from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image, ImageFile, UnidentifiedImageError
+from PIL import Image
 from torch.utils.data import Dataset
 
-from featcache.features.backbones import resize_transform
+from featcache.backbones.registry import resize_transform
+from featcache.data.images import DECODE_ERRORS, load_rgb, require_strict_pil
 
-#: what PIL raises for files it cannot open or decode
-DECODE_ERRORS = (OSError, UnidentifiedImageError, ValueError, SyntaxError, Image.DecompressionBombError)
 _JPEG_START = b"\xff\xd8"
 _JPEG_END = b"\xff\xd9"
-
-
-def require_strict_pil() -> None:
-    """Make truncated images raise (PIL's ``LOAD_TRUNCATED_IMAGES`` off); warn if it was on."""
-    if ImageFile.LOAD_TRUNCATED_IMAGES:
-        warnings.warn("PIL.ImageFile.LOAD_TRUNCATED_IMAGES was on (set by another library); "
-                      "featcache turns it off so that truncated images are reported, not padded",
-                      RuntimeWarning, stacklevel=2)
-        ImageFile.LOAD_TRUNCATED_IMAGES = False
-
-
-def load_rgb(path: str | os.PathLike) -> Image.Image:
-    """Decode ``path`` as the reference does: ``Image.open(path).convert("RGB")``, fully loaded."""
-    with Image.open(path) as image:
-        return image.convert("RGB")
-
-
-def image_problem(path: str | os.PathLike) -> str | None:
-    """What is wrong with the image at ``path`` (missing, empty, unreadable), or None if it decodes."""
-    path = Path(path)
-    if not path.exists():
-        return "file does not exist"
-    if not path.is_file():
-        return "not a file"
-    if path.stat().st_size == 0:
-        return "file is empty (0 bytes)"
-    require_strict_pil()
-    try:
-        load_rgb(path)
-    except DECODE_ERRORS as exc:
-        return f"cannot be decoded ({type(exc).__name__}: {exc})"
-    return None
 
 
 class ImageRows(Dataset):

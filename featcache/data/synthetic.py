@@ -34,6 +34,6 @@ def write_image_labels(path: str | os.PathLike, train_images: list[str], test_im
         test=SplitLabels(np.array(test_images, dtype=object), observe_uniform(clean[n_train:]),
                          clean[n_train:]),
         train_index=train_index, val_index=val_index, image_root=str(image_root),
-        provenance={"source_format": "generated images (featcache.features.synthetic)"},
+        provenance={"source_format": "generated images (featcache.data.synthetic)"},
     )
     return write_labels(labels, path, overwrite=overwrite)

@@ -1,0 +1,43 @@
+"""Every option of ``featcache finetune``, as given (``None``: decided by the start point or the
+device); :class:`featcache.finetune.loop.Settings` holds what they resolve to."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from featcache.protocol.grid import BATCH_SIZES, FINETUNE_EPOCHS, LEARNING_RATES
+
+
+@dataclass
+class FinetuneOptions:
+    """What the user asked for."""
+
+    dataset: str
+    loss: str
+    init: str = "best"
+    learning_rates: Sequence[float] = LEARNING_RATES
+    batch_sizes: Sequence[int] = BATCH_SIZES
+    epochs: int = FINETUNE_EPOCHS
+    head_lr_mult: float = 1.0
+    params: Mapping[str, float] = field(default_factory=dict)
+    linear_lr: float | None = None
+    linear_batch_size: int | None = None
+    backbone: str | None = None
+    weights: str | None = None
+    image_size: int | None = None
+    precision: str = "auto"
+    compile: bool = False
+    workers: int | None = None
+    eval_batch_size: int | None = None
+    val_variant: str = "clean"
+    early_stop: str = "none"
+    seed: int = 0
+    device: str = "auto"
+    images_root: str | None = None
+    run_id: str | None = None
+    resume: bool = False
+    overwrite: bool = False
+    plots: bool = True
+    progress: bool = True
+    cache: str | None = None

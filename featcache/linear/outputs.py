@@ -1,0 +1,139 @@
+"""What a stage-two run leaves in ``<cache>/<dataset>/runs/<loss>/<run-id>/``.
+
+``results.json`` (every configuration's per-epoch metrics, the selection with every loss
+parameter, the settings and their fingerprint, timings, the sha256 of its inputs), ``best.pt``
+(the selected head and the loss's hand-off state: what ``featcache finetune --init best``
+starts from, :mod:`featcache.protocol.handoff`), ``summary.md`` and ``curves.png``.
+``results.json`` is written last, atomically: a folder without it is an unfinished run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from featcache.fileio import write_json_atomic, write_text_atomic
+from featcache.linear.data import LinearData
+from featcache.linear.search import SearchResult
+from featcache.linear.trainer import HeadResult
+from featcache.losses import loss_class
+from featcache.protocol.handoff import HEAD_FILE, save_head
+from featcache.protocol.records import document_header, machine_record
+from featcache.protocol.runs import RESULTS, fingerprint
+from featcache.published import published
+
+
+def run_settings(result_spec, data: LinearData) -> dict:
+    """The settings that decide whether a finished run can be reused (its fingerprint)."""
+    return {"stage": "linear", "dataset": data.dataset, "labels_sha256": data.labels.sha256,
+            "features_sha256": data.features.sha256, **result_spec.settings()}
+
+
+def _config_record(head: HeadResult) -> dict:
+    config = head.config
+    return {
+        "seed": config.seed,
+        "lr": config.lr,
+        "batch_size": config.batch_size,
+        "params": config.param_dict,
+        "best_epoch": head.best_epoch + 1,
+        "val_map": head.best.val_map,
+        "val_map_observed": head.best.val_map_observed,
+        "test_map": head.best.test_map,
+        "train_map": head.best.train_map,
+        "stopped_at": head.stopped_at,
+        "epochs": [r.to_json() for r in head.epochs],
+    }
+
+
+def results_document(result: SearchResult, data: LinearData, device: str) -> dict:
+    """Everything worth keeping about a search, as JSON-ready data."""
+    spec = result.spec
+    selected = result.selected
+    settings = run_settings(spec, data)
+    configs_epochs = sum(len(h.epochs) for s in result.seeds for h in s.heads)
+    return {
+        **document_header("linear", loss_class(spec.loss), data.labels),
+        "features": {
+            "path": str(data.features.path), "sha256": data.features.sha256,
+            "backbone": data.features.backbone, "dim": data.feature_dim,
+            "weights": data.features.attrs.get("weights"),
+            "weights_sha256": data.features.attrs.get("weights_sha256"),
+        },
+        "sizes": {"train": len(data.train), "val": len(data.val), "test": len(data.test),
+                  "classes": data.num_classes},
+        "protocol": {
+            "optimizer": "adam", "epochs": spec.epochs, "val_variant": spec.val_variant,
+            "early_stop": spec.early_stop, "train_drop_last": True, "eval_every_example": True,
+        },
+        "grid": {"lr": list(spec.learning_rates), "batch_size": list(spec.batch_sizes),
+                 "params": spec.params.values, "params_source": spec.params.sources,
+                 "seeds": list(spec.seeds)},
+        "selection": {
+            "seed": selected.config.seed, "lr": selected.config.lr,
+            "batch_size": selected.config.batch_size, "params": selected.config.param_dict,
+            "epoch": selected.best_epoch + 1, "val_map": selected.best.val_map,
+            "val_map_observed": selected.best.val_map_observed,
+            "test_map": selected.best.test_map, "train_map": selected.best.train_map,
+            "test_ap_per_class": {c: float(a) * 100 for c, a in
+                                  zip(data.classes, selected.test_ap.tolist(), strict=True)},
+        },
+        "summary": result.summary(),
+        "published": {
+            "linear": published("linear", spec.loss, data.dataset),
+            "recovery": published("recovery", spec.loss, data.dataset),
+        },
+        "seeds": [{"seed": seed.seed, "selected": _config_record(seed.selected) | {"epochs": None},
+                   "configs": [_config_record(h) for h in seed.heads]} for seed in result.seeds],
+        "notes": result.notes,
+        "timings": {"seconds": result.seconds, "configuration_epochs": configs_epochs,
+                    "configuration_epochs_per_second": configs_epochs / max(result.seconds, 1e-9)},
+        "machine": machine_record(device),
+        "settings": settings,
+        "fingerprint": fingerprint(settings),
+    }
+
+
+def head_payload(result: SearchResult, data: LinearData) -> dict:
+    """The selected head with its loss parameters, hand-off state and input identity."""
+    head = result.selected
+    handoff = loss_class(result.spec.loss).handoff_state
+    return {
+        "dataset": data.dataset,
+        "loss": result.spec.loss,
+        "classes": list(data.classes),
+        "weight": head.weight,
+        "bias": head.bias,
+        "handoff": {name: head.state[name] for name in handoff if name in head.state},
+        "params": head.config.param_dict,
+        "lr": head.config.lr,
+        "batch_size": head.config.batch_size,
+        "seed": head.config.seed,
+        "epoch": head.best_epoch + 1,
+        "val_map": head.best.val_map,
+        "test_map": head.best.test_map,
+        "train_rows": torch.as_tensor(data.train.rows),
+        "labels_sha256": data.labels.sha256,
+        "features_sha256": data.features.sha256,
+        "features_path": str(data.features.path),
+        "backbone": data.features.backbone,
+        "weights": data.features.attrs.get("weights"),
+        "weights_sha256": data.features.attrs.get("weights_sha256"),
+        "transform": data.features.attrs.get("transform"),
+        "feature_dim": data.feature_dim,
+    }
+
+
+def write_run(run_dir: Path, result: SearchResult, data: LinearData, device: str,
+              summary_md: str, plot: bool = True) -> dict:
+    """Write best.pt, summary.md, curves.png, then results.json last (marks the run finished)."""
+    document = results_document(result, data, device)
+    save_head(run_dir / HEAD_FILE, head_payload(result, data))
+    write_text_atomic(run_dir / "summary.md", summary_md)
+    if plot:
+        from featcache.linear.plots import plot_curves
+
+        plot_curves(result, run_dir / "curves.png", title=f"{data.dataset} / {result.spec.loss}")
+    write_json_atomic(run_dir / RESULTS, document)
+    return document

@@ -1,0 +1,77 @@
+"""The file stage two hands to stage three: a linear run's ``best.pt``.
+
+It holds the selected head (``weight`` L x D in ``nn.Linear`` layout, ``bias``), every loss
+parameter of the selected configuration (``params``, defaults included), the loss's hand-off
+state (``handoff``: ROLE's label estimates phi, one row per training row listed in
+``train_rows``), and the identity of its inputs (labels and features sha256, backbone, weights,
+transform) so that fine-tuning can refuse a head that does not fit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from featcache.errors import InputError
+from featcache.fileio import atomic_output
+from featcache.protocol.runs import RunFolder
+
+HEAD_FILE = "best.pt"
+HEAD_FORMAT = "featcache-linear-head"
+#: 2: ``params`` holds every parameter (defaults included) and ``handoff`` the hand-off state
+HEAD_FORMAT_VERSION = 2
+
+
+def save_head(path: Path, payload: dict) -> None:
+    """Write a head file atomically."""
+    with atomic_output(path, overwrite=True) as tmp:
+        torch.save({"format": HEAD_FORMAT, "format_version": HEAD_FORMAT_VERSION, **payload}, tmp)
+
+
+def load_head(run_dir: Path) -> dict:
+    """A finished linear run's head file, checked (the errors say what is wrong)."""
+    run_dir = Path(run_dir)
+    RunFolder(run_dir).results()  # refuses an unfinished run
+    path = run_dir / HEAD_FILE
+    if not path.is_file():
+        raise InputError(f"{run_dir} has no {HEAD_FILE}; it is not a finished linear run")
+    try:
+        head = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises several types for corrupt files
+        raise InputError(f"{path} could not be loaded (corrupt?): {exc}") from exc
+    if not isinstance(head, dict) or head.get("format") != HEAD_FORMAT:
+        raise InputError(f"{path} is not a featcache linear head")
+    if head.get("format_version") == 1:  # version 1: ROLE's phi under its own key, "bsize"
+        phi = head.pop("phi", None)
+        head["handoff"] = {} if phi is None else {"phi": phi}
+        head["batch_size"] = head.pop("bsize", None)
+    elif head.get("format_version") != HEAD_FORMAT_VERSION:
+        raise InputError(f"{path} has head format {head.get('format_version')}; this featcache "
+                         f"reads {HEAD_FORMAT_VERSION} and 1: train the linear run again")
+    return head
+
+
+@dataclass
+class LinearPhaseRequest:
+    """LinearInit's linear phase, asked of stage two by stage three when no linear run fits:
+    one configuration (``lr``, ``batch_size``) for LINEAR_EPOCHS, written as a normal
+    stage-two run folder whose path is returned."""
+
+    dataset: str
+    loss: str
+    features: Path
+    lr: float
+    batch_size: int
+    params: dict[str, float] = field(default_factory=dict)
+    seed: int = 0
+    val_variant: str = "clean"
+    device: str = "cpu"
+    cache: str | None = None
+    progress: bool = True
+
+
+#: what stage three calls to train the linear phase (``featcache.linear.run.train_linear_phase``)
+LinearPhase = Callable[[LinearPhaseRequest], Path]

@@ -1,0 +1,73 @@
+"""Which losses a run trains and with which parameters: every answer comes from the loss.
+
+The stages describe their training data once, as :class:`~featcache.losses.DataFacts`; the
+losses say what they need of it (``--loss all`` trains those the data can serve and names the
+others with the reason), which parameters the user's ``--param`` values belong to, and every
+parameter's resolved value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+
+import numpy as np
+
+from featcache.data.labelfile import LabelSet
+from featcache.errors import LossNeedError, OptionError, did_you_mean
+from featcache.losses import DataFacts, ResolvedParams, loss_class, loss_names
+
+
+def training_facts(labels: LabelSet, observed: np.ndarray, has_clean: bool) -> DataFacts:
+    """What a loss may ask of a training split: its observed labels and whether full labels exist."""
+    return DataFacts(
+        dataset=labels.dataset, num_classes=labels.num_classes, source=str(labels.path),
+        has_clean_train=has_clean, has_observed_negatives=bool((np.asarray(observed) == -1).any()),
+        mean_positives=labels.k,
+    )
+
+
+def choose_losses(spec: str | Sequence[str], facts: DataFacts,
+                  given: Collection[str] = ()) -> tuple[list[str], list[tuple[str, str]]]:
+    """The losses named by ``--loss`` (a name, a comma-separated list or ``all``); ``given``
+    names the parameters the user set (``--param k=...`` lets EPR run without the data's k).
+
+    With ``all``: every registered loss the data can serve, and (name, reason) for the others.
+    Named losses are returned as given; an unknown name is refused with the closest names, a
+    loss the data cannot serve with what the data lacks.
+    """
+    names = [n.strip() for n in spec.split(",")] if isinstance(spec, str) else list(spec)
+    names = [n for n in names if n]
+    if names == ["all"]:
+        chosen, skipped = [], []
+        for name in loss_names():
+            reason = loss_class(name).unmet_need(facts, given)
+            if reason is None:
+                chosen.append(name)
+            else:
+                skipped.append((name, reason))
+        return chosen, skipped
+    if not names:
+        raise OptionError("--loss needs a loss name, a comma-separated list or 'all'")
+    for name in names:
+        reason = loss_class(name).unmet_need(facts, given)
+        if reason is not None:
+            raise LossNeedError(f"loss {name!r} {reason}")
+    return names, []
+
+
+def split_params(given: Mapping[str, Sequence[float]], losses: Sequence[str]) -> dict[str, dict]:
+    """``--param`` values sent to each loss that has them; a name no chosen loss has is refused."""
+    declared = {name: set(loss_class(name).params) for name in losses}
+    known = set().union(*declared.values()) if declared else set()
+    unused = sorted(set(given) - known)
+    if unused:
+        hint = did_you_mean(unused[0], sorted(known))
+        raise OptionError(f"--param {', '.join(unused)} belongs to none of the selected losses "
+                          f"({', '.join(losses)}){hint}")
+    return {name: {k: v for k, v in given.items() if k in declared[name]} for name in losses}
+
+
+def resolve_params(loss: str, given: Mapping[str, Sequence[float] | float],
+                   facts: DataFacts) -> ResolvedParams:
+    """Every parameter of ``loss`` on this data: given, dataset default, data, default."""
+    return loss_class(loss).resolve(given, facts=facts)

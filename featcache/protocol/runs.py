@@ -1,0 +1,167 @@
+"""Run folders of stages two and three: ``<cache>/<dataset>/{runs,finetune}/<loss>/<run-id>/``.
+
+A run folder holds ``run.json`` (the run's settings and their fingerprint, written when it
+starts) and, once finished, ``results.json`` (written last, atomically: a folder without it is
+an unfinished run). One fingerprint, the sha256 of the settings as canonical JSON, decides
+"same settings": a finished stage-two run with the same fingerprint is reused, an unfinished
+stage-three run with the same fingerprint is resumed, and anything else is refused with the
+settings that differ.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+from featcache.errors import InputError, OutputExistsError
+from featcache.fileio import write_json_atomic
+
+RESULTS = "results.json"
+RUN_FILE = "run.json"
+
+
+def new_run_id() -> str:
+    """A run id from the current UTC time, e.g. ``20261122-113501``."""
+    return _dt.datetime.now(_dt.UTC).strftime("%Y%m%d-%H%M%S")
+
+
+def fingerprint(settings: dict) -> str:
+    """sha256 of ``settings`` as canonical JSON: equal exactly when the settings are."""
+    text = json.dumps(settings, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def describe_differences(old: dict, new: dict) -> str:
+    """``key: old -> new`` for every key whose value differs (for messages)."""
+    keys = sorted(set(old) | set(new))
+    parts = [f"{k}: {_short(old.get(k))} -> {_short(new.get(k))}" for k in keys
+             if old.get(k) != new.get(k)]
+    return "; ".join(parts) or "no differences"
+
+
+def _short(value) -> str:
+    text = json.dumps(value) if isinstance(value, (dict, list)) else str(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def read_json(path: Path, advice: str = "") -> dict | None:
+    """A JSON file's content, None when it does not exist; an InputError when it is damaged."""
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{path} is not valid JSON ({exc}){advice}") from exc
+
+
+class RunFolder:
+    """One run's folder and the settings it was started with."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+
+    def __repr__(self) -> str:
+        return f"RunFolder({str(self.path)!r})"
+
+    @property
+    def finished(self) -> bool:
+        return (self.path / RESULTS).is_file()
+
+    def results(self) -> dict:
+        """The finished run's results.json; the error says when the run is not finished."""
+        document = read_json(self.path / RESULTS)
+        if document is None:
+            raise InputError(f"{self.path} is not a finished run (no {RESULTS})")
+        return document
+
+    def settings(self) -> dict | None:
+        """The settings the run was started with (None when it records none)."""
+        record = read_json(self.path / RUN_FILE, "; delete the run folder to start it afresh")
+        return None if record is None else record.get("settings")
+
+    def same_settings(self, settings: dict) -> bool:
+        record = read_json(self.path / RUN_FILE) or {}
+        return record.get("fingerprint") == fingerprint(settings)
+
+    def differences(self, settings: dict) -> str:
+        stored = self.settings()
+        if stored is None:
+            return "it records no settings (made by an older featcache?)"
+        return describe_differences(stored, settings)
+
+    def start(self, settings: dict, fresh: bool = False) -> RunFolder:
+        """Create the folder (emptied first when ``fresh``) and record ``settings`` in run.json."""
+        if fresh and self.path.exists():
+            shutil.rmtree(self.path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(self.path / RUN_FILE,
+                          {"settings": settings, "fingerprint": fingerprint(settings)})
+        return self
+
+    def require_same(self, settings: dict, action: str) -> None:
+        """Refuse to ``action`` (resume, reuse) a run started with other settings."""
+        if not self.same_settings(settings):
+            raise OutputExistsError(
+                f"cannot {action} {self.path}: it was started with other settings "
+                f"({self.differences(settings)}); use the same options, --overwrite to replace it, "
+                "or another --run-id")
+
+
+def open_finished_or_new(path: Path, settings: dict, overwrite: bool) -> tuple[RunFolder, bool]:
+    """Stage two's rule: (the folder, True) to reuse a finished run with the same settings;
+    (the folder, False) to train it (new, unfinished, or ``overwrite``); else refused."""
+    folder = RunFolder(path)
+    if folder.finished and not overwrite:
+        folder.require_same(settings, "reuse")
+        return folder, True
+    return folder.start(settings, fresh=overwrite), False
+
+
+def load_results(run_dir: Path) -> dict:
+    """A finished run's results.json (the error says when the run is not finished)."""
+    return RunFolder(run_dir).results()
+
+
+def finished_runs(root: Path) -> list[Path]:
+    """Finished run folders directly under ``root``, oldest name first."""
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if p.is_dir() and (p / RESULTS).is_file())
+
+
+def latest_unfinished(root: Path, kind: str = "fine-tuning") -> Path:
+    """The newest ``kind`` run folder under ``root`` that was started but not finished."""
+    candidates = sorted(p for p in root.glob("*") if p.is_dir() and (p / RUN_FILE).is_file()
+                        and not (p / RESULTS).is_file()) if root.is_dir() else []
+    if not candidates:
+        raise InputError(f"no unfinished {kind} run to resume in {root}; start one without "
+                         "--resume")
+    return max(candidates, key=lambda p: (p / RUN_FILE).stat().st_mtime)
+
+
+def best_run(root: Path, labels_sha256: str | None = None,
+             accept: Callable[[dict], bool] | None = None) -> Path:
+    """The finished run with the highest selected validation mAP (newest on ties).
+
+    With ``labels_sha256``, runs built on other labels are passed over; so are runs whose
+    results document ``accept`` (when given) returns False for.
+    """
+    candidates = []
+    for run_dir in finished_runs(root):
+        document = RunFolder(run_dir).results()
+        if labels_sha256 and document.get("labels", {}).get("sha256") != labels_sha256:
+            continue
+        if accept is not None and not accept(document):
+            continue
+        selection = document["selection"]
+        score = selection.get("val_map")
+        if score is None:
+            score = selection.get("val_map_observed", float("-inf"))
+        candidates.append((score, document.get("created", ""), run_dir))
+    if not candidates:
+        raise InputError(f"no finished linear run in {root}")
+    return max(candidates)[2]

@@ -1,0 +1,65 @@
+"""Model selection as the reference code does it, and the optional early-stopping rules.
+
+Per configuration the best epoch is the **first** one with the highest validation mAP (a
+strict ``>``); the selected configuration is the first with the highest best-epoch validation
+mAP, in grid order. Early stopping is off by default (the protocol); ``kim`` stops when
+validation mAP falls more than 3 points below its best (Kim et al.'s code), ``zhou`` at the
+first epoch that does not improve (Zhou et al.'s code).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+import torch
+from torch import Tensor
+
+from featcache.errors import OptionError
+
+EARLY_STOP_RULES = ("none", "kim", "zhou")
+VAL_VARIANTS = ("clean", "observed")
+#: Kim et al.'s rule: stop when validation mAP falls this many points below its best
+KIM_DROP = 3.0
+
+T = TypeVar("T")
+
+
+def check_early_stop(rule: str) -> str:
+    if rule not in EARLY_STOP_RULES:
+        raise OptionError(f"--early-stop {rule!r}: choose one of {', '.join(EARLY_STOP_RULES)}")
+    return rule
+
+
+def check_val_variant(variant: str, has_clean_val: bool, labels_path) -> str:
+    """Refuse clean validation on data that has no clean validation labels (say what to do)."""
+    if variant not in VAL_VARIANTS:
+        raise OptionError(f"--val {variant!r}: choose one of {', '.join(VAL_VARIANTS)}")
+    if variant == "clean" and not has_clean_val:
+        raise OptionError(f"{labels_path} has no clean validation labels (single positives "
+                          "only); use --val observed")
+    return variant
+
+
+def should_stop(rule: str, best: float | Tensor, current: float | Tensor,
+                improved: bool | Tensor) -> bool | Tensor:
+    """Whether a configuration stops after this epoch (elementwise for per-head tensors).
+
+    ``best`` already includes this epoch; ``improved`` says whether this epoch set it.
+    """
+    if rule == "kim":
+        return best - current > KIM_DROP
+    if rule == "zhou":
+        return torch.logical_not(improved) if isinstance(improved, Tensor) else not improved
+    return torch.zeros_like(improved) if isinstance(improved, Tensor) else False
+
+
+def select_first_best(items: Sequence[T], score: Callable[[T], float]) -> T:
+    """The first item with the highest score (ties go to the earlier grid point)."""
+    if not items:
+        raise ValueError("nothing to select from")
+    best = items[0]
+    for item in items[1:]:
+        if score(item) > score(best):
+            best = item
+    return best

@@ -1,0 +1,236 @@
+"""Where and how work runs: the device, the precision, the ranks of a ``torchrun`` job, threads
+and the process-wide backend flags.
+
+Every stage asks this module instead of deciding for itself, and every flag it sets is set
+inside :func:`backend_flags` and restored when the block ends, so nothing leaks into whatever
+runs next in the same process (a test, a notebook, the next stage of a pipeline).
+
+``torchrun --nproc_per_node N -m featcache ...`` sets ``RANK``, ``WORLD_SIZE`` and
+``LOCAL_RANK``; :func:`ranks` then joins the process group (NCCL on GPUs, gloo on the CPU) and
+gives every rank the device ``cuda:LOCAL_RANK``. Without those variables it is a world of one
+and nothing is initialised.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from featcache.errors import FeatcacheError, FeatcacheWarning, OptionError
+
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+#: ranks wait for each other at the end; a rank with more or slower images may be minutes late
+WAIT = _dt.timedelta(hours=2)
+
+
+# ------------------------------------------------------------------------------------- devices
+def pick_device(name: str = "auto", local_rank: int = 0) -> torch.device:
+    """``--device``: auto (cuda when available), cpu, cuda or cuda:N.
+
+    Under torchrun plain ``cuda``/``auto`` mean this rank's GPU, ``cuda:LOCAL_RANK``. ``auto``
+    on a machine without CUDA runs on the CPU and says so (a :class:`FeatcacheWarning`).
+    """
+    if name == "auto":
+        if torch.cuda.is_available():
+            name = "cuda"
+        else:
+            warnings.warn("no CUDA GPU is available: --device auto runs on the CPU (pass "
+                          "--device cpu to say so and silence this)", FeatcacheWarning, stacklevel=2)
+            name = "cpu"
+    try:
+        device = torch.device(name)
+    except RuntimeError as exc:
+        raise OptionError(f"--device {name!r}: {exc}; use auto, cpu, cuda or cuda:N") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise OptionError("--device cuda: CUDA is not available on this machine; use --device cpu")
+        if device.index is None:
+            device = torch.device("cuda", local_rank)
+        if device.index >= torch.cuda.device_count():
+            raise OptionError(f"--device {device}: this machine has {torch.cuda.device_count()} GPUs")
+    elif device.type != "cpu":
+        raise OptionError(f"--device {name!r}: featcache supports cpu and cuda devices")
+    return device
+
+
+def describe_device(device: torch.device) -> str:
+    """``cpu`` or ``cuda (NVIDIA H100 80GB HBM3)``: what results files record."""
+    if device.type == "cuda":
+        return f"cuda ({torch.cuda.get_device_name(device)})"
+    return "cpu"
+
+
+# ------------------------------------------------------------------------------------ precision
+def resolve_precision(precision: str, device: torch.device) -> str:
+    """``auto``: bf16 on GPUs that have it, else fp16; fp32 on the CPU."""
+    if precision not in PRECISIONS:
+        raise OptionError(f"--precision {precision!r}: choose one of {', '.join(PRECISIONS)}")
+    if precision != "auto":
+        return precision
+    if device.type != "cuda":
+        return "fp32"
+    return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+
+
+def autocast(device: torch.device, precision: str):
+    """The autocast context of a resolved precision (a no-op for fp32)."""
+    dtype = AUTOCAST_DTYPES.get(precision)
+    return nullcontext() if dtype is None else torch.autocast(device.type, dtype=dtype)
+
+
+# ---------------------------------------------------------------------------------- CPU threads
+def usable_cpus() -> int:
+    """CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def cpu_threads() -> int:
+    """Threads for a CPU forward pass: ``$OMP_NUM_THREADS`` when set (torchrun sets 1), else
+    the CPUs of this machine shared among the ranks on it. The count is part of a stage-one
+    run's identity: oneDNN's sums, hence the last bits of the features, depend on it."""
+    value = os.environ.get("OMP_NUM_THREADS", "")
+    if value.isdigit() and int(value) > 0:
+        return int(value)
+    _, _, _, local_world = torchrun_world()
+    return max(1, usable_cpus() // max(1, local_world))
+
+
+def default_workers(device: torch.device, local_world: int = 1) -> int:
+    """DataLoader workers decoding images. GPU: every CPU this rank can have but one (decoding
+    must keep the GPU busy); CPU: one worker (the model is the bottleneck), none on one core."""
+    cpus = max(1, usable_cpus() // max(1, local_world))
+    if device.type == "cuda":
+        return max(1, min(cpus - 1, 32))
+    return 1 if cpus >= 2 else 0
+
+
+def default_batch_size(device: torch.device) -> int:
+    """Images per forward pass when the user does not say: 256 on a GPU, 32 on the CPU."""
+    return 256 if device.type == "cuda" else 32
+
+
+# -------------------------------------------------------------------------------- backend flags
+@contextmanager
+def backend_flags(device: torch.device, precision: str = "fp32", *, cudnn_benchmark: bool = False,
+                  threads: int | None = None) -> Iterator[None]:
+    """Set the process-wide flags a block of work needs, and restore them afterwards.
+
+    - CPU: ``threads`` intra-op threads (default :func:`cpu_threads`).
+    - GPU: ``cudnn.benchmark`` when asked (fixed shapes: let cuDNN pick its fastest kernels);
+      with ``precision == "fp32"`` IEEE float32 convolutions and matmuls (no TF32), so that
+      ``--precision fp32`` means fp32. Only PyTorch's ``fp32_precision`` API is used (not the
+      legacy ``allow_tf32`` flags: the two must not be mixed).
+    """
+    if device.type == "cpu":
+        with intraop_threads(threads or cpu_threads()):
+            yield
+        return
+    cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
+    before = (cudnn.benchmark, cudnn.conv.fp32_precision, matmul.fp32_precision)
+    cudnn.benchmark = cudnn_benchmark
+    if precision == "fp32":
+        cudnn.conv.fp32_precision, matmul.fp32_precision = "ieee", "ieee"
+    try:
+        yield
+    finally:
+        cudnn.benchmark, cudnn.conv.fp32_precision, matmul.fp32_precision = before
+
+
+@contextmanager
+def intraop_threads(count: int) -> Iterator[None]:
+    """Run the block with ``count`` intra-op threads (PyTorch's thread count is process-wide)."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(max(1, int(count)))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+# -------------------------------------------------------------------------------------- ranks
+@dataclass
+class Ranks:
+    """This process's place in a ``torchrun`` job (a world of one without torchrun)."""
+
+    rank: int
+    world: int
+    local_rank: int
+    local_world: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def agree(self, failed: bool, count: int = 0) -> tuple[bool, int]:
+        """Every rank reports (failed, count); all get (any failed, total count)."""
+        if self.world == 1:
+            return failed, count
+        where = self.device if self.device.type == "cuda" else torch.device("cpu")
+        state = torch.tensor([int(failed), count], dtype=torch.int64, device=where)
+        dist.all_reduce(state)
+        return bool(state[0].item()), int(state[1].item())
+
+    def together(self, step: Callable[[], object]):
+        """Run ``step`` on every rank; if it fails anywhere, fail everywhere (no rank hangs)."""
+        error, result = None, None
+        try:
+            result = step()
+        except Exception as exc:  # re-raised below, after the other ranks have been told
+            error = exc
+        failed, _ = self.agree(error is not None)
+        if error is not None:
+            raise error
+        if failed:
+            raise FeatcacheError("another rank failed (see its message); run the same command "
+                                 "again to resume")
+        return result
+
+
+def single_process(device: torch.device) -> Ranks:
+    """A world of one on ``device`` (what the Python API and tests use)."""
+    return Ranks(0, 1, 0, 1, device)
+
+
+def torchrun_world() -> tuple[int, int, int, int]:
+    """(rank, world size, local rank, local world size) from the torchrun environment."""
+    env = os.environ
+    world = int(env.get("WORLD_SIZE", "1"))
+    rank = int(env.get("RANK", "0"))
+    local_rank = int(env.get("LOCAL_RANK", "0"))
+    local_world = int(env.get("LOCAL_WORLD_SIZE", str(world)))
+    return rank, world, local_rank, local_world
+
+
+@contextmanager
+def ranks(device_name: str = "auto") -> Iterator[Ranks]:
+    """This process's :class:`Ranks`; joins (and afterwards leaves) the process group if needed."""
+    rank, world, local_rank, local_world = torchrun_world()
+    device = pick_device(device_name, local_rank)
+    if world == 1:
+        yield single_process(device)
+        return
+    joined = False
+    if not dist.is_initialized():
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+            dist.init_process_group("nccl", timeout=WAIT, device_id=device)
+        else:
+            dist.init_process_group("gloo", timeout=WAIT)
+        joined = True
+    try:
+        yield Ranks(rank, world, local_rank, local_world, device)
+    finally:
+        if joined:
+            dist.destroy_process_group()
