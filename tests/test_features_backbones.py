@@ -94,3 +94,12 @@ def test_split_transform_gives_exactly_the_full_transforms_values():
     assert split.dtype == torch.float32
     assert torch.equal(full, split)
     assert np.isfinite(split.numpy()).all()
+
+
+def test_pooled_features_are_the_feature_map_averaged(resnet50_random):
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        spatial = resnet50_random.feature_map(x)
+        pooled = resnet50_random(x)
+    assert spatial.shape == (2, 2048, 2, 2)
+    torch.testing.assert_close(pooled, spatial.float().mean(dim=(2, 3)), rtol=1e-6, atol=1e-6)

@@ -35,6 +35,11 @@ class ResNetTrunk(nn.Module):
     The submodules keep torchvision's names (``conv1`` ... ``layer4``, ``avgpool``), so a
     torchvision state dict without ``fc.*`` loads as is. Pooling runs in float32 even under
     autocast: averaging 196 (448 px) activations in bf16 would throw away precision for nothing.
+
+    Every trunk offers :meth:`feature_map`, the spatial map (B, D, h, w) its pooled output
+    averages (the last convolutional block: 14 x 14 at 448 px), so that ``forward(x)`` is
+    exactly ``feature_map(x)`` averaged over positions. A linear head over the pooled features
+    applied at every position of the map gives its class activation map.
     """
 
     def __init__(self, net: torchvision.models.ResNet):
@@ -43,10 +48,13 @@ class ResNetTrunk(nn.Module):
         self.layer1, self.layer2, self.layer3, self.layer4 = net.layer1, net.layer2, net.layer3, net.layer4
         self.avgpool = net.avgpool
 
-    def forward(self, x: Tensor) -> Tensor:
+    def feature_map(self, x: Tensor) -> Tensor:
+        """The last convolutional block's output, (B, D, h, w), before pooling."""
         x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
-        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
-        return torch.flatten(self.avgpool(x.float()), 1)
+        return self.layer4(self.layer3(self.layer2(self.layer1(x))))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.flatten(self.avgpool(self.feature_map(x).float()), 1)
 
 
 @dataclass(frozen=True)
