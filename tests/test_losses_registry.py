@@ -13,7 +13,7 @@ from featcache.losses import Targets, create_loss, loss_class, loss_names
 EXPECTED_NAMES = [
     "bce", "bce-ls", "iun", "iu", "an", "an-ls", "n-ls", "wan", "epr", "role", "pr",
     "em", "em-apl", "entmin", "ll-r", "ll-ct", "ll-cp", "ll-r-abs", "ll-ct-abs", "ll-cp-abs",
-    "opml", "opml-sp", "zlpr", "focal", "asl", "dw", "l1r", "l2r",
+    "opml", "opml-sp", "zlpr", "focal", "asl", "dw", "l1r", "l2r", "gr", "hill", "splc",
 ]
 DATA_PARAMS = {"k": 1.5}  # what the trainer supplies from the labels file
 
@@ -121,6 +121,7 @@ def train(name, heads, params, epochs=3, batch=4, seed=0):
     trainable = [state[key] for key in loss.learned_state_lr_mults()]
     values = []
     for epoch in range(epochs):
+        loss.begin_epoch(epoch, epochs, state)
         for start in range(0, features.shape[0] - batch + 1, batch):
             index = torch.arange(start, start + batch)
             logits = torch.einsum("bd,hdl->hbl", features[index], weight)

@@ -297,6 +297,7 @@ class ConfigTrainer:
 
     def run_epoch(self, epoch: int) -> tuple[EpochRecord, Tensor]:
         """Train one epoch, update the loss state, evaluate: the record and per-class test AP."""
+        self.loss.begin_epoch(epoch, self.settings.epochs, self.state)
         loss, running, train_seconds, images = self.train_epoch(epoch)
         started = time.perf_counter()
         extra = self.loss.end_epoch(epoch, self.settings.epochs,

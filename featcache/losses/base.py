@@ -242,7 +242,8 @@ class SPMLLoss:
 
     Subclasses set the class attributes and implement :meth:`forward`; those with per-example
     state also implement :meth:`init_state` (and :meth:`end_epoch` when the state changes once
-    per epoch).
+    per epoch); those whose terms follow a schedule over the run read its length in
+    :meth:`begin_epoch`.
     """
 
     #: registry name, e.g. ``"an-ls"``
@@ -401,6 +402,13 @@ class SPMLLoss:
         if logits.dim() == 2:
             return self.forward(logits.unsqueeze(0), targets, state or {}, epoch)[0]
         return self.forward(logits, targets, state or {}, epoch)
+
+    def begin_epoch(self, epoch: int, num_epochs: int, state: dict[str, Tensor]) -> None:
+        """Once per epoch, before its first training step (nothing by default).
+
+        Both training stages call it with the 0-based ``epoch`` and the run's ``num_epochs``;
+        losses whose terms move over the epochs (GR's K/V schedules) read the run's length here.
+        """
 
     def end_epoch(self, epoch: int, num_epochs: int, probs: Callable[[], Tensor],
                   state: dict[str, Tensor]) -> dict[str, float]:
