@@ -16,7 +16,7 @@ from featcache.finetune.search import GridResult
 from featcache.finetune.start import StartPoint
 from featcache.losses import loss_class
 from featcache.protocol.plots import plot_series
-from featcache.protocol.records import document_header, machine_record
+from featcache.protocol.records import document_header, machine_record, observation_line
 from featcache.protocol.runs import RESULTS, fingerprint
 from featcache.published import PROTOCOL_DATASETS, published
 from featcache.tables import Table
@@ -124,6 +124,9 @@ def summary_markdown(document: dict) -> str:
                                  or "none"),
         f"- test mAP {selection['test_map']:.2f} (val {val:.2f})",
     ]
+    observation = observation_line(document["labels"].get("observation"))
+    if observation:
+        lines.append(observation)
     if selection.get("train_map") is not None:
         lines.append(f"- training-set mAP of the predictions made while training: "
                      f"{selection['train_map']:.2f}")
