@@ -77,6 +77,8 @@ class Settings:
     workers: int = 0
     eval_batch_size: int = 32
     progress: bool = True
+    #: how estimated parameters were estimated (``--param k=estimate:M``), for results.json
+    param_estimates: dict = field(default_factory=dict)
 
     def validate(self, device: torch.device) -> None:
         check_early_stop(self.early_stop)

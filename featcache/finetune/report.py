@@ -62,7 +62,9 @@ def results_document(grid: GridResult, settings: Settings, start: StartPoint, da
         "grid": {"lr": run_settings["learning_rates"], "batch_size": run_settings["batch_sizes"]},
         "selection": {
             "lr": selected.config.lr, "batch_size": selected.config.batch_size,
-            "params": settings.params, "epoch": best.epoch + 1,
+            "params": settings.params,
+            **({"params_estimates": settings.param_estimates} if settings.param_estimates else {}),
+            "epoch": best.epoch + 1,
             "val_map": best.val_map, "val_map_observed": best.val_map_observed,
             "test_map": best.test_map, "train_map": best.train_map,
             "test_ap_per_class": {c: a * 100.0 for c, a in zip(data.classes, selected.test_ap,
