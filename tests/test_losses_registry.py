@@ -26,6 +26,7 @@ def test_every_loss_of_the_issue_is_registered_once_in_order():
 def test_every_loss_describes_itself(name):
     cls = loss_class(name)
     assert cls.summary and "\n" not in cls.summary and cls.reference and cls.__doc__
+    assert cls.paper and 2015 < cls.year < 2030
     assert all(param.help for param in cls.params.values())
     for overrides in cls.dataset_defaults.values():
         assert set(overrides) <= set(cls.params)
@@ -190,7 +191,10 @@ def test_losses_command_lists_every_loss_with_parameters_and_dataset_defaults():
     assert result.exit_code == 0, result.output
     for name in EXPECTED_NAMES:
         assert f"\n{name} " in result.output
-    assert "eps_pos=0.1, eps_neg=0.1" in result.output
+    assert "eps_pos=0.1 in [0, 1], eps_neg=0.1 in [0, 1]" in result.output
+    assert "k=(labels file) in (0, inf)" in result.output
+    assert "w_start=0 in (-inf, inf)" in result.output  # unbounded: open on both sides
+    assert "paper: Boosting Single Positive Multi-label Classification" in result.output
     assert "voc: alpha=0.2, beta=0.02, theta=0.9, warmup=5" in result.output
 
 
@@ -200,6 +204,7 @@ def test_losses_command_markdown_has_one_row_per_loss():
     rows = [line for line in result.output.splitlines() if line.startswith("| `")]
     assert [row.split("`")[1] for row in rows] == EXPECTED_NAMES
     assert "| `iu` |" in result.output and "observed negatives |" in result.output
+    assert "| `splc` | Zhang et al. arXiv 2021 | 2021 | Simple and Robust Loss Design" in result.output
 
 
 def test_losses_command_details_and_unknown_names():

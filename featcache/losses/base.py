@@ -163,7 +163,7 @@ class Param:
         if self.integer and (self.low, self.high) == (0.0, 1.0):
             return "0 or 1"
         kind = "whole numbers in " if self.integer else ""
-        return (f"{kind}{'(' if self.low_open else '['}{bound(self.low)}, "
+        return (f"{kind}{'(' if self.low_open or self.low == -math.inf else '['}{bound(self.low)}, "
                 f"{bound(self.high)}{')' if self.high_open or self.high == math.inf else ']'}")
 
     def accepts(self, value: float) -> bool:
@@ -274,6 +274,10 @@ class SPMLLoss:
     summary: ClassVar[str] = ""
     #: where the loss comes from, e.g. ``"Cole et al. CVPR 2021"``
     reference: ClassVar[str] = ""
+    #: the paper's title (and arXiv id where it has one)
+    paper: ClassVar[str] = ""
+    #: the year of that paper
+    year: ClassVar[int | None] = None
     #: the parameters, with defaults, ranges and (``from_data``) what the data decides
     params: ClassVar[Mapping[str, Param]] = {}
     #: per-dataset overrides of the defaults, keyed by protocol dataset (voc, coco, nuswide, cub)

@@ -38,6 +38,8 @@ from featcache.losses.registry import register_loss
 from featcache.losses.terms import head_floats
 
 CHEN = "Chen et al. IJCAI 2024 (GR loss)"
+CHEN_PAPER = ("Boosting Single Positive Multi-label Classification with Generalized Robust Loss "
+              "(arXiv 2405.03501)")
 
 #: the GR code's guard inside the log of observed positives
 GR_LOG_EPSILON = 1e-7
@@ -151,6 +153,8 @@ class GeneralizedRobust(SPMLLoss):
     name = "gr"
     summary = "GR loss: unobserved labels get a soft pseudo-label K(p) and weight V(p) on a schedule."
     reference = CHEN
+    paper = CHEN_PAPER
+    year = 2024
     params = GR_PARAMS
 
     def begin_epoch(self, epoch, num_epochs, state):

@@ -32,7 +32,9 @@ from featcache.losses.base import (
 from featcache.losses.registry import register_loss
 from featcache.losses.terms import head_floats
 
-ZHANG = "Zhang et al. arXiv 2112.07368 (2021)"
+ZHANG = "Zhang et al. arXiv 2021"
+ZHANG_PAPER = ("Simple and Robust Loss Design for Multi-Label Learning with Missing Labels "
+               "(arXiv 2112.07368)")
 
 MARGIN = non_negative(1.0, "margin m subtracted from the logits of positives (paper: 0.5 to 1)")
 GAMMA = non_negative(2.0, "focusing exponent gamma of the focal terms")
@@ -66,6 +68,8 @@ class Hill(SPMLLoss):
     name = "hill"
     summary = "Hill: focal-margin positives; negatives (lam - p) p^2 down-weight likely missing labels."
     reference = ZHANG
+    paper = ZHANG_PAPER
+    year = 2021
     params = {"lam": non_negative(1.5, "lambda of the negative term (lam - p) p^2 (fixed at 1.5 "
                                        "in the paper)"),
               "margin": MARGIN, "gamma": GAMMA, "sum": SUM}
@@ -91,6 +95,8 @@ class SelfPacedCorrection(SPMLLoss):
     name = "splc"
     summary = "SPLC: focal margin loss; from change_epoch, unobserved labels with p > tau become positives."
     reference = ZHANG
+    paper = ZHANG_PAPER
+    year = 2021
     params = {"tau": unit_interval(0.6, "threshold: unobserved entries with p > tau count as "
                                         "positive (0.65 only for COCO with 75% of labels left)"),
               "change_epoch": epoch_count(1, "first epoch (0-based) with the correction"),
