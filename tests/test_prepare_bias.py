@@ -372,3 +372,11 @@ def test_cli_choices_are_the_samplers():
     assert OBSERVERS == SAMPLERS
     with pytest.raises(OptionError, match="choose one of uniform, size, location, semantic"):
         Observer("centre")
+
+
+def test_info_names_the_biased_sampler(cache_dir):
+    assert invoke("prepare", "shapes", "--num-train", "20", "--num-test", "10", "--observe",
+                  "location").exit_code == 0
+    result = invoke("info", cache_dir / "shapes" / "labels.h5", "--no-classes")
+    assert result.exit_code == 0, result.output
+    assert "location-biased (Arroyo et al. 2023): one positive per image, seed 1200" in result.output
