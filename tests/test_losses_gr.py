@@ -154,3 +154,12 @@ def test_out_of_range_parameters_are_refused(params, shown):
 
     with pytest.raises(OptionError, match=shown):
         create_loss("gr", 3, params=params)
+
+
+def test_published_end_to_end_numbers():
+    from featcache.published import published, published_k_interval
+
+    assert [published("finetune", "gr", d) for d in ("voc", "coco", "nuswide", "cub")] == [
+        89.83, 73.17, 49.08, 21.64]
+    assert published("finetune", "ll-r+boostlu", "coco") == 72.89
+    assert published_k_interval("coco", 5) == (1.8, 4.4) and published_k_interval("scene", 5) is None

@@ -40,7 +40,8 @@ def observation_options(func):
                           "class."),
         click.option("--obs-seed", type=int, default=PROTOCOL_SEED, show_default=True,
                      help="Seed of the observation sampler: a fresh RandomState(seed) for the "
-                          "official train and test matrices each (the reference's --seed)."),
+                          "official train and test matrices each (the reference's --seed; the "
+                          "biased samplers use random.Random(seed), as Arroyo et al.)."),
         click.option("--split-seed", type=int, default=PROTOCOL_SEED, show_default=True,
                      help="Seed of the 80/20 train/validation split of the official train set."),
     ]
@@ -97,7 +98,8 @@ def command() -> None:
     The labels file holds the class names, the image paths, the clean label matrices of the
     official train and test sets, the observed single-positive labels (one positive per
     image, drawn with a fresh RandomState(1200) per matrix, bit for bit as the reference
-    generator) and the seeded 80/20 train/validation split, plus provenance: source files
+    generator; --observe size|location|semantic draws it with a label-bias sampler instead)
+    and the seeded 80/20 train/validation split, plus provenance: source files
     with sha256, seeds, counts, dropped rows and the featcache version. Images with no
     positive label are dropped and counted. See docs/prepare.md.
 
@@ -107,6 +109,7 @@ def command() -> None:
       featcache prepare voc --root data/pascal      # VOC2012 train / val
       featcache prepare voc --root data/voc07 --year 2007 --train-split trainval --test-split test
       featcache prepare features --npz scene.npz --name scene
+      featcache prepare coco --root data/coco --observe size   # label bias (Arroyo et al.)
     """
 
 
