@@ -156,13 +156,15 @@ class GeneralizedRobust(SPMLLoss):
     paper = CHEN_PAPER
     year = 2024
     params = GR_PARAMS
+    #: the run's number of epochs, set by :meth:`begin_epoch`
+    run_epochs: int | None = None
 
     def begin_epoch(self, epoch, num_epochs, state):
         self.run_epochs = int(num_epochs)
 
     def schedule_length(self) -> list[int]:
         """T of each head: ``schedule_epochs``, or the run's epochs when it is 0."""
-        run = getattr(self, "run_epochs", None)
+        run = self.run_epochs
         lengths = []
         for value in self.params["schedule_epochs"]:
             if value > 0:
