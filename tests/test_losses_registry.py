@@ -214,3 +214,12 @@ def test_losses_command_details_and_unknown_names():
     assert result.exit_code != 0 and "unknown loss 'nope'; valid losses: bce" in result.output
     result = CliRunner().invoke(cli, ["losses", "roel"])
     assert result.exit_code != 0 and "unknown loss 'roel'; did you mean 'role'?" in result.output
+
+
+def test_readme_method_table_is_the_command_output():
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    result = CliRunner().invoke(cli, ["losses", "--markdown"])
+    assert result.exit_code == 0
+    assert result.output.strip() in readme, "regenerate with `featcache losses --markdown`"
