@@ -16,11 +16,23 @@ A recipe is a TOML file::
     command = ["prepare", "features", "--npz", "{shared}/scene/scene.npz", "--name", "scene"]
     skip_if_exists = "{cache}/scene/labels.h5"     # optional: the step's output
 
+    [[steps]]                    # optional "each": one step per combination of the values
+    name = "ROLE, k = {k}, seed {seed}"
+    each = {k = "1.0,1.5,2.0", seed = ["0", "1"]}  # lists, or comma-separated (may use {vars})
+    command = ["train-linear", "--dataset", "scene", "--loss", "role", "--param", "k={k}",
+               "--seeds", "{seed}", "--run-id", "k{k}-s{seed}"]
+
     [report]                     # optional: one table over the runs the steps made
     stage = "linear"             # "linear" (runs/) or "finetune" (finetune/)
     run_id = "{run_id}"
     datasets = ["scene", "yeast"]
     losses = ["an", "an-ls"]     # optional; default: every loss found
+
+A report with ``kind = "sweep"`` plots test mAP against one loss parameter instead: every
+finished run of ``loss`` whose run id matches the glob ``run_id`` is a point at its selected
+value of ``param`` (points with the same value: mean and standard deviation over runs and
+seeds); runs matching ``reference_run_id`` (optional) draw a band, mean +- std. It writes
+``sweep.png`` beside the table.
 
 ``{cache}`` is always the cache root. Steps re-use finished work (features files are kept when
 up to date, a linear run id that finished with the same settings is reused), so an
@@ -29,8 +41,10 @@ interrupted pipeline is resumed by running it again.
 
 from __future__ import annotations
 
+import itertools
 import json
 import shlex
+import statistics
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -88,10 +102,12 @@ def load_recipe(path: str | Path, overrides: dict[str, str] | None = None,
             command = shlex.split(command)
         if not command or not all(isinstance(c, str) for c in command):
             raise InputError(f"{path}: step {number} needs a command (a list of strings)")
-        steps.append(Step(name=str(raw.get("name", " ".join(command[:3]))),
-                          command=[_fill(c, variables, path) for c in command],
-                          skip_if_exists=_fill(raw["skip_if_exists"], variables, path)
-                          if "skip_if_exists" in raw else None))
+        for values in _combinations(raw.get("each", {}), variables, path, number):
+            scope = {**variables, **values}
+            steps.append(Step(name=_fill(str(raw.get("name", " ".join(command[:3]))), scope, path),
+                              command=[_fill(c, scope, path) for c in command],
+                              skip_if_exists=_fill(raw["skip_if_exists"], scope, path)
+                              if "skip_if_exists" in raw else None))
     report = {k: (_fill(v, variables, path) if isinstance(v, str) else v)
               for k, v in document.get("report", {}).items()}
     if report and report.get("stage", "linear") not in REPORT_STAGES:
@@ -99,6 +115,25 @@ def load_recipe(path: str | Path, overrides: dict[str, str] | None = None,
     return Recipe(path=path, name=str(document.get("name", path.stem)),
                   description=str(document.get("description", "")), variables=variables,
                   steps=steps, report=report)
+
+
+def _combinations(each, variables: dict[str, str], path: Path, number: int) -> list[dict[str, str]]:
+    """Every combination of a step's ``each`` values (one empty combination without ``each``)."""
+    if not isinstance(each, dict):
+        raise InputError(f"{path}: step {number}: 'each' must be a table of name = values")
+    clash = sorted(set(each) & set(variables))
+    if clash:
+        raise InputError(f"{path}: step {number}: 'each' reuses the variable name {clash[0]!r}")
+    axes = []
+    for name, values in each.items():
+        if isinstance(values, str):
+            values = [v.strip() for v in _fill(values, variables, path).split(",") if v.strip()]
+        else:
+            values = [_fill(str(v), variables, path) for v in values]
+        if not values:
+            raise InputError(f"{path}: step {number}: 'each' gives {name!r} no values")
+        axes.append([(name, value) for value in values])
+    return [dict(combination) for combination in itertools.product(*axes)]
 
 
 def _fill(text: str, variables: dict[str, str], path: Path) -> str:
@@ -109,9 +144,13 @@ def _fill(text: str, variables: dict[str, str], path: Path) -> str:
 
 
 def write_report(recipe: Recipe, cache: str | None = None) -> tuple[Table, Path]:
-    """The recipe's table over the runs its steps made, written as results.md, .csv and .json."""
-    table = report_table(recipe.report, cache)
+    """The recipe's table over the runs its steps made, written as results.md, .csv and .json
+    (and, for a sweep, sweep.png)."""
     out = cache_root(cache) / "pipelines" / recipe.name
+    if recipe.report.get("kind", "table") == "sweep":
+        table = sweep_table(recipe.report, cache, plot=out / "sweep.png")
+    else:
+        table = report_table(recipe.report, cache)
     write_text_atomic(out / "results.md", f"# {recipe.name}\n\n{recipe.description}\n\n"
                       + table.markdown() + "\n")
     write_text_atomic(out / "results.csv", table.csv())
@@ -150,6 +189,56 @@ def report_table(report: dict, cache: str | None = None) -> Table:
                 row.append(published(setting, loss, dataset))
         table.add(*row)
     return table
+
+
+def _run_scores(document: dict) -> list[float]:
+    """The selected test mAP of each seed of a run (stage two may hold several seeds)."""
+    seeds = document.get("seeds")
+    if seeds:
+        return [seed["selected"]["test_map"] for seed in seeds]
+    return [document["selection"]["test_map"]]
+
+
+def _sweep_runs(report: dict, key: str, dataset: str, cache: str | None) -> list[dict]:
+    root = dataset_dir(dataset, cache) / REPORT_STAGES[report.get("stage", "linear")] / report["loss"]
+    return [json.loads(path.read_text())
+            for path in sorted(root.glob(f"{report[key]}/results.json"))]
+
+
+def sweep_table(report: dict, cache: str | None = None, plot: Path | None = None) -> Table:
+    """Test mAP against one loss parameter: one row per (dataset, value), mean +- std over the
+    matching runs and their seeds, and the reference runs' mean +- std beside (``plot``: the
+    figure, one panel per dataset)."""
+    missing = [key for key in ("loss", "param", "run_id", "datasets") if not report.get(key)]
+    if missing:
+        raise InputError(f"a sweep report needs {', '.join(missing)}")
+    param = report["param"]
+    table = Table(["dataset", param, "runs", "test mAP", "std", "reference", "reference std"],
+                  formats={param: "{:.4g}"})
+    panels = []
+    for dataset in report["datasets"]:
+        points: dict[float, list[float]] = {}
+        for document in _sweep_runs(report, "run_id", dataset, cache):
+            points.setdefault(float(document["selection"]["params"][param]), []).extend(
+                _run_scores(document))
+        reference = [score for document in (_sweep_runs(report, "reference_run_id", dataset, cache)
+                                            if report.get("reference_run_id") else [])
+                     for score in _run_scores(document)]
+        band = (statistics.fmean(reference), _std(reference)) if reference else None
+        for value in sorted(points):
+            scores = points[value]
+            table.add(dataset, value, len(scores), statistics.fmean(scores), _std(scores),
+                      *(band or (None, None)))
+        panels.append((dataset, {v: points[v] for v in sorted(points)}, band))
+    if plot is not None and any(points for _, points, _ in panels):
+        from featcache.protocol.plots import plot_sweep
+
+        plot_sweep(panels, param, plot, title=f"{report['loss']}: test mAP against {param}")
+    return table
+
+
+def _std(values: list[float]) -> float:
+    return statistics.stdev(values) if len(values) > 1 else 0.0
 
 
 def _score(document: dict | None) -> str | None:

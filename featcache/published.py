@@ -34,11 +34,35 @@ _LATER_FINETUNE = {
     "em-apl": (89.19, 70.87, 47.59, 21.84),
     "opml": (87.77, 68.93, 47.93, 22.30),  # Li et al.
     "opml-sp": (89.20, 71.75, 50.14, 24.11),
+    # Chen et al. IJCAI 2024 (GR loss), ResNet-50 end to end, as cited in AEVLP's results table
+    # (github Fsoft-AIC/AEVLP assets/results.png; the GR paper's own table was not readable)
+    "gr": (89.83, 73.17, 49.08, 21.64),
+    # Kim et al. CVPR 2023, LL-R with BoostLU (alpha = 5) on the class activation map, from the
+    # authors' README table (youngwk/BridgeGapExplanationPAMC imgs/quantitative1.png). No
+    # registered loss has this name yet: BoostLU needs the spatial feature cache (issue 12,
+    # item 3), which will decide how its runs are named.
+    "ll-r+boostlu": (89.29, 72.89, 49.59, 19.80),
 }
+
+# Cole et al. supplement Table A2: 5-95 % intervals of k estimated from M fully labelled
+# training images (10^5 draws), M -> (low, high) per dataset
+_COLE_K_INTERVALS = {
+    "voc": {5: (1.0, 2.0), 10: (1.1, 1.9), 25: (1.2, 1.7)},
+    "coco": {5: (1.8, 4.4), 10: (2.1, 4.0), 25: (2.4, 3.6)},
+    "nuswide": {5: (0.8, 3.2), 10: (1.0, 2.8), 25: (1.3, 2.5)},
+    "cub": {5: (25.2, 37.8), 10: (27.0, 35.9), 25: (28.6, 34.2)},
+}
+
+
+def published_k_interval(dataset: str, labeled: int) -> tuple[float, float] | None:
+    """Cole et al.'s interval I_M for k from ``labeled`` fully labelled images (Table A2), or None."""
+    return _COLE_K_INTERVALS.get(dataset, {}).get(labeled)
+
 
 SOURCES = {
     "linear": "Cole et al. CVPR 2021, Table 1 (linear)",
-    "finetune": "Cole et al. Table 1 (fine-tuned); Kim et al. / Zhou et al. / Li et al. end to end",
+    "finetune": "Cole et al. Table 1 (fine-tuned); Kim et al. / Zhou et al. / Li et al. / Chen et "
+                "al. (GR) / Kim et al. 2023 (BoostLU) end to end",
     "linearinit": "Cole et al. Table 1 (+LinearInit)",
     "recovery": "Cole et al. Table 2 (training-set mAP, linear)",
 }

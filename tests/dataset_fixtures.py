@@ -50,6 +50,24 @@ def write_voc(root: Path, splits: dict[str, dict[str, dict[str, int]]], year: st
     return base
 
 
+def write_voc_annotations(base: Path, images: dict[str, tuple[int, int, list[tuple]]]) -> None:
+    """``<base>/Annotations/<id>.xml``: image id -> (width, height, [(class, xmin, ymin, xmax,
+    ymax, difficult), ...]), written like the devkit's files."""
+    folder = base / "Annotations"
+    folder.mkdir(parents=True, exist_ok=True)
+    for image_id, (width, height, objects) in images.items():
+        parts = [f"<annotation>\n\t<folder>VOC2012</folder>\n\t<filename>{image_id}.jpg</filename>",
+                 f"\t<size>\n\t\t<width>{width}</width>\n\t\t<height>{height}</height>\n"
+                 "\t\t<depth>3</depth>\n\t</size>", "\t<segmented>0</segmented>"]
+        for name, xmin, ymin, xmax, ymax, difficult in objects:
+            parts.append(f"\t<object>\n\t\t<name>{name}</name>\n\t\t<pose>Unspecified</pose>\n"
+                         f"\t\t<truncated>0</truncated>\n\t\t<difficult>{difficult}</difficult>\n"
+                         f"\t\t<bndbox>\n\t\t\t<xmin>{xmin}</xmin>\n\t\t\t<ymin>{ymin}</ymin>\n"
+                         f"\t\t\t<xmax>{xmax}</xmax>\n\t\t\t<ymax>{ymax}</ymax>\n\t\t</bndbox>\n"
+                         "\t</object>")
+        (folder / f"{image_id}.xml").write_text("\n".join(parts) + "\n</annotation>\n")
+
+
 #: a VOC2012-like fixture: train has one image with only a difficult (0) flag
 VOC_SPLITS = {
     "train": {
@@ -76,17 +94,21 @@ VOC_SPLITS = {
 
 
 def write_coco(root: Path, split: str, categories: list[tuple[int, str]],
-               image_ids: list[int], annotations: list[tuple[int, int]]) -> Path:
-    """``<root>/annotations/instances_<split>2014.json`` with (image id, category id) pairs."""
+               image_ids: list[int], annotations: list[tuple], sizes: dict | None = None) -> Path:
+    """``<root>/annotations/instances_<split>2014.json`` with (image id, category id) pairs, or
+    (image id, category id, [x, y, w, h], area) for boxes; ``sizes`` maps ids to (w, h)."""
     path = root / "annotations" / f"instances_{split}2014.json"
     path.parent.mkdir(parents=True, exist_ok=True)
+    sizes = sizes or {}
     data = {
         "info": {"description": "fixture"},
-        "images": [{"id": i, "file_name": f"COCO_{split}2014_{i:012d}.jpg", "width": 640,
-                    "height": 480} for i in image_ids],
-        "annotations": [{"id": n, "image_id": i, "category_id": c, "iscrowd": 0,
-                         "bbox": [0, 0, 10, 10], "area": 100.0}
-                        for n, (i, c) in enumerate(annotations, start=1)],
+        "images": [{"id": i, "file_name": f"COCO_{split}2014_{i:012d}.jpg",
+                    "width": sizes.get(i, (640, 480))[0], "height": sizes.get(i, (640, 480))[1]}
+                   for i in image_ids],
+        "annotations": [{"id": n, "image_id": a[0], "category_id": a[1], "iscrowd": 0,
+                         "bbox": list(a[2]) if len(a) > 2 else [0, 0, 10, 10],
+                         "area": a[3] if len(a) > 2 else 100.0}
+                        for n, a in enumerate(annotations, start=1)],
         "categories": [{"id": i, "name": name, "supercategory": "thing"}
                        for i, name in categories],
     }

@@ -42,6 +42,7 @@ def test_every_loss_runs_a_training_step(setup, loss):
     before_conv = trainer.net.trunk.conv1.weight.detach().clone()
     before_state = {k: v.detach().clone() for k, v in trainer.state.items()}
     trainer.sampler.set_epoch(1)
+    trainer.loss.begin_epoch(1, 2, trainer.state)  # as run_epoch does before the first step
     images, positions, ok = next(iter(trainer.train_loader))
     assert bool(ok.all()) and images.shape == (8, 3, SIZE, SIZE)
     value, probs = trainer.step(images, positions, epoch=1)

@@ -13,7 +13,7 @@ from featcache.losses import Targets, create_loss, loss_class, loss_names
 EXPECTED_NAMES = [
     "bce", "bce-ls", "iun", "iu", "an", "an-ls", "n-ls", "wan", "epr", "role", "pr",
     "em", "em-apl", "entmin", "ll-r", "ll-ct", "ll-cp", "ll-r-abs", "ll-ct-abs", "ll-cp-abs",
-    "opml", "opml-sp", "zlpr", "focal", "asl", "dw", "l1r", "l2r",
+    "opml", "opml-sp", "zlpr", "focal", "asl", "dw", "l1r", "l2r", "gr", "hill", "splc",
 ]
 DATA_PARAMS = {"k": 1.5}  # what the trainer supplies from the labels file
 
@@ -26,6 +26,7 @@ def test_every_loss_of_the_issue_is_registered_once_in_order():
 def test_every_loss_describes_itself(name):
     cls = loss_class(name)
     assert cls.summary and "\n" not in cls.summary and cls.reference and cls.__doc__
+    assert cls.paper and 2015 < cls.year < 2030
     assert all(param.help for param in cls.params.values())
     for overrides in cls.dataset_defaults.values():
         assert set(overrides) <= set(cls.params)
@@ -121,6 +122,7 @@ def train(name, heads, params, epochs=3, batch=4, seed=0):
     trainable = [state[key] for key in loss.learned_state_lr_mults()]
     values = []
     for epoch in range(epochs):
+        loss.begin_epoch(epoch, epochs, state)
         for start in range(0, features.shape[0] - batch + 1, batch):
             index = torch.arange(start, start + batch)
             logits = torch.einsum("bd,hdl->hbl", features[index], weight)
@@ -189,7 +191,10 @@ def test_losses_command_lists_every_loss_with_parameters_and_dataset_defaults():
     assert result.exit_code == 0, result.output
     for name in EXPECTED_NAMES:
         assert f"\n{name} " in result.output
-    assert "eps_pos=0.1, eps_neg=0.1" in result.output
+    assert "eps_pos=0.1 in [0, 1], eps_neg=0.1 in [0, 1]" in result.output
+    assert "k=(labels file) in (0, inf)" in result.output
+    assert "w_start=0 in (-inf, inf)" in result.output  # unbounded: open on both sides
+    assert "paper: Boosting Single Positive Multi-label Classification" in result.output
     assert "voc: alpha=0.2, beta=0.02, theta=0.9, warmup=5" in result.output
 
 
@@ -199,6 +204,7 @@ def test_losses_command_markdown_has_one_row_per_loss():
     rows = [line for line in result.output.splitlines() if line.startswith("| `")]
     assert [row.split("`")[1] for row in rows] == EXPECTED_NAMES
     assert "| `iu` |" in result.output and "observed negatives |" in result.output
+    assert "| `splc` | Zhang et al. arXiv 2021 | 2021 | Simple and Robust Loss Design" in result.output
 
 
 def test_losses_command_details_and_unknown_names():
@@ -208,3 +214,12 @@ def test_losses_command_details_and_unknown_names():
     assert result.exit_code != 0 and "unknown loss 'nope'; valid losses: bce" in result.output
     result = CliRunner().invoke(cli, ["losses", "roel"])
     assert result.exit_code != 0 and "unknown loss 'roel'; did you mean 'role'?" in result.output
+
+
+def test_readme_method_table_is_the_command_output():
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    result = CliRunner().invoke(cli, ["losses", "--markdown"])
+    assert result.exit_code == 0
+    assert result.output.strip() in readme, "regenerate with `featcache losses --markdown`"

@@ -75,3 +75,64 @@ def test_shipped_recipes_load(path, description):
     assert description and recipe.steps
     dry = invoke("pipeline", "run", path, "--dry-run")
     assert dry.exit_code == 0, dry.output
+
+
+SWEEP = """
+name = "toy-sweep"
+description = "ROLE's test mAP against k"
+
+[vars]
+ks = "1.0,1.5,2.0"
+
+[[steps]]
+name = "ROLE k = {k}, seed {seed}"
+each = {k = "{ks}", seed = ["0", "1"]}
+command = ["train-linear", "--dataset", "toy", "--loss", "role", "--param", "k={k}", "--seeds",
+           "{seed}", "--run-id", "sweep-{k}-{seed}", "--epochs", "1", "--lr", "1e-2", "--bsize",
+           "16", "--quiet", "--no-plots"]
+
+[[steps]]
+name = "ROLE at k*"
+command = ["train-linear", "--dataset", "toy", "--loss", "role", "--seeds", "0,1", "--run-id",
+           "star", "--epochs", "1", "--lr", "1e-2", "--bsize", "16", "--quiet", "--no-plots"]
+
+[report]
+kind = "sweep"
+stage = "linear"
+loss = "role"
+param = "k"
+run_id = "sweep-*"
+reference_run_id = "star"
+datasets = ["toy"]
+"""
+
+
+def test_a_sweep_recipe_expands_its_steps_and_plots_the_parameter(cache_dir, tmp_path):
+    synthetic_dataset(cache_dir, "toy")
+    recipe = tmp_path / "sweep.toml"
+    recipe.write_text(SWEEP)
+    loaded = load_recipe(recipe)
+    assert [s.name for s in loaded.steps][:3] == ["ROLE k = 1.0, seed 0", "ROLE k = 1.0, seed 1",
+                                                   "ROLE k = 1.5, seed 0"]
+    assert len(loaded.steps) == 7 and "sweep-2.0-1" in loaded.steps[5].command
+    assert "k=3" in load_recipe(recipe, {"ks": "3"}).steps[0].command
+    result = invoke("pipeline", "run", recipe)
+    assert result.exit_code == 0, result.output
+    out = cache_dir / "pipelines" / "toy-sweep"
+    rows = json.loads((out / "results.json").read_text())
+    assert [(r["k"], r["runs"]) for r in rows] == [(1.0, 2), (1.5, 2), (2.0, 2)]
+    star = json.loads((cache_dir / "toy" / "runs" / "role" / "star" / "results.json").read_text())
+    scores = [seed["selected"]["test_map"] for seed in star["seeds"]]
+    assert rows[0]["reference"] == pytest.approx(sum(scores) / 2)
+    for row in rows:
+        runs = [json.loads((cache_dir / "toy" / "runs" / "role" / f"sweep-{row['k']}-{s}" /
+                            "results.json").read_text())["selection"]["test_map"] for s in (0, 1)]
+        assert row["test mAP"] == pytest.approx(sum(runs) / 2)
+    assert (out / "sweep.png").stat().st_size > 0
+
+
+def test_each_is_checked(tmp_path):
+    recipe = tmp_path / "bad.toml"
+    recipe.write_text('[vars]\nk = "1"\n[[steps]]\ncommand = ["losses"]\neach = {k = "1,2"}\n')
+    with pytest.raises(Exception, match="reuses the variable name 'k'"):
+        load_recipe(recipe)

@@ -58,15 +58,31 @@ def parse_number_list(value: str, option: str, kind=float) -> list:
     return numbers
 
 
-def parse_params(pairs: tuple[str, ...]) -> dict[str, list[float]]:
-    """Parse repeated ``--param name=value[,value...]`` into {name: [values]}."""
-    params: dict[str, list[float]] = {}
+def parse_params(pairs: tuple[str, ...]) -> dict[str, list]:
+    """Parse repeated ``--param name=value[,value...]`` into {name: [values]}.
+
+    A value is a number or ``estimate:M[:SEED]`` (estimated from M fully labelled training
+    images, for the parameters that support it: EPR's and ROLE's k).
+    """
+    from featcache.data.kestimate import EstimateRequest
+    from featcache.errors import OptionError
+
+    params: dict[str, list] = {}
     for pair in pairs:
         if "=" not in pair:
             raise click.BadParameter(f"{pair!r} is not NAME=VALUE", param_hint="--param")
         name, value = pair.split("=", 1)
-        if name.strip() in params:
-            raise click.BadParameter(f"{name.strip()} is given twice; give several values as "
-                                     f"{name.strip()}=V1,V2", param_hint="--param")
-        params[name.strip()] = parse_number_list(value, f"--param {name.strip()}")
+        name = name.strip()
+        if name in params:
+            raise click.BadParameter(f"{name} is given twice; give several values as "
+                                     f"{name}=V1,V2", param_hint="--param")
+        values = []
+        for item in [item.strip() for item in value.split(",") if item.strip()] or [value]:
+            try:
+                request = EstimateRequest.parse(item)
+            except OptionError as exc:
+                raise click.BadParameter(str(exc), param_hint=f"--param {name}") from None
+            values.append(request if request is not None else
+                          parse_number_list(item, f"--param {name}")[0])
+        params[name] = values
     return params

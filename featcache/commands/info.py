@@ -111,6 +111,9 @@ def _provenance_table(labels, prov: dict):
     observation = prov.get("observation")
     if observation == "given":
         table.add("observed labels (train)", "given single positives")
+    elif prov.get("observer"):
+        table.add("observed labels", f"{observation}-biased (Arroyo et al. 2023): one positive "
+                  f"per image, seed {prov.get('obs_seed')} (random.Random per matrix)")
     elif observation is not None:
         table.add("observed labels", f"{observation}: {prov.get('num_pos')} positive, "
                   f"{prov.get('num_neg')} negative per image, seed {prov.get('obs_seed')} "

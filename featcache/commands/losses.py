@@ -17,7 +17,8 @@ def format_value(value) -> str:
 
 def describe(cls) -> dict[str, str]:
     """The text cells of one loss class."""
-    params = ", ".join(f"{key}={format_value(param.default)}" for key, param in cls.params.items())
+    params = ", ".join(f"{key}={format_value(param.default)} in {param.range_text()}"
+                       for key, param in cls.params.items())
     per_dataset = "; ".join(
         f"{dataset}: " + ", ".join(f"{k}={format_value(v)}" for k, v in cls.dataset_defaults[dataset].items())
         for dataset in DATASETS if dataset in cls.dataset_defaults
@@ -25,6 +26,8 @@ def describe(cls) -> dict[str, str]:
     return {
         "name": cls.name,
         "reference": cls.reference,
+        "year": str(cls.year or "-"),
+        "paper": cls.paper or "-",
         "summary": cls.summary,
         "params": params or "none",
         "datasets": per_dataset or "-",
@@ -34,9 +37,9 @@ def describe(cls) -> dict[str, str]:
 
 def markdown_table(rows: list[dict[str, str]]) -> str:
     """A Markdown table of every loss (for the README)."""
-    header = ("loss", "reference", "what it does", "parameters (defaults)", "per-dataset defaults",
-              "needs")
-    keys = ("name", "reference", "summary", "params", "datasets", "needs")
+    header = ("loss", "reference", "year", "paper", "what it does",
+              "parameters (default in range)", "per-dataset defaults", "needs")
+    keys = ("name", "reference", "year", "paper", "summary", "params", "datasets", "needs")
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
         cells = [f"`{row['name']}`"] + [row[key].replace("|", "\\|") for key in keys[1:]]
@@ -59,8 +62,8 @@ def text_table(rows: list[dict[str, str]], width: int) -> str:
             ref = refs[i] if i < len(refs) else ""
             text = summary[i] if i < len(summary) else ""
             lines.append(f"{first:<{name_w}}{ref:<{ref_w}}{text}".rstrip())
-        details = [("parameters", row["params"]), ("per dataset", row["datasets"]),
-                   ("needs", row["needs"])]
+        details = [("paper", f"{row['paper']} ({row['year']})"), ("parameters", row["params"]),
+                   ("per dataset", row["datasets"]), ("needs", row["needs"])]
         for label, value in details:
             if value != "-" or label == "parameters":
                 lines.extend(textwrap.wrap(f"{label}: {value}", width - name_w,
@@ -71,7 +74,7 @@ def text_table(rows: list[dict[str, str]], width: int) -> str:
 def parameter_help(cls) -> str:
     """One loss in detail: its docstring's first paragraph and each parameter's meaning."""
     doc = (cls.__doc__ or "").strip().split("\n\n")[0].replace("``", "")
-    lines = [f"{cls.name} ({cls.reference})", textwrap.dedent(doc), ""]
+    lines = [f"{cls.name} ({cls.reference}): {cls.paper} ({cls.year})", textwrap.dedent(doc), ""]
     for key, param in cls.params.items():
         per_dataset = ", ".join(f"{d} {format_value(cls.dataset_defaults[d][key])}"
                                 for d in DATASETS if key in cls.dataset_defaults.get(d, {}))
@@ -90,11 +93,12 @@ def parameter_help(cls) -> str:
 @click.command("losses")
 @click.argument("names", nargs=-1)
 @click.option("--markdown", is_flag=True, default=False,
-              help="Print one Markdown table (loss, reference, summary, parameters, "
-                   "per-dataset defaults, needs), e.g. for the README.")
+              help="Print one Markdown table (loss, reference, year, paper, summary, parameters "
+                   "with defaults and ranges, per-dataset defaults, needs), e.g. for the README.")
 def command(names: tuple[str, ...], markdown: bool) -> None:
-    """List every loss: name, reference, one-line summary, parameters with their defaults,
-    per-dataset defaults (voc, coco, nuswide, cub) and what the data must offer.
+    """List every loss: name, reference, paper and year, one-line summary, parameters with
+    their defaults and valid ranges, per-dataset defaults (voc, coco, nuswide, cub) and what
+    the data must offer.
 
     Give loss NAMES to see those losses in detail, each parameter explained. Training takes
     a parameter as `--param name=value`; `docs/losses.md` writes out every formula.

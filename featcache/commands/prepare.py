@@ -19,16 +19,29 @@ dir_path = click.Path(exists=False, file_okay=False, path_type=Path)
 file_path = click.Path(exists=False, dir_okay=False, path_type=Path)
 
 
+OBSERVERS = ("uniform", "size", "location", "semantic")
+
+
 def observation_options(func):
-    """--num-pos/--num-neg/--obs-seed/--split-seed, as in the reference generator."""
+    """--num-pos/--num-neg/--observe/--class-weights/--obs-seed/--split-seed."""
     options = [
         click.option("--num-pos", type=int, default=1, show_default=True,
                      help="Observed positives per image (-1: all). The protocol observes 1."),
         click.option("--num-neg", type=int, default=0, show_default=True,
                      help="Observed negatives per image (-1: all); the 'iu' loss needs 1."),
+        click.option("--observe", type=click.Choice(OBSERVERS), default="uniform",
+                     show_default=True,
+                     help="Which positive is observed: uniform (the protocol), or biased as in "
+                          "Arroyo et al. 2023: size (large objects), location (objects near the "
+                          "centre; both need boxes: voc, coco, shapes), semantic (per-class "
+                          "weights, --class-weights)."),
+        click.option("--class-weights", type=file_path, default=None,
+                     help="--observe semantic: JSON object {\"class\": weight, ...} naming every "
+                          "class."),
         click.option("--obs-seed", type=int, default=PROTOCOL_SEED, show_default=True,
                      help="Seed of the observation sampler: a fresh RandomState(seed) for the "
-                          "official train and test matrices each (the reference's --seed)."),
+                          "official train and test matrices each (the reference's --seed; the "
+                          "biased samplers use random.Random(seed), as Arroyo et al.)."),
         click.option("--split-seed", type=int, default=PROTOCOL_SEED, show_default=True,
                      help="Seed of the 80/20 train/validation split of the official train set."),
     ]
@@ -85,7 +98,8 @@ def command() -> None:
     The labels file holds the class names, the image paths, the clean label matrices of the
     official train and test sets, the observed single-positive labels (one positive per
     image, drawn with a fresh RandomState(1200) per matrix, bit for bit as the reference
-    generator) and the seeded 80/20 train/validation split, plus provenance: source files
+    generator; --observe size|location|semantic draws it with a label-bias sampler instead)
+    and the seeded 80/20 train/validation split, plus provenance: source files
     with sha256, seeds, counts, dropped rows and the featcache version. Images with no
     positive label are dropped and counted. See docs/prepare.md.
 
@@ -95,6 +109,7 @@ def command() -> None:
       featcache prepare voc --root data/pascal      # VOC2012 train / val
       featcache prepare voc --root data/voc07 --year 2007 --train-split trainval --test-split test
       featcache prepare features --npz scene.npz --name scene
+      featcache prepare coco --root data/coco --observe size   # label bias (Arroyo et al.)
     """
 
 
@@ -112,7 +127,8 @@ def voc(ctx, root, year, train_split, test_split, images, **common):
     """
     from featcache.data.formats.voc import read_voc
 
-    _prepare(ctx, "voc", lambda: read_voc(root, year, train_split, test_split, images), **common)
+    _prepare(ctx, "voc", lambda: read_voc(root, year, train_split, test_split, images,
+                                          objects=_needs_boxes(common)), **common)
 
 
 @official_layout_command("coco", "Folder holding annotations/instances_{train,val}2014.json "
@@ -125,7 +141,7 @@ def coco(ctx, root, images, **common):
     """
     from featcache.data.formats.coco import read_coco
 
-    _prepare(ctx, "coco", lambda: read_coco(root, images), **common)
+    _prepare(ctx, "coco", lambda: read_coco(root, images, objects=_needs_boxes(common)), **common)
 
 
 @official_layout_command("cub", "Top folder of the official archive: attributes.txt and "
@@ -272,19 +288,30 @@ def shapes(ctx, num_train, num_test, seed, cache, overwrite, **observation):
 def _prepare(ctx: click.Context, name: str, read, cache=None, overwrite=False, labels_only=False,
              drop_missing=False, merge=None, extra: dict | None = None, **observation) -> None:
     """Read a dataset (after refusing an existing output) and run the shared pipeline."""
-    from featcache.data.prepare import PrepareOptions, prepare_dataset, refuse_existing
+    from featcache.data.prepare import (
+        PrepareOptions,
+        check_observe_options,
+        prepare_dataset,
+        refuse_existing,
+    )
     from featcache.paths import labels_path
 
     path = labels_path(name, cache)
     refuse_existing(path, overwrite)
     options = PrepareOptions(overwrite=overwrite, labels_only=labels_only,
                              drop_missing=drop_missing, merge=merge, **observation)
+    check_observe_options(options)
     source = read()
     result = prepare_dataset(source, path, options, {**_command_record(ctx), **(extra or {})},
                              _notify)
     _summarize(result)
     click.echo(f"next: featcache features --dataset {name}" if not labels_only else
                "note: images were not checked (--labels-only)")
+
+
+def _needs_boxes(common: dict) -> bool:
+    """Whether the reader must read object boxes: the size and location samplers draw on them."""
+    return common.get("observe") in ("size", "location")
 
 
 def _check_name(name: str) -> None:
@@ -320,6 +347,9 @@ def _summarize(result) -> None:
                + (f"; k = {k:.2f}" if k is not None else "; k unknown (pass --k)"))
     if observed == "given":
         click.echo("  observed labels: given single positives (no clean training labels)")
+    elif observed != "uniform":
+        click.echo(f"  observed labels: one positive per image drawn with the {observed}-biased "
+                   f"sampler (Arroyo et al.), seed {labels.provenance['obs_seed']}")
     else:
         click.echo(f"  observed labels: {labels.provenance['num_pos']} positive(s), "
                    f"{labels.provenance['num_neg']} negative(s) per image, seed "

@@ -95,6 +95,15 @@ class LabelSet:
             return None if value is None else float(value)
         return float(self.train.clean.sum(axis=1).mean())
 
+    @property
+    def observation(self) -> dict:
+        """How the observed training labels came about: ``rule`` (uniform, size, location,
+        semantic, or given), the seed, and a biased sampler's inputs (from the provenance)."""
+        record = {"rule": self.provenance.get("observation", "uniform")}
+        if record["rule"] != "given":
+            record["obs_seed"] = self.provenance.get("obs_seed")
+        return {**record, **self.provenance.get("observer", {})}
+
     def split(self, name: str) -> SplitLabels:
         """Rows of one protocol split: ``train`` and ``val`` are parts of the official train set."""
         if name == "train":

@@ -8,7 +8,8 @@ section 1 in this order:
    images are an error listing the first few, or, with ``drop_missing``, dropped and recorded;
 3. (NUS-WIDE ``--split merged`` only) merge both official splits and draw a seeded split;
 4. observe single positives with a fresh ``RandomState(obs_seed)`` per matrix, the official
-   train and test matrices separately (given single positives are kept as they are);
+   train and test matrices separately (given single positives are kept as they are), or with
+   a label-bias sampler (``observe``: size, location, semantic; :mod:`featcache.data.bias`);
 5. split the official train set 80/20 with ``RandomState(split_seed)``;
 6. write the labels file atomically with its provenance.
 """
@@ -23,6 +24,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from featcache.data.bias import BIASED, OBSERVERS, Observer, observe_biased, read_class_weights
 from featcache.data.formats import SourceDataset, SourceSplit, first_few
 from featcache.data.labelfile import LabelSet, SplitLabels, write_labels
 from featcache.data.sampling import (
@@ -52,6 +54,10 @@ class PrepareOptions:
 
     num_pos: int = 1
     num_neg: int = 0
+    #: the observation sampler: uniform (the protocol), size, location or semantic
+    observe: str = "uniform"
+    #: semantic: a JSON file of one weight per class
+    class_weights: str | os.PathLike | None = None
     obs_seed: int = PROTOCOL_SEED
     split_seed: int = PROTOCOL_SEED
     labels_only: bool = False
@@ -90,6 +96,7 @@ def prepare_dataset(source: SourceDataset, path: str | os.PathLike,
     path = Path(path)
     refuse_existing(path, options.overwrite)
     _check_options(source, options)
+    observer = make_observer(options, source.classes)
     if not options.labels_only and source.image_root is None:
         raise OptionError(f"{source.name} has no image folder; use --labels-only")
 
@@ -103,10 +110,7 @@ def prepare_dataset(source: SourceDataset, path: str | os.PathLike,
         notify(f"merged both official splits ({report['merged_split']['rows']} images) and "
                f"drew {options.merge.train_size} training images with seed {options.merge.seed}")
 
-    observed = {split: parts[split].observed if parts[split].clean is None else
-                observe_uniform(parts[split].clean, options.num_pos, options.num_neg,
-                                options.obs_seed)
-                for split in OFFICIAL}
+    observed = {split: _observe(parts[split], options, observer, split) for split in OFFICIAL}
     train_index, val_index = split_train_val(len(parts["train"]), VAL_FRACTION, options.split_seed)
     report["counts"]["split"] = {"train": int(train_index.size), "val": int(val_index.size)}
 
@@ -116,8 +120,9 @@ def prepare_dataset(source: SourceDataset, path: str | os.PathLike,
             source.source_files, desc="hashing source files", unit=" file", mininterval=0.5,
             leave=False)],
         "source_details": source.details,
-        "observation": "given" if parts["train"].clean is None else "uniform",
-        "observation_test": "given" if parts["test"].clean is None else "uniform",
+        "observation": "given" if parts["train"].clean is None else observer.rule,
+        "observation_test": "given" if parts["test"].clean is None else observer.rule,
+        **({"observer": observer.record()} if observer.biased else {}),
         "num_pos": options.num_pos,
         "num_neg": options.num_neg,
         "obs_seed": options.obs_seed,
@@ -146,6 +151,38 @@ def prepare_dataset(source: SourceDataset, path: str | os.PathLike,
     write_labels(labels, path, overwrite=options.overwrite)
     labels.path, labels.sha256 = path, sha256_file(path)
     return PrepareResult(path=path, labels=labels, kept=kept, provenance=provenance)
+
+
+def check_observe_options(options: PrepareOptions) -> None:
+    """Refuse sampler options that cannot go together (before any file is read)."""
+    if options.observe not in OBSERVERS:
+        raise OptionError(f"--observe {options.observe!r}: choose one of {', '.join(OBSERVERS)}")
+    if options.observe == "semantic" and options.class_weights is None:
+        raise OptionError("--observe semantic needs --class-weights FILE: a JSON object with "
+                          "one weight per class (docs/prepare.md, 'Label bias')")
+    if options.observe != "semantic" and options.class_weights is not None:
+        raise OptionError("--class-weights is only for --observe semantic")
+    if options.observe in BIASED and (options.num_pos, options.num_neg) != (1, 0):
+        raise OptionError(f"--observe {options.observe} observes one positive and no negative "
+                          "per image (as Arroyo et al.); drop --num-pos/--num-neg")
+
+
+def make_observer(options: PrepareOptions, classes: list[str]) -> Observer:
+    """The sampler ``options`` name, with the semantic rule's class weights read and checked."""
+    check_observe_options(options)
+    if options.observe == "semantic":
+        return read_class_weights(options.class_weights, classes)
+    return Observer(options.observe)
+
+
+def _observe(part: SourceSplit, options: PrepareOptions, observer: Observer,
+             split: str) -> np.ndarray:
+    """The observed labels of one official split: given, uniform, or biased."""
+    if part.clean is None:
+        return part.observed
+    if not observer.biased:
+        return observe_uniform(part.clean, options.num_pos, options.num_neg, options.obs_seed)
+    return observe_biased(part.clean, observer, options.obs_seed, part.objects, part.images, split)
 
 
 def _kept_rows(source: SourceDataset, split: str, options: PrepareOptions, report: dict,
@@ -205,6 +242,15 @@ def _check_options(source: SourceDataset, options: PrepareOptions) -> None:
                           "--num-pos/--num-neg apply only to clean (full) labels")
     if options.merge is not None and given:
         raise OptionError("a merged split needs clean labels in both official splits")
+    if options.observe in BIASED:
+        if given:
+            raise OptionError(f"--observe {options.observe} draws from clean labels; the "
+                              f"{' and '.join(given)} labels are given single positives")
+        if options.observe != "semantic" and any(source.split(split).objects is None
+                                                 for split in OFFICIAL):
+            raise OptionError(f"--observe {options.observe} needs object boxes, which "
+                              f"{source.name} ({source.source_format}) does not have; voc, coco "
+                              "and shapes have them (--observe semantic needs none)")
 
 
 def _missing_images(root: Path, images: list[str], split: str) -> np.ndarray:

@@ -6,11 +6,16 @@ noise, stripes, checkerboards, blotches); 1 to 4 objects of different classes pe
 image sizes between 160 and 320 pixels with photo-like aspect ratios. Every image has its own
 ``RandomState([seed, split, index])``, so a seed always gives the same JPEG bytes, and image
 ``i`` of a split always contains class ``i mod 10``, so every class occurs in both splits.
+
+Every object's box (the tight box of its drawn mask, clipped to the image) and area (its mask's
+pixels) are kept like COCO's annotations, for the label-bias samplers, and written to
+``objects.json`` beside the images.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 from pathlib import Path
@@ -20,6 +25,7 @@ from PIL import Image, ImageDraw
 from tqdm import tqdm
 
 from featcache.data.formats import SourceDataset, SourceSplit
+from featcache.data.objects import ImageObjects
 from featcache.data.prepare import (
     Notify,
     PrepareOptions,
@@ -40,6 +46,8 @@ JPEG_QUALITY = 90
 SUPERSAMPLE = 2
 GRAIN_TILE = 64
 GENERATOR_VERSION = 1
+#: the objects of every image, beside the images
+OBJECTS_FILE = "objects.json"
 
 
 def generate_shapes(folder: str | os.PathLike, num_train: int = 300, num_test: int = 150,
@@ -59,16 +67,22 @@ def generate_shapes(folder: str | os.PathLike, num_train: int = 300, num_test: i
     for split, count in (("train", num_train), ("test", num_test)):
         (folder / split).mkdir(parents=True, exist_ok=True)
         images, clean = [], np.zeros((count, len(SHAPE_CLASSES)), dtype=np.uint8)
+        boxes = []
         for index in tqdm(range(count), desc=f"drawing {split} images", unit=" img",
                           mininterval=0.5, leave=False):
             rng = np.random.RandomState([seed, SPLIT_CODES[split], index])
-            image, classes = draw_image(rng, first_class=index % len(SHAPE_CLASSES))
+            image, objects = draw_image(rng, first_class=index % len(SHAPE_CLASSES))
             name = f"{split}/{index:06d}.jpg"
             image.save(folder / name, format="JPEG", quality=JPEG_QUALITY)
             digest.update((folder / name).read_bytes())
             images.append(name)
-            clean[index, classes] = 1
-        splits[split] = SourceSplit(images, clean)
+            clean[index, objects.classes] = 1
+            boxes.append(objects)
+        splits[split] = SourceSplit(images, clean, objects=boxes)
+    (folder / OBJECTS_FILE).write_text(json.dumps(
+        {"classes": list(SHAPE_CLASSES), "box": "x, y, width, height in pixels (top-left corner)",
+         "images": {name: objects.to_json() for split in splits.values()
+                    for name, objects in zip(split.images, split.objects, strict=True)}}) + "\n")
     return SourceDataset(
         name="shapes",
         source_format="shapes",
@@ -83,14 +97,16 @@ def generate_shapes(folder: str | os.PathLike, num_train: int = 300, num_test: i
     )
 
 
-def draw_image(rng: np.random.RandomState, first_class: int) -> tuple[Image.Image, list[int]]:
-    """One image with 1 to 4 objects of distinct classes, ``first_class`` among them."""
+def draw_image(rng: np.random.RandomState, first_class: int) -> tuple[Image.Image, ImageObjects]:
+    """One image with 1 to 4 objects of distinct classes, ``first_class`` among them, and the
+    objects' boxes and areas in drawing order."""
     width, height = _image_size(rng)
     canvas = Image.fromarray(_background(rng, width, height))
     count = rng.randint(1, MAX_OBJECTS + 1)
     others = [c for c in range(len(SHAPE_CLASSES)) if c != first_class]
     classes = [first_class] + [int(c) for c in rng.choice(others, count - 1, replace=False)]
     placed: list[tuple[float, float, float]] = []
+    objects = ImageObjects(float(width), float(height))
     for cls in classes:
         radius = rng.uniform(0.12, 0.24) * min(width, height)
         x, y = _free_spot(rng, width, height, radius, placed)
@@ -100,7 +116,21 @@ def draw_image(rng: np.random.RandomState, first_class: int) -> tuple[Image.Imag
         under = canvas.crop((*corner, corner[0] + mask.width, corner[1] + mask.height))
         colour = _contrasting_colour(rng, np.asarray(under), mask)
         canvas.paste(colour, (*corner, corner[0] + mask.width, corner[1] + mask.height), mask)
-    return canvas, sorted(classes)
+        objects.add(cls, *_mask_box(mask, corner, width, height))
+    return canvas, objects
+
+
+def _mask_box(mask: Image.Image, corner: tuple[int, int], width: int,
+              height: int) -> tuple[tuple[float, float, float, float], float]:
+    """The (x, y, w, h) box of a mask's pixels inside the image, and their count (the area)."""
+    inside = np.asarray(mask) > 127
+    ys, xs = np.nonzero(inside)
+    xs, ys = xs + corner[0], ys + corner[1]
+    keep = (xs >= 0) & (xs < width) & (ys >= 0) & (ys < height)
+    xs, ys = xs[keep], ys[keep]
+    box = (float(xs.min()), float(ys.min()), float(xs.max() - xs.min() + 1),
+           float(ys.max() - ys.min() + 1))
+    return box, float(keep.sum())
 
 
 def _image_size(rng: np.random.RandomState) -> tuple[int, int]:

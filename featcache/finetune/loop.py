@@ -77,6 +77,8 @@ class Settings:
     workers: int = 0
     eval_batch_size: int = 32
     progress: bool = True
+    #: how estimated parameters were estimated (``--param k=estimate:M``), for results.json
+    param_estimates: dict = field(default_factory=dict)
 
     def validate(self, device: torch.device) -> None:
         check_early_stop(self.early_stop)
@@ -297,6 +299,7 @@ class ConfigTrainer:
 
     def run_epoch(self, epoch: int) -> tuple[EpochRecord, Tensor]:
         """Train one epoch, update the loss state, evaluate: the record and per-class test AP."""
+        self.loss.begin_epoch(epoch, self.settings.epochs, self.state)
         loss, running, train_seconds, images = self.train_epoch(epoch)
         started = time.perf_counter()
         extra = self.loss.end_epoch(epoch, self.settings.epochs,

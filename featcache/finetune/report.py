@@ -16,7 +16,7 @@ from featcache.finetune.search import GridResult
 from featcache.finetune.start import StartPoint
 from featcache.losses import loss_class
 from featcache.protocol.plots import plot_series
-from featcache.protocol.records import document_header, machine_record
+from featcache.protocol.records import document_header, machine_record, observation_line
 from featcache.protocol.runs import RESULTS, fingerprint
 from featcache.published import PROTOCOL_DATASETS, published
 from featcache.tables import Table
@@ -62,7 +62,9 @@ def results_document(grid: GridResult, settings: Settings, start: StartPoint, da
         "grid": {"lr": run_settings["learning_rates"], "batch_size": run_settings["batch_sizes"]},
         "selection": {
             "lr": selected.config.lr, "batch_size": selected.config.batch_size,
-            "params": settings.params, "epoch": best.epoch + 1,
+            "params": settings.params,
+            **({"params_estimates": settings.param_estimates} if settings.param_estimates else {}),
+            "epoch": best.epoch + 1,
             "val_map": best.val_map, "val_map_observed": best.val_map_observed,
             "test_map": best.test_map, "train_map": best.train_map,
             "test_ap_per_class": {c: a * 100.0 for c, a in zip(data.classes, selected.test_ap,
@@ -124,6 +126,9 @@ def summary_markdown(document: dict) -> str:
                                  or "none"),
         f"- test mAP {selection['test_map']:.2f} (val {val:.2f})",
     ]
+    observation = observation_line(document["labels"].get("observation"))
+    if observation:
+        lines.append(observation)
     if selection.get("train_map") is not None:
         lines.append(f"- training-set mAP of the predictions made while training: "
                      f"{selection['train_map']:.2f}")

@@ -66,9 +66,10 @@ def run_finetune(options: FinetuneOptions, linear_phase: LinearPhase | None = No
 def make_settings(options: FinetuneOptions, start: StartPoint, data: FinetuneData,
                   job: Ranks) -> Settings:
     """The shared settings: every loss parameter resolved (the options', the linear run's, the
-    data's k, the defaults)."""
+    data's k or its estimate, the defaults)."""
+    params = loss_class(options.loss).resolve({**start.params, **options.params}, facts=data.facts)
     settings = Settings(
-        loss=options.loss, params=loss_params(options.loss, {**start.params, **options.params}, data),
+        loss=options.loss, params=params.single(), param_estimates=params.estimates,
         epochs=options.epochs, seed=options.seed, head_lr_mult=options.head_lr_mult,
         val_variant=options.val_variant, early_stop=options.early_stop,
         precision=resolve_precision(options.precision, job.device), compile=options.compile,

@@ -69,6 +69,7 @@ def results_document(result: SearchResult, data: LinearData, device: str) -> dic
         },
         "grid": {"lr": list(spec.learning_rates), "batch_size": list(spec.batch_sizes),
                  "params": spec.params.values, "params_source": spec.params.sources,
+                 **({"params_estimates": spec.params.estimates} if spec.params.estimates else {}),
                  "seeds": list(spec.seeds)},
         "selection": {
             "seed": selected.config.seed, "lr": selected.config.lr,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from featcache.linear.data import LinearData
 from featcache.linear.search import SearchResult
+from featcache.protocol.records import observation_line
 from featcache.published import PROTOCOL_DATASETS, published
 from featcache.tables import Table
 
@@ -41,6 +42,9 @@ def run_summary(result: SearchResult, data: LinearData) -> str:
         "- loss parameters: " + (", ".join(f"{k}={v:g}" for k, v in selected.config.params)
                                  or "none"),
     ]
+    observation = observation_line(data.labels.observation)
+    if observation:
+        lines.append(observation)
     val_key = "val_map" if spec.val_variant == "clean" else "val_map_observed"
     if summary["seeds"] > 1:
         lines.append(f"- test mAP {summary['test_map_mean']:.2f} +- {summary['test_map_std']:.2f} "

@@ -116,6 +116,7 @@ class GroupTrainer:
                    mininterval=1.0, position=position,
                    desc=f"{self.loss_name} bs={self.batch_size} seed={self.seed} x{len(self.configs)}")
         for epoch in range(self.epochs):
+            self.loss.begin_epoch(epoch, self.epochs, self.state)
             loss_sum, running = self.train_epoch(epoch)
             bar.update(self.steps)
             self.end_epoch(epoch, loss_sum, running)

@@ -3,8 +3,9 @@
 Importing this package registers all losses; use :func:`create_loss` to build one. Modules:
 ``cole`` (Cole et al. 2021), ``entropy`` (Zhou et al. 2022: EM, EM-APL, EntMin),
 ``large_loss`` (Kim et al. 2022: LL-R/Ct/Cp and their absolute variants), ``opml`` (Li et al.:
-OPML, OPML-SP; ZLPR), ``baselines`` (focal, ASL, DW, L1R, L2R). ``featcache losses`` lists
-them; ``docs/losses.md`` writes out every formula.
+OPML, OPML-SP; ZLPR), ``baselines`` (focal, ASL, DW, L1R, L2R), ``gr`` (Chen et al. 2024: the GR
+loss, with its K/V terms and schedule as reusable functions), ``hill`` (Zhang et al.: Hill,
+SPLC). ``featcache losses`` lists them; ``docs/losses.md`` writes out every formula.
 """
 
 from featcache.losses.base import (  # noqa: F401
@@ -24,5 +25,5 @@ from featcache.losses.registry import create_loss, loss_class, loss_names, regis
 
 # Registration order is the order of `featcache losses` and `--loss all`: keep it.
 # isort: off
-from featcache.losses import cole, entropy, large_loss, opml, baselines  # noqa: F401
+from featcache.losses import cole, entropy, large_loss, opml, baselines, gr, hill  # noqa: F401
 # isort: on

@@ -38,11 +38,14 @@ from typing import ClassVar, Protocol, TypeVar
 import torch
 from torch import Tensor
 
+from featcache.data.kestimate import EstimateRequest, estimate_k
 from featcache.errors import LossNeedError, LossStateError, OptionError, did_you_mean
 
 LOG_EPSILON = 1e-5
 
-ParamValue = float | Sequence[float]
+#: a parameter's value: a number, several (a grid axis), or a request to estimate it from the
+#: data (``estimate:M``, :class:`~featcache.data.kestimate.EstimateRequest`)
+ParamValue = float | EstimateRequest | Sequence[float | EstimateRequest]
 
 
 def neglog(x: Tensor) -> Tensor:
@@ -74,6 +77,9 @@ class DataFacts:
     has_clean_train: bool = True
     has_observed_negatives: bool = False
     mean_positives: float | None = None  # k: mean positives per official training image
+    #: ((positives per image, images), ...) of the official training set's clean labels (empty
+    #: without them): what ``--param k=estimate:M`` draws from
+    positives_histogram: tuple[tuple[int, int], ...] = ()
 
 
 class TrainingData(Protocol):
@@ -145,6 +151,9 @@ class Param:
     integer: bool = False
     from_data: Callable[[DataFacts], float | None] | None = None
     missing: str = ""  # what to do when neither the data nor the user gives a value
+    #: how ``--param NAME=estimate:M`` estimates the value from M fully labelled training
+    #: images: (facts, request) -> the record kept in results.json, its ``value`` the estimate
+    estimate: Callable[[DataFacts, EstimateRequest], dict] | None = None
 
     def range_text(self) -> str:
         """The valid range in interval notation, e.g. ``[0, 1]`` or ``(0, inf)``."""
@@ -154,7 +163,7 @@ class Param:
         if self.integer and (self.low, self.high) == (0.0, 1.0):
             return "0 or 1"
         kind = "whole numbers in " if self.integer else ""
-        return (f"{kind}{'(' if self.low_open else '['}{bound(self.low)}, "
+        return (f"{kind}{'(' if self.low_open or self.low == -math.inf else '['}{bound(self.low)}, "
                 f"{bound(self.high)}{')' if self.high_open or self.high == math.inf else ']'}")
 
     def accepts(self, value: float) -> bool:
@@ -169,11 +178,21 @@ def _mean_positives(facts: DataFacts) -> float | None:
     return facts.mean_positives
 
 
+def _estimate_k(facts: DataFacts, request: EstimateRequest) -> dict:
+    if not facts.positives_histogram:
+        raise OptionError(f"k=estimate:{request.labeled} draws fully labelled images from the "
+                          f"training set, but {facts.source} has no clean training labels; pass "
+                          "--param k=VALUE")
+    return estimate_k(facts.positives_histogram, request)
+
+
 #: EPR's and ROLE's k: expected positives per image, from the labels file unless given
 K_PARAM = Param(
-    None, "expected positives per image (default: the labels file's mean over the training set)",
+    None, "expected positives per image (default: the labels file's mean over the training set; "
+          "estimate:M estimates it from M fully labelled training images)",
     low=0.0, low_open=True, from_data=_mean_positives,
     missing="the labels file has no clean training labels to compute it: pass --param k=VALUE",
+    estimate=_estimate_k,
 )
 
 
@@ -204,15 +223,18 @@ def epoch_count(default: float, help: str) -> Param:
 
 @dataclass
 class ResolvedParams:
-    """Every parameter of a loss: its values (several for a grid axis) and where each came from
-    (``given``, ``dataset``, ``data`` or ``default``)."""
+    """Every parameter of a loss: its values (several for a grid axis), where each came from
+    (``given``, ``estimate``, ``dataset``, ``data`` or ``default``) and, for estimated values,
+    how they were estimated (one record per value, ``--param k=estimate:M``)."""
 
     values: dict[str, list[float]] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict)
+    estimates: dict[str, list[dict | None]] = field(default_factory=dict)
 
     def chosen(self) -> list[str]:
         """Parameters set by the user or the data (not defaults): they name a configuration."""
-        return sorted(k for k, source in self.sources.items() if source in ("given", "data"))
+        return sorted(k for k, source in self.sources.items()
+                      if source in ("given", "estimate", "data"))
 
     def single(self) -> dict[str, float]:
         """One value per parameter (refuses grid axes)."""
@@ -242,7 +264,8 @@ class SPMLLoss:
 
     Subclasses set the class attributes and implement :meth:`forward`; those with per-example
     state also implement :meth:`init_state` (and :meth:`end_epoch` when the state changes once
-    per epoch).
+    per epoch); those whose terms follow a schedule over the run read its length in
+    :meth:`begin_epoch`.
     """
 
     #: registry name, e.g. ``"an-ls"``
@@ -251,6 +274,10 @@ class SPMLLoss:
     summary: ClassVar[str] = ""
     #: where the loss comes from, e.g. ``"Cole et al. CVPR 2021"``
     reference: ClassVar[str] = ""
+    #: the paper's title (and arXiv id where it has one)
+    paper: ClassVar[str] = ""
+    #: the year of that paper
+    year: ClassVar[int | None] = None
     #: the parameters, with defaults, ranges and (``from_data``) what the data decides
     params: ClassVar[Mapping[str, Param]] = {}
     #: per-dataset overrides of the defaults, keyed by protocol dataset (voc, coco, nuswide, cub)
@@ -342,9 +369,17 @@ class SPMLLoss:
             else:
                 raise OptionError(f"loss {cls.name!r} needs parameter {key!r} ({param.help}); "
                                   + (param.missing or f"pass --param {key}=VALUE"))
-            values = [float(v) for v in value] if isinstance(value, (list, tuple)) else [float(value)]
-            if not values:
+            items = list(value) if isinstance(value, (list, tuple)) else [value]
+            if not items:
                 raise OptionError(f"loss {cls.name!r} parameter {key!r} has no value")
+            if any(isinstance(item, EstimateRequest) for item in items):
+                records = [cls._estimate(key, param, item, facts) if
+                           isinstance(item, EstimateRequest) else None for item in items]
+                items = [record["value"] if record else item
+                         for record, item in zip(records, items, strict=True)]
+                resolved.estimates[key] = records
+                source = "estimate"
+            values = [float(v) for v in items]
             for number in values:
                 if not param.accepts(number):
                     raise OptionError(
@@ -353,6 +388,20 @@ class SPMLLoss:
             resolved.values[key] = values
             resolved.sources[key] = source
         return resolved
+
+    @classmethod
+    def _estimate(cls, key: str, param: Param, request: EstimateRequest,
+                  facts: DataFacts | None) -> dict:
+        """The record of ``key=estimate:M`` (its ``value`` the estimate)."""
+        if param.estimate is None:
+            estimable = sorted(k for k, p in cls.params.items() if p.estimate is not None)
+            raise OptionError(f"loss {cls.name!r} parameter {key!r} cannot be estimated from the "
+                              f"data ({request}); "
+                              + (f"only {', '.join(estimable)} can" if estimable else
+                                 "give a number"))
+        if facts is None:
+            raise OptionError(f"{key}={request} needs the training data to estimate from")
+        return param.estimate(facts, request)
 
     def value(self, name: str, like: Tensor | None = None) -> float | Tensor:
         """Parameter ``name``: a float when all heads share it, else an (H, 1, 1) tensor."""
@@ -401,6 +450,13 @@ class SPMLLoss:
         if logits.dim() == 2:
             return self.forward(logits.unsqueeze(0), targets, state or {}, epoch)[0]
         return self.forward(logits, targets, state or {}, epoch)
+
+    def begin_epoch(self, epoch: int, num_epochs: int, state: dict[str, Tensor]) -> None:
+        """Once per epoch, before its first training step (nothing by default).
+
+        Both training stages call it with the 0-based ``epoch`` and the run's ``num_epochs``;
+        losses whose terms move over the epochs (GR's K/V schedules) read the run's length here.
+        """
 
     def end_epoch(self, epoch: int, num_epochs: int, probs: Callable[[], Tensor],
                   state: dict[str, Tensor]) -> dict[str, float]:

@@ -15,6 +15,8 @@ from featcache.losses.registry import register_loss
 from featcache.losses.terms import assume_negative, where_mask
 
 BASELINE = "baseline in Zhou et al. ECCV 2022 / Li et al."
+BASELINE_PAPER = ("no paper of its own: a baseline of Zhou et al., 'Acknowledging the Unknown for "
+                  "Multi-label Learning with Single Positive Labels'")
 
 
 @register_loss
@@ -24,6 +26,8 @@ class Focal(SPMLLoss):
     name = "focal"
     summary = "Focal loss on AN targets: (1-f)^gamma neglog(f), f^gamma neglog(1-f)."
     reference = "Lin et al. ICCV 2017; " + BASELINE
+    paper = "Focal Loss for Dense Object Detection"
+    year = 2017
     params = {"gamma": non_negative(2.0, "focusing exponent")}
 
     def forward(self, logits, targets, state, epoch):
@@ -46,6 +50,8 @@ class Asymmetric(SPMLLoss):
     name = "asl"
     summary = "Asymmetric loss on AN targets: focusing gamma_neg and probability shift clip."
     reference = "Ridnik et al. ICCV 2021; " + BASELINE
+    paper = "Asymmetric Loss For Multi-Label Classification"
+    year = 2021
     params = {"gamma_pos": non_negative(0.0, "focusing exponent of positives"),
               "gamma_neg": non_negative(4.0, "focusing exponent of negatives"),
               "clip": Param(0.05, "probability margin m: negatives use max(f - m, 0)", low=0.0,
@@ -67,6 +73,8 @@ class DownWeighted(SPMLLoss):
     name = "dw"
     summary = "AN with assumed negatives down-weighted by a constant."
     reference = BASELINE
+    paper = BASELINE_PAPER
+    year = 2022
     params = {"weight": non_negative(0.1, "weight of the assumed-negative terms")}
 
     def forward(self, logits, targets, state, epoch):
@@ -92,6 +100,8 @@ class L1Regularized(RegularizedAssumeNegative):
     name = "l1r"
     summary = "AN + L1 penalty lam*f on unobserved predictions."
     reference = BASELINE
+    paper = BASELINE_PAPER
+    year = 2022
     params = {"lam": non_negative(0.1, "weight of the L1 penalty on unobserved predictions")}
 
 
@@ -102,5 +112,7 @@ class L2Regularized(RegularizedAssumeNegative):
     name = "l2r"
     summary = "AN + L2 penalty lam*f^2 on unobserved predictions."
     reference = BASELINE
+    paper = BASELINE_PAPER
+    year = 2022
     power = 2
     params = {"lam": non_negative(0.1, "weight of the L2 penalty on unobserved predictions")}

@@ -37,6 +37,7 @@ from featcache.losses.terms import (
 )
 
 COLE = "Cole et al. CVPR 2021"
+COLE_PAPER = "Multi-Label Learning from Single Positive Labels"
 
 # k, the expected number of positives per image (K_PARAM), is left to the data: the stages pass
 # the labels file's mean positives per official training image (PROTOCOL.md section 1 tabulates
@@ -65,6 +66,8 @@ class FullBCE(SPMLLoss):
     name = "bce"
     summary = "Full labels: y=1 neglog(f), y=0 neglog(1-f) (oracle)."
     reference = COLE
+    paper = COLE_PAPER
+    year = 2021
     needs = (FULL_LABELS,)
 
     def forward(self, logits, targets, state, epoch):
@@ -83,6 +86,8 @@ class FullBCESmoothed(SPMLLoss):
     name = "bce-ls"
     summary = "Full labels, label smoothing: targets 1-eps and eps (oracle)."
     reference = COLE
+    paper = COLE_PAPER
+    year = 2021
     needs = (FULL_LABELS,)
     params = {"eps": unit_interval(0.1, "smoothing: positives target 1-eps, negatives eps")}
 
@@ -103,6 +108,8 @@ class IgnoreUnobservedTrueNegatives(SPMLLoss):
     name = "iun"
     summary = "Observed positive + every true negative (needs full labels)."
     reference = COLE
+    paper = COLE_PAPER
+    year = 2021
     needs = (FULL_LABELS,)
 
     def forward(self, logits, targets, state, epoch):
@@ -119,6 +126,8 @@ class IgnoreUnobserved(SPMLLoss):
     name = "iu"
     summary = "Observed positive + observed negative; unobserved ignored (needs --num-neg)."
     reference = COLE
+    paper = COLE_PAPER
+    year = 2021
     needs = (OBSERVED_NEGATIVES,)
 
     def forward(self, logits, targets, state, epoch):
@@ -134,6 +143,8 @@ class AssumeNegative(SPMLLoss):
     name = "an"
     summary = "Assume negative: z=1 neglog(f), z=0 neglog(1-f)."
     reference = COLE
+    paper = COLE_PAPER
+    year = 2021
 
     def forward(self, logits, targets, state, epoch):
         return matrix_mean(assume_negative(torch.sigmoid(logits), targets.observed))
@@ -151,6 +162,8 @@ class AssumeNegativeSmoothed(SPMLLoss):
     name = "an-ls"
     summary = "AN with label smoothing (eps_pos on positives, eps_neg on assumed negatives)."
     reference = COLE
+    paper = COLE_PAPER
+    year = 2021
     params = {"eps_pos": unit_interval(0.1, "smoothing of observed positives (target 1-eps_pos)"),
               "eps_neg": unit_interval(0.1, "smoothing of assumed negatives (target eps_neg)")}
 
@@ -177,6 +190,8 @@ class WeightedAssumeNegative(SPMLLoss):
     name = "wan"
     summary = "AN with assumed negatives weighted 1/(L-1)."
     reference = COLE
+    paper = COLE_PAPER
+    year = 2021
 
     def forward(self, logits, targets, state, epoch):
         classes = logits.shape[-1]
@@ -191,6 +206,8 @@ class ExpectedPositiveRegularized(SPMLLoss):
     name = "epr"
     summary = "Observed positives + expected-positive regularizer (k positives per image)."
     reference = COLE
+    paper = COLE_PAPER
+    year = 2021
     params = {"k": K_PARAM}
 
     def forward(self, logits, targets, state, epoch):
@@ -212,6 +229,8 @@ class RegularizedOnlineLabelEstimation(SPMLLoss):
     name = "role"
     summary = "Online label estimation: head and per-example label estimates teach each other."
     reference = COLE
+    paper = COLE_PAPER
+    year = 2021
     params = {"k": K_PARAM,
               "lr_mult": positive(10.0, "learning-rate multiplier of the label estimates phi")}
     learned_state = {"phi": "lr_mult"}
@@ -267,6 +286,8 @@ class PairwiseRanking(SPMLLoss):
     name = "pr"
     summary = "Pairwise ranking hinge: each observed positive above every other label by 1."
     reference = COLE
+    paper = COLE_PAPER
+    year = 2021
 
     def forward(self, logits, targets, state, epoch):
         f = torch.sigmoid(logits)

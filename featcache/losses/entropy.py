@@ -29,6 +29,7 @@ from featcache.losses.terms import (
 )
 
 ZHOU = "Zhou et al. ECCV 2022"
+ZHOU_PAPER = "Acknowledging the Unknown for Multi-label Learning with Single Positive Labels"
 
 #: EM's alpha per dataset (the reference train.py; generic 0.1)
 EM_ALPHA = {"voc": 0.2, "coco": 0.1, "nuswide": 0.1, "cub": 0.01}
@@ -58,6 +59,8 @@ class EntropyMaximization(SPMLLoss):
     name = "em"
     summary = "Entropy maximisation on unobserved labels: z=0 term -alpha*H(f)."
     reference = ZHOU
+    paper = ZHOU_PAPER
+    year = 2022
     params = {"alpha": ALPHA}
     dataset_defaults = {name: {"alpha": alpha} for name, alpha in EM_ALPHA.items()}
 
@@ -84,6 +87,8 @@ class EntropyMaximizationAPL(SPMLLoss):
     name = "em-apl"
     summary = "EM + asymmetric pseudo-labels: each epoch after warmup, soft negatives per class."
     reference = ZHOU
+    paper = ZHOU_PAPER
+    year = 2022
     params = {
         "alpha": ALPHA,
         "beta": non_negative(0.2, "weight of the soft pseudo-label terms"),
@@ -144,6 +149,8 @@ class EntropyMinimization(SPMLLoss):
     name = "entmin"
     summary = "Entropy minimisation baseline: z=0 term +alpha*H(f) (collapses, as published)."
     reference = ZHOU
+    paper = ZHOU_PAPER
+    year = 2022
     params = {"alpha": ALPHA}
 
     def forward(self, logits, targets, state, epoch):

@@ -29,6 +29,7 @@ from featcache.losses.registry import register_loss
 from featcache.losses.terms import batch_labels, head_floats, per_head_labels
 
 KIM = "Kim et al. CVPR 2022"
+KIM_PAPER = "Large Loss Matters in Weakly Supervised Multi-Label Classification"
 KIM_ABS = "Kim et al. CVPR 2022, supplement B"
 
 #: delta_rel is a percentage: 0.2 means 0.2 % more rejected per epoch (PROTOCOL.md section 4)
@@ -119,6 +120,8 @@ class AbsoluteLargeLoss(LargeLoss):
     """Threshold selection: large means loss > R(e) = r0 - e * delta_abs (supplement B)."""
 
     reference = KIM_ABS
+    paper = KIM_PAPER
+    year = 2022
     params = ABSOLUTE_PARAMS
 
     def select(self, loss, unobserved, epoch):
@@ -135,6 +138,8 @@ class LargeLossReject(RelativeLargeLoss):
     name = "ll-r"
     summary = "Large-loss rejection: the top rate of unobserved losses get loss 0."
     reference = KIM
+    paper = KIM_PAPER
+    year = 2022
 
 
 @register_loss
@@ -144,6 +149,8 @@ class LargeLossCorrectTemporary(RelativeLargeLoss):
     name = "ll-ct"
     summary = "Large-loss temporary correction: the top rate are trained as positives."
     reference = KIM
+    paper = KIM_PAPER
+    year = 2022
     action = "correct"
 
 
@@ -154,6 +161,8 @@ class LargeLossCorrectPermanent(RelativeLargeLoss):
     name = "ll-cp"
     summary = "Large-loss permanent correction: top delta_rel% flipped to positive for good."
     reference = KIM
+    paper = KIM_PAPER
+    year = 2022
     action = "correct"
     permanent = True
 

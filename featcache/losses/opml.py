@@ -37,7 +37,10 @@ from featcache.losses.terms import (
 from featcache.metrics import average_precision
 
 LI = "Li et al. (OPML), reconstruction"
+LI_PAPER = ("Pushing One Pair of Labels Apart Each Time in Multi-Label Learning: From Single "
+            "Positive to Full Labels (arXiv 2302.14695)")
 SU = "Su et al. 2022 (ZLPR), as compared by Li et al."
+SU_PAPER = "ZLPR: A Novel Loss for Multi-label Classification (arXiv 2208.02955)"
 
 
 def log_sum_exp_plus(constant: Tensor, terms: Tensor, log_weights: Tensor) -> Tensor:
@@ -79,6 +82,8 @@ class OPML(PairLoss):
     name = "opml"
     summary = "Push one pair of labels apart: log(a+sum_neg e^g) + log(b+sum_pos e^-g) (reconstr.)."
     reference = LI
+    paper = LI_PAPER
+    year = 2023
     params = {"a": positive(1.0, "constant of the negatives' log-sum-exp (bounds the loss)"),
               "b": positive(1.0, "constant of the positives' log-sum-exp")}
 
@@ -108,6 +113,8 @@ class OPMLSinglePositive(PairLoss):
     name = "opml-sp"
     summary = "OPML + AP-based soft labels + high-rank regularizer + AP-based correction (reconstr.)."
     reference = LI
+    paper = LI_PAPER
+    year = 2023
     params = {
         **OPML.params,
         "smooth": switch(1, "1: AP-based soft targets for unobserved labels, 0: hard OPML"),
@@ -183,3 +190,5 @@ class ZLPR(PairLoss):
     name = "zlpr"
     summary = "ZLPR: log(1+sum_neg e^g) + log(1+sum_pos e^-g), per example (OPML at a=b=1)."
     reference = SU
+    paper = SU_PAPER
+    year = 2022

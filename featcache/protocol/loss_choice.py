@@ -12,6 +12,7 @@ from collections.abc import Collection, Mapping, Sequence
 
 import numpy as np
 
+from featcache.data.kestimate import positive_histogram
 from featcache.data.labelfile import LabelSet
 from featcache.errors import LossNeedError, OptionError, did_you_mean
 from featcache.losses import DataFacts, ResolvedParams, loss_class, loss_names
@@ -23,6 +24,8 @@ def training_facts(labels: LabelSet, observed: np.ndarray, has_clean: bool) -> D
         dataset=labels.dataset, num_classes=labels.num_classes, source=str(labels.path),
         has_clean_train=has_clean, has_observed_negatives=bool((np.asarray(observed) == -1).any()),
         mean_positives=labels.k,
+        positives_histogram=(positive_histogram(labels.train.clean)
+                             if labels.train.clean is not None else ()),
     )
 
 

@@ -35,3 +35,44 @@ def plot_series(curves: Sequence[Curve], selected: tuple[int, float], path: Path
         fig.savefig(tmp, format="png")
     plt.close(fig)
     return path
+
+
+#: one panel of a sweep: (title, {parameter value: test mAPs}, reference (mean, std) or None)
+SweepPanel = tuple[str, dict[float, Sequence[float]], tuple[float, float] | None]
+
+
+def plot_sweep(panels: Sequence[SweepPanel], param: str, path: Path, title: str = "") -> Path:
+    """Save test mAP against a parameter, one panel per dataset: mean +- std per value (error
+    bars, the single runs as dots) and the reference runs' mean +- std as a shaded band."""
+    import statistics
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(panels), 1, figsize=(7, 3.2 * len(panels)), dpi=110,
+                             squeeze=False)
+    for ax, (name, points, band) in zip(axes[:, 0], panels, strict=True):
+        values = sorted(points)
+        means = [statistics.fmean(points[v]) for v in values]
+        stds = [statistics.stdev(points[v]) if len(points[v]) > 1 else 0.0 for v in values]
+        if band is not None:
+            ax.axhspan(band[0] - band[1], band[0] + band[1], color="tab:gray", alpha=0.25,
+                       label=f"reference {band[0]:.2f} +- {band[1]:.2f}")
+            ax.axhline(band[0], color="tab:gray", linewidth=1)
+        ax.errorbar(values, means, yerr=stds, marker="o", capsize=3, label="mean +- std")
+        for value in values:
+            ax.scatter([value] * len(points[value]), points[value], s=8, color="black", alpha=0.4)
+        ax.set_xlabel(param)
+        ax.set_ylabel("test mAP (%)")
+        ax.set_title(name)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    with atomic_output(path, overwrite=True) as tmp:
+        fig.savefig(tmp, format="png")
+    plt.close(fig)
+    return path

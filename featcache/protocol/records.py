@@ -52,8 +52,18 @@ def document_header(stage: str, loss: type[SPMLLoss], labels: LabelSet) -> dict:
         "loss": loss.name,
         "loss_reference": loss.reference,
         "labels": {"path": str(labels.path), "sha256": labels.sha256,
-                   "mean_positives_per_train_image": labels.k},
+                   "mean_positives_per_train_image": labels.k,
+                   "observation": labels.observation},
     }
+
+
+def observation_line(observation: dict | None) -> str | None:
+    """A summary line naming a biased single-positive sampler (None for the protocol's own)."""
+    rule = (observation or {}).get("rule", "uniform")
+    if rule in ("uniform", "given"):
+        return None
+    return (f"- observed labels: {rule}-biased single positives (Arroyo et al. 2023), seed "
+            f"{observation.get('obs_seed')}")
 
 
 def machine_record(device: str, **extra) -> dict:

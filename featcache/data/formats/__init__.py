@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from featcache.data.objects import ImageObjects
 from featcache.errors import InputError
 
 #: how many names an error message or a report lists before "..."
@@ -29,11 +30,14 @@ class SourceSplit:
 
     ``clean`` is the (N, L) 0/1 label matrix; it is None when the source holds only single
     positive labels, which are then given in ``observed`` (int8, 1 observed positive, 0 not).
+    ``objects`` holds each image's object boxes when the reader was asked for them (for the
+    label-bias samplers, :mod:`featcache.data.bias`).
     """
 
     images: list[str]
     clean: np.ndarray | None
     observed: np.ndarray | None = None
+    objects: list[ImageObjects] | None = None
 
     def __post_init__(self) -> None:
         if (self.clean is None) == (self.observed is None):
@@ -52,6 +56,7 @@ class SourceSplit:
             [self.images[i] for i in rows],
             None if self.clean is None else self.clean[rows],
             None if self.observed is None else self.observed[rows],
+            None if self.objects is None else [self.objects[i] for i in rows],
         )
 
 

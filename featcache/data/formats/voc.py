@@ -4,11 +4,17 @@ Each line of a class file is ``<image id> <flag>`` with flag 1 (present), 0 (onl
 instances) or -1 (absent). As the protocol (and Cole et al.'s ``format_pascal.py``) says, a class
 is positive only where the file says 1; 0 and -1 are negative. Rows are sorted by file name,
 classes are in alphabetical order. Every class file of a split must list the same images.
+
+With ``objects=True`` (the label-bias samplers) each image's ``Annotations/<id>.xml`` is read
+too: the image size and every ``<object>``'s class and ``<bndbox>``, in file order, the box
+turned into COCO's (x, y, w, h) and its area w * h (VOC has no segmentation area).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +30,7 @@ from featcache.data.formats import (
     require_dir,
     require_file,
 )
+from featcache.data.objects import ImageObjects, voc_box
 from featcache.errors import InputError, OptionError
 
 VOC_CLASSES = (
@@ -34,11 +41,13 @@ VOC_CLASSES = (
 
 
 def read_voc(root: str | os.PathLike, year: str = "2012", train_split: str = "train",
-             test_split: str = "val", images: str | os.PathLike | None = None) -> SourceDataset:
+             test_split: str = "val", images: str | os.PathLike | None = None,
+             objects: bool = False) -> SourceDataset:
     """Read the VOC image-level labels of ``train_split`` (training) and ``test_split`` (test).
 
     ``root`` is the folder that holds ``VOCdevkit``; images are looked for in
     ``<root>/VOCdevkit/VOC<year>/JPEGImages`` unless ``images`` names another folder.
+    ``objects`` also reads every image's boxes from ``Annotations/<id>.xml``.
     """
     if train_split == test_split:
         raise OptionError(f"--train-split and --test-split are both {train_split!r}; "
@@ -54,6 +63,17 @@ def read_voc(root: str | os.PathLike, year: str = "2012", train_split: str = "tr
     for split in (train_split, test_split):
         splits[split], read = _read_split(main, split)
         files += read
+    details = {"year": str(year), "train_split": train_split, "test_split": test_split}
+    if objects:
+        folder = require_dir(year_dir / "Annotations", "VOC annotation folder",
+                             "the label-bias samplers read the boxes of Annotations/<id>.xml")
+        digest = hashlib.sha256()
+        for split in (train_split, test_split):
+            splits[split].objects = [read_annotation(folder / f"{image[:-len('.jpg')]}.xml", digest)
+                                     for image in splits[split].images]
+        details["annotations"] = {"folder": str(folder.resolve()),
+                                  "files": sum(len(splits[s].images) for s in splits),
+                                  "sha256": digest.hexdigest()}
     return SourceDataset(
         name="voc",
         source_format="voc",
@@ -62,7 +82,7 @@ def read_voc(root: str | os.PathLike, year: str = "2012", train_split: str = "tr
         test=splits[test_split],
         image_root=Path(images) if images else year_dir / "JPEGImages",
         source_files=files,
-        details={"year": str(year), "train_split": train_split, "test_split": test_split},
+        details=details,
     )
 
 
@@ -103,3 +123,42 @@ def _read_split(main: Path, split: str) -> tuple[SourceSplit, list[Path]]:
         values = flags[name]
         clean[:, column] = [values[image[: -len(".jpg")]] == 1 for image in images]
     return SourceSplit(images, clean), files
+
+
+def read_annotation(path: Path, digest=None) -> ImageObjects:
+    """One ``Annotations/<id>.xml``: the image size and its objects' classes and boxes.
+
+    ``digest`` (a hashlib object) is fed the file's bytes, for the provenance.
+    """
+    path = require_file(path, "VOC annotation file",
+                        "the label-bias samplers need Annotations/<id>.xml for every image")
+    data = path.read_bytes()
+    if digest is not None:
+        digest.update(data)
+    try:
+        root = ElementTree.fromstring(data)
+    except ElementTree.ParseError as exc:
+        raise InputError(f"{path}: not valid XML ({exc})") from None
+    objects = ImageObjects(_number(path, root, "size/width"), _number(path, root, "size/height"))
+    column = {name: i for i, name in enumerate(VOC_CLASSES)}
+    for index, element in enumerate(root.findall("object"), start=1):
+        name = (element.findtext("name") or "").strip()
+        if name not in column:
+            raise InputError(f"{path}: object {index} has class {name!r}, not a VOC class")
+        corners = [_number(path, element, f"bndbox/{key}", index)
+                   for key in ("xmin", "ymin", "xmax", "ymax")]
+        box = voc_box(*corners)
+        if box[2] <= 0 or box[3] <= 0:
+            raise InputError(f"{path}: object {index} ({name}) has an empty box {corners}")
+        objects.add(column[name], box, box[2] * box[3])
+    return objects
+
+
+def _number(path: Path, element, key: str, index: int | None = None) -> float:
+    text = element.findtext(key)
+    where = f"object {index} " if index is not None else ""
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        raise InputError(f"{path}: {where}<{key}> is {text!r}, expected a number") from None
+    return value
