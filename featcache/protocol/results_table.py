@@ -123,7 +123,8 @@ def find_results(paths: Iterable[str | Path]) -> list[Path]:
                              "exist or is not a directory)")
         if not hits:
             raise InputError(f"{path} holds no finished run (no {RESULTS} in it or below it)")
-        found += [hit for hit in hits if hit not in found]
+        seen = {p.resolve() for p in found}
+        found += [hit for hit in hits if hit.resolve() not in seen]
     return found
 
 
@@ -353,9 +354,11 @@ class ResultsTable:
                 if ds == dataset:
                     missing += [c for c in cell.classes_without_positives if c not in missing]
             if missing:
-                notes.append(f"{dataset}: {len(missing)} classes have no positive in the test "
-                             f"split ({name_list(missing)}); they count as AP 0 in every "
-                             "number, as in the reference code")
+                many = len(missing) > 1
+                notes.append(f"{dataset}: {len(missing)} class{'es have' if many else ' has'} no "
+                             f"positive in the test split ({name_list(missing)}); "
+                             f"{'they count' if many else 'it counts'} as AP 0 in every number, "
+                             "as in the reference code")
         return notes
 
     def to_json(self, per_class: bool = False) -> dict:
