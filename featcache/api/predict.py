@@ -28,6 +28,7 @@ import h5py
 import numpy as np
 
 from featcache.data.featurefile import load_features
+from featcache.data.formats.npz import check_feature_matrix
 from featcache.data.labelfile import load_labels
 from featcache.errors import FeatcacheWarning, InputError, OptionError
 from featcache.fileio import atomic_output, sha256_file
@@ -60,7 +61,7 @@ def read_features_input(path: str | Path, split: str = "all") -> FeaturesInput:
         except (ValueError, OSError, EOFError) as exc:
             raise InputError(f"{path} is not a readable .npy array: {exc}") from None
         return FeaturesInput(path, [f"row/{i:06d}" for i in range(len(array))],
-                             _matrix(path, "the array", array))
+                             check_feature_matrix(path, "the array", array))
     if suffix == ".npz":
         return _read_npz(path, split)
     raise InputError(f"{path}: give a featcache features file (.h5) or a .npy / .npz array")
@@ -100,14 +101,14 @@ def _read_npz(path: Path, split: str) -> FeaturesInput:
         with np.load(path, allow_pickle=False) as npz:
             keys = set(npz.files)
             if "X" in keys:
-                array = _matrix(path, "X", npz["X"])
+                array = check_feature_matrix(path, "X", npz["X"])
                 names = next((npz[k] for k in ("ids", "images") if k in keys), None)
                 ids = ([str(n) for n in names] if names is not None
                        else [f"row/{i:06d}" for i in range(len(array))])
                 if len(ids) != len(array):
                     raise InputError(f"{path}: ids names {len(ids)} rows but X has {len(array)}")
             elif {"X_train", "X_test"} & keys:
-                parts = [(name, _matrix(path, f"X_{name}", npz[f"X_{name}"]))
+                parts = [(name, check_feature_matrix(path, f"X_{name}", npz[f"X_{name}"]))
                          for name in _splits(split) if f"X_{name}" in keys]
                 array = np.concatenate([a for _, a in parts])
                 ids = [f"{name}/{i:06d}" for name, a in parts for i in range(len(a))]
@@ -121,18 +122,6 @@ def _read_npz(path: Path, split: str) -> FeaturesInput:
         raise InputError(f"{path} could not be read without unpickling objects ({exc})") from None
     classes = None if labels is None else [str(c) for c in np.asarray(labels).reshape(-1)]
     return FeaturesInput(path, ids, array, classes)
-
-
-def _matrix(path: Path, name: str, array: np.ndarray) -> np.ndarray:
-    if array.ndim != 2 or not np.issubdtype(array.dtype, np.number):
-        raise InputError(f"{path}: {name} has shape {array.shape} and dtype {array.dtype}; "
-                         "expected a 2-D array of numbers (rows x features)")
-    array = array.astype(np.float32, copy=False)
-    broken = np.flatnonzero(~np.isfinite(array).all(axis=1))
-    if broken.size:
-        raise InputError(f"{path}: {name} holds NaN or Inf in {broken.size} rows (first: row "
-                         f"{broken[0]})")
-    return array
 
 
 def _splits(split: str) -> tuple[str, ...]:

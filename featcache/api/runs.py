@@ -27,7 +27,7 @@ from featcache.api.predict import check_input, read_features_input
 from featcache.backbones.rebuild import trunk_for_features, trunk_from_state
 from featcache.errors import InputError, OptionError
 from featcache.finetune.search import BEST, MODEL_FORMAT, MODEL_FORMAT_VERSION
-from featcache.protocol.handoff import load_head
+from featcache.protocol.handoff import load_head, load_saved
 from featcache.protocol.runs import RESULTS, RunFolder
 from featcache.runtime import pick_device
 
@@ -285,12 +285,7 @@ class FinetuneRun(TrainedRun):
         file = path / BEST
         if not file.is_file():
             raise InputError(f"{path} has no {BEST}; it is not a finished fine-tuning run")
-        try:
-            saved = torch.load(file, map_location="cpu", weights_only=True)
-        except Exception as exc:  # torch raises several types for corrupt files
-            raise InputError(f"{file} could not be loaded (corrupt?): {exc}") from exc
-        if not isinstance(saved, dict) or saved.get("format") != MODEL_FORMAT:
-            raise InputError(f"{file} is not a featcache fine-tuned model")
+        saved = load_saved(file, MODEL_FORMAT, "fine-tuned model")
         if saved.get("format_version") != MODEL_FORMAT_VERSION:
             raise InputError(f"{file} has model format {saved.get('format_version')}; this "
                              f"featcache reads {MODEL_FORMAT_VERSION}")
