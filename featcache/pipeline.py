@@ -159,7 +159,9 @@ def write_report(recipe: Recipe, cache: str | None = None) -> tuple[Table, Path]
     write_text_atomic(out / "results.md", f"# {recipe.name}\n\n{recipe.description}\n\n"
                       + table.markdown() + "\n\n" + results.configurations().markdown() + "\n")
     write_text_atomic(out / "results.csv", results.flat_table().csv())
-    write_text_atomic(out / "results.tex", table.latex(label=f"tab:{recipe.name}"))
+    write_text_atomic(out / "results.tex", table.latex(label=f"tab:{recipe.name}") + "\n"
+                      + results.configurations(runs=False).latex(
+                          label=f"tab:{recipe.name}-configurations"))
     write_text_atomic(out / "results.json", json.dumps(results.to_json(), indent=2) + "\n")
     return table, out / "results.md"
 

@@ -54,6 +54,8 @@ class Table:
     caption: str | None = None
     notes: list[str] = field(default_factory=list)
     bold: set[tuple[int, int]] = field(default_factory=set)
+    #: LaTeX column types for wide text columns, e.g. ``{"params": "p{5cm}"}`` (wraps)
+    latex_columns: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.columns = list(self.columns)
@@ -96,7 +98,8 @@ class Table:
     def latex(self, label: str | None = None) -> str:
         """A ``booktabs`` table (``\\toprule``, ``\\midrule``, ``\\bottomrule``) in a ``table``
         float with the caption (and ``label``); needs ``\\usepackage{booktabs}``."""
-        align = "".join("r" if right else "l" for right in self._numeric_columns())
+        align = "".join(self.latex_columns.get(column, "r" if right else "l")
+                        for column, right in zip(self.columns, self._numeric_columns(), strict=True))
         header = " & ".join(latex_escape(c) for c in self.columns) + r" \\"
         body = []
         for r, row in enumerate(self.rows):

@@ -255,3 +255,12 @@ def test_cam_writes_a_comparison_figure(cache, tmp_path):
     broken = invoke("cam", "--run", linear_run(cache), bad, "--out", tmp_path / "y.png",
                     "--device", "cpu")
     assert broken.exit_code != 0 and f"cannot read image {bad}" in broken.output
+
+
+def test_tables_of_finetuned_runs_and_no_mixing_of_stages(cache):
+    from featcache.protocol.results_table import ResultsTable
+
+    text = invoke("table", finetuned(cache)).stdout
+    assert "networks fine-tuned end to end (stage three)" in text and "from LinearInit" in text
+    with pytest.raises(InputError, match="mix stages"):
+        ResultsTable.from_paths([linear_run(cache), finetuned(cache)])

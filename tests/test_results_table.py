@@ -118,7 +118,8 @@ def test_latex_is_booktabs_with_the_best_in_bold(runs, tmp_path):
 
 def test_per_class_tables(runs):
     text = _table(runs / "toy2" / "runs", "--per-class")
-    assert "Per-class test AP (%) on toy2" in text
+    assert "Per-class test AP (%) of linear heads on cached features (stage two) on toy2" in text
+    assert "Best loss per class in bold" in text
     lines = [line for line in text.splitlines() if re.match(r"\| c\d", line)]
     assert [line.split("|")[1].strip() for line in lines] == ["c0", "c1", "c2", "c3"]
     document = load_results(runs / "toy2" / "runs" / "an" / "s01")

@@ -100,7 +100,9 @@ def class_activation_maps(run, path: str | Path, classes: Sequence[str] | None =
     upsampled = F.interpolate(maps[chosen][None], size=size, mode="bilinear",
                               align_corners=False)[0].numpy()
     return RunMaps(
-        label=label or f"{run.loss} ({run.path.name})", image=np.asarray(image),
+        label=label or (f"{run.loss}, {'fine-tuned' if run.stage == 'finetune' else 'linear'}"
+                        f"\n{run.path.name}, test mAP {run.metrics['test_map']:.1f}"),
+        image=np.asarray(image),
         probabilities={n: float(p) for n, p in zip(names, probs, strict=True)},
         maps=[ClassMap(names[i], float(probs[i]), float(logits[i]), upsampled[k])
               for k, i in enumerate(chosen)])

@@ -55,8 +55,10 @@ class SPMLClassifier(ClassifierMixin, BaseEstimator):
     loss : str
         A registered loss (``featcache losses`` lists them), e.g. ``"an-ls"``, ``"role"``.
     loss_params : dict or None
-        Loss parameters (``{"eps_pos": 0.0}``); the rest take their defaults, ``k`` the mean
-        positives per row of ``y_full`` when given.
+        Loss parameters (``{"eps_pos": 0.0}``); the rest take their defaults. ``k`` (EPR,
+        ROLE), unless given, is the mean positives per row of ``y_full`` and of the
+        validation labels, the way a labels file's ``k`` covers its training and validation
+        rows (so the protocol's split reproduces ``train-linear``'s ``k``).
     lr, batch_size, epochs : float, int, int
         Adam's learning rate, the batch size (the last partial batch is dropped, as the
         reference does) and the number of epochs (the protocol: 25).

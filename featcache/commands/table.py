@@ -58,7 +58,8 @@ def _render(tables, fmt: str, label: str, results=None) -> str:
         parts = [table.latex(label=label if len(tables) == 1 else f"{label}-{i}")
                  for i, table in enumerate(tables)]
         if results is not None:
-            parts.append(results.configurations().latex(label=f"{label}-configurations"))
+            parts.append(results.configurations(runs=False).latex(
+                label=f"{label}-configurations"))
         return "\n".join(parts)
     parts = [table.markdown() for table in tables]
     if results is not None:

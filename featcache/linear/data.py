@@ -91,8 +91,9 @@ class LinearData:
         holds 1 (observed positive), 0 (unobserved), -1 (observed negative), clean 0/1 full
         labels. The train and val rows play the labels file's official train set (so ``k``,
         the mean positives per image, is taken over both when both have clean labels, as
-        featcache's labels files do); ``test`` defaults to the val split. ``source`` names the
-        labels in messages (what a loss lacks). Arrays are used as given: validate them first.
+        featcache's labels files do; the ``k`` given is used only when they do not);
+        ``test`` defaults to the val split. ``source`` names the labels in messages (what a
+        loss lacks). Arrays are used as given: validate them first.
         """
         parts = {"train": train, "val": val, "test": val if test is None else test}
         tensors: dict[int, Tensor] = {}  # an array given for several splits is copied once

@@ -28,7 +28,7 @@ from featcache.published import SOURCES, published
 from featcache.tables import Estimate, Table
 
 STAGES = {"linear": "linear heads on cached features (stage two)",
-          "finetune": "fine-tuned end to end (stage three)"}
+          "finetune": "networks fine-tuned end to end (stage three)"}
 
 
 @dataclass
@@ -270,17 +270,21 @@ class ResultsTable:
             table.add(*row)
         return table
 
-    def configurations(self) -> Table:
-        """Each seed's selected configuration and numbers (what every cell averages)."""
-        table = Table(["loss", "dataset", "seed", "lr", "batch", "epoch", "params", "val mAP",
-                       "test mAP", "run"], title="Selected configuration of each seed")
+    def configurations(self, runs: bool = True) -> Table:
+        """Each seed's selected configuration and numbers (what every cell averages), with the
+        run folder each came from unless ``runs`` is False (LaTeX: too wide for a page)."""
+        columns = ["loss", "dataset", "seed", "lr", "batch", "epoch", "params", "val mAP",
+                   "test mAP"] + (["run"] if runs else [])
+        table = Table(columns, title="Selected configuration of each seed",
+                      latex_columns={"params": "p{5.5cm}"})
         for loss in self.losses:
             for dataset in self.datasets:
                 cell = self.cells.get((loss, dataset))
                 for choice in [] if cell is None else cell.seeds:
                     params = ", ".join(f"{k}={v:g}" for k, v in choice.params.items()) or "-"
                     table.add(loss, dataset, choice.seed, f"{choice.lr:g}", choice.batch_size,
-                              choice.epoch, params, choice.val_map, choice.test_map, choice.run)
+                              choice.epoch, params, choice.val_map, choice.test_map,
+                              *([choice.run] if runs else []))
         return table
 
     def per_class(self, dataset: str) -> Table:
@@ -296,8 +300,9 @@ class ResultsTable:
         if missing:
             notes.append("classes marked * have no positive in the test split: AP 0 by the "
                          "protocol's convention")
-        table = Table(["class", *losses], caption=f"Per-class test AP (%) on {dataset}. "
-                      + self.caption(), notes=notes)
+        table = Table(["class", *losses], caption=self.caption(
+            f"Per-class test AP (%) of {STAGES.get(self.stage, self.stage)} on {dataset}",
+            "best loss per class in bold"), notes=notes)
         for row, name in enumerate(classes):
             cells = [values[loss][0].get(name) for loss in losses]
             table.add(name + (" *" if name in missing else ""), *cells)
@@ -322,13 +327,13 @@ class ResultsTable:
         return table
 
     # ------------------------------------------------------------------ what it says
-    def caption(self) -> str:
+    def caption(self, what: str | None = None, bold: str = "best mean per dataset in bold") -> str:
         """What the numbers are: stage, data, backbone, weights, protocol, validation, seeds."""
         documents = [d for c in self.cells.values() for d in c.documents]
         seeds = sorted({s.seed for c in self.cells.values() for s in c.seeds})
         counts = sorted({c.estimate.n for c in self.cells.values()})
-        parts = [f"Test mAP (%) of {STAGES.get(self.stage, self.stage)} on "
-                 f"{', '.join(self.datasets)}"]
+        parts = [what or (f"Test mAP (%) of {STAGES.get(self.stage, self.stage)} on "
+                          f"{', '.join(self.datasets)}")]
         inputs = _distinct(_input_text(d) for d in documents)
         parts.append("inputs: " + "; ".join(inputs))
         protocols = _distinct(_protocol_text(d) for d in documents)
@@ -342,7 +347,7 @@ class ResultsTable:
         if with_published:
             source = SOURCES["linear" if self.stage == "linear" else "finetune"]
             parts.append(f"published: {source}; delta = ours - published")
-        parts.append("best mean per dataset in bold")
+        parts.append(bold)
         return ". ".join(part[:1].upper() + part[1:] for part in parts) + "."
 
     def notes(self) -> list[str]:
@@ -406,8 +411,12 @@ def _protocol_text(document: dict) -> str:
     lrs = ", ".join(f"{x:g}" for x in grid.get("lr", []))
     batches = ", ".join(map(str, grid.get("batch_size", [])))
     variant = protocol.get("val_variant", "clean")
-    text = (f"Adam, lr {{{lrs}}} x batch {{{batches}}}, {protocol.get('epochs')} epochs, best "
-            f"epoch and configuration by {variant} validation mAP")
+    epochs = protocol.get("epochs")
+    text = (f"Adam, lr {{{lrs}}} x batch {{{batches}}}, {epochs} epoch{'s' if epochs != 1 else ''}"
+            f", best epoch and configuration by {variant} validation mAP")
+    if document.get("stage") == "finetune":
+        start = "LinearInit" if document.get("init", {}).get("mode") == "linear" else "a fresh head"
+        text += f", from {start}, head lr x{protocol.get('head_lr_mult', 1):g}"
     if protocol.get("early_stop", "none") != "none":
         text += f", early stopping '{protocol['early_stop']}'"
     return text
