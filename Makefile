@@ -42,7 +42,10 @@ demo: install
 	$(FEATCACHE) features --dataset shapes --weights $(WEIGHTS) --image-size 224
 	$(FEATCACHE) train-linear --dataset shapes --backbone $(DEMO_TAG) --loss all --run-id demo-$(DEMO_TAG) --quiet
 	$(FEATCACHE) finetune --dataset shapes --loss role --init best --epochs 1 --lr 1e-4 --batch-size 16 --run-id demo-$(DEMO_TAG) --overwrite
-	@echo "demo finished: see cache/shapes/runs/table-demo-$(DEMO_TAG).md and cache/shapes/finetune/role/demo-$(DEMO_TAG)/summary.md"
+	$(FEATCACHE) table cache/shapes/runs/*/demo-$(DEMO_TAG) --format latex --out cache/shapes/table-demo-$(DEMO_TAG).tex --overwrite
+	$(FEATCACHE) predict --run cache/shapes/finetune/role/demo-$(DEMO_TAG) cache/shapes/images/test --out cache/shapes/predictions-demo-$(DEMO_TAG).csv --quiet --overwrite
+	$(FEATCACHE) cam --run cache/shapes/runs/an/demo-$(DEMO_TAG) --run cache/shapes/runs/ll-r/demo-$(DEMO_TAG) --run cache/shapes/finetune/role/demo-$(DEMO_TAG) cache/shapes/images/test/000005.jpg --out cache/shapes/cam-demo-$(DEMO_TAG).png --overwrite
+	@echo "demo finished: see cache/shapes/runs/table-demo-$(DEMO_TAG).md, cache/shapes/finetune/role/demo-$(DEMO_TAG)/summary.md, cache/shapes/table-demo-$(DEMO_TAG).tex, predictions-demo-$(DEMO_TAG).csv and cam-demo-$(DEMO_TAG).png"
 
 features: install
 	$(FEATCACHE) features --dataset $(DATASET) $(FEATURES_ARGS)

@@ -28,6 +28,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "estimate-k": ("featcache.commands.estimate_k", "Estimate k (positives per image) from M fully labelled images."),
     "train-linear": ("featcache.commands.linear", "Stage two: train linear heads with any loss on cached features."),
     "finetune": ("featcache.commands.finetune", "Stage three: fine-tune end to end (LinearInit or fresh head)."),
+    "predict": ("featcache.commands.predict", "Probabilities of a trained run for images or features."),
+    "cam": ("featcache.commands.cam", "Class activation maps of trained runs on an image (PNG)."),
+    "table": ("featcache.commands.table", "A paper table (md, csv, LaTeX, json) from finished runs."),
     "pipeline": ("featcache.commands.pipeline", "Run a declared experiment recipe from pipelines/."),
 }
 

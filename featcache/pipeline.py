@@ -51,9 +51,8 @@ from pathlib import Path
 
 from featcache.errors import InputError, OptionError, did_you_mean
 from featcache.fileio import write_text_atomic
-from featcache.losses import loss_names
 from featcache.paths import cache_root, dataset_dir
-from featcache.published import PROTOCOL_DATASETS, published
+from featcache.protocol.results_table import ResultsTable
 from featcache.tables import Table
 
 REPORT_STAGES = {"linear": "runs", "finetune": "finetune"}
@@ -144,51 +143,46 @@ def _fill(text: str, variables: dict[str, str], path: Path) -> str:
 
 
 def write_report(recipe: Recipe, cache: str | None = None) -> tuple[Table, Path]:
-    """The recipe's table over the runs its steps made, written as results.md, .csv and .json
-    (and, for a sweep, sweep.png)."""
+    """The recipe's report over the runs its steps made: for a table, results.md, .csv, .tex
+    and .json, the same table ``featcache table`` builds from those runs; for a sweep,
+    results.md, .csv, .json and sweep.png."""
     out = cache_root(cache) / "pipelines" / recipe.name
     if recipe.report.get("kind", "table") == "sweep":
         table = sweep_table(recipe.report, cache, plot=out / "sweep.png")
-    else:
-        table = report_table(recipe.report, cache)
+        write_text_atomic(out / "results.md", f"# {recipe.name}\n\n{recipe.description}\n\n"
+                          + table.markdown() + "\n")
+        write_text_atomic(out / "results.csv", table.csv())
+        write_text_atomic(out / "results.json", json.dumps(table.records(), indent=2) + "\n")
+        return table, out / "results.md"
+    results = report_table(recipe.report, cache)
+    table = results.table()
     write_text_atomic(out / "results.md", f"# {recipe.name}\n\n{recipe.description}\n\n"
-                      + table.markdown() + "\n")
-    write_text_atomic(out / "results.csv", table.csv())
-    write_text_atomic(out / "results.json", json.dumps(table.records(), indent=2) + "\n")
+                      + table.markdown() + "\n\n" + results.configurations().markdown() + "\n")
+    write_text_atomic(out / "results.csv", results.flat_table().csv())
+    write_text_atomic(out / "results.tex", table.latex(label=f"tab:{recipe.name}") + "\n"
+                      + results.configurations(runs=False).latex(
+                          label=f"tab:{recipe.name}-configurations"))
+    write_text_atomic(out / "results.json", json.dumps(results.to_json(), indent=2) + "\n")
     return table, out / "results.md"
 
 
-def report_table(report: dict, cache: str | None = None) -> Table:
-    """Losses as rows, datasets as columns: selected test mAP (+- std over seeds), published beside."""
+def report_table(report: dict, cache: str | None = None) -> ResultsTable:
+    """Losses as rows, datasets as columns: test mAP (mean +- sd over seeds), published beside."""
     stage = report.get("stage", "linear")
     run_id = report.get("run_id")
     datasets = list(report.get("datasets", []))
     if not run_id or not datasets:
         raise InputError("a pipeline report needs run_id and datasets")
-    found: dict[str, dict[str, dict]] = {}
+    documents = []
     for dataset in datasets:
         root = dataset_dir(dataset, cache) / REPORT_STAGES[stage]
         for results in sorted(root.glob(f"*/{run_id}/results.json")):
-            found.setdefault(results.parent.parent.name, {})[dataset] = json.loads(results.read_text())
-    registry_order = {name: i for i, name in enumerate(loss_names())}
-    losses = list(report.get("losses")
-                  or sorted(found, key=lambda name: registry_order.get(name, len(registry_order))))
-    setting = "linear" if stage == "linear" else "finetune"
-    columns = ["loss"]
-    for dataset in datasets:
-        columns.append(dataset)
-        if dataset in PROTOCOL_DATASETS:
-            columns.append(f"{dataset} (published)")
-    table = Table(columns)
-    for loss in losses:
-        row: list = [loss]
-        for dataset in datasets:
-            document = found.get(loss, {}).get(dataset)
-            row.append(_score(document))
-            if dataset in PROTOCOL_DATASETS:
-                row.append(published(setting, loss, dataset))
-        table.add(*row)
-    return table
+            documents.append((str(results.parent), json.loads(results.read_text())))
+    if not documents:
+        raise InputError(f"no finished {stage} run {run_id!r} for {', '.join(datasets)}: the "
+                         "report has nothing to show")
+    return ResultsTable.from_documents(documents, datasets=datasets,
+                                       losses=report.get("losses"))
 
 
 def _run_scores(document: dict) -> list[float]:
@@ -239,16 +233,6 @@ def sweep_table(report: dict, cache: str | None = None, plot: Path | None = None
 
 def _std(values: list[float]) -> float:
     return statistics.stdev(values) if len(values) > 1 else 0.0
-
-
-def _score(document: dict | None) -> str | None:
-    if document is None:
-        return None
-    summary = document.get("summary", {})
-    mean = summary.get("test_map_mean", document["selection"]["test_map"])
-    if summary.get("seeds", 1) > 1:
-        return f"{mean:.2f} +- {summary['test_map_std']:.2f}"
-    return f"{mean:.2f}"
 
 
 def list_recipes(folder: str | Path = "pipelines") -> list[tuple[Path, str]]:

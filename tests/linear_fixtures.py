@@ -13,10 +13,13 @@ from featcache.data.sampling import observe_uniform, split_train_val
 
 def synthetic_dataset(root: Path, name: str = "toy", n_train: int = 120, n_test: int = 60,
                       classes: int = 5, dim: int = 16, seed: int = 0,
-                      clean_train: bool = True) -> tuple[Path, Path]:
+                      clean_train: bool = True, absent_in_test: tuple[int, ...] = ()
+                      ) -> tuple[Path, Path]:
     """``<root>/<name>/labels.h5`` and ``features-toy.h5`` with learnable features.
 
     Labels have 1 to 3 positives per row; features are a noisy linear image of the labels.
+    Classes in ``absent_in_test`` have no positive in the test split (a row left without any
+    positive gets class 0 instead).
     """
     rng = np.random.default_rng(seed)
 
@@ -27,6 +30,9 @@ def synthetic_dataset(root: Path, name: str = "toy", n_train: int = 120, n_test:
         return y
 
     y_train, y_test = labels(n_train), labels(n_test)
+    for column in absent_in_test:
+        y_test[:, column] = 0
+    y_test[y_test.sum(axis=1) == 0, 0] = 1
     basis = rng.standard_normal((classes, dim)).astype(np.float32)
 
     def features(y):

@@ -45,9 +45,15 @@ def test_a_recipe_runs_its_steps_and_writes_one_table(cache_dir, tmp_path):
     recipe.write_text(RECIPE)
     result = invoke("pipeline", "run", recipe)
     assert result.exit_code == 0, result.output
-    rows = json.loads((cache_dir / "pipelines" / "toy-table" / "results.json").read_text())
+    report = cache_dir / "pipelines" / "toy-table"
+    rows = json.loads((report / "results.json").read_text())["rows"]
     assert [r["loss"] for r in rows] == ["an", "an-ls"]
-    assert all(r["toy"] and r["toy2"] for r in rows)
+    assert all(r["toy"]["mean"] and r["toy2"]["mean"] for r in rows)
+    # the report is `featcache table` over the same runs
+    table = invoke("table", cache_dir / "toy" / "runs", cache_dir / "toy2" / "runs")
+    assert table.exit_code == 0, table.output
+    assert table.output.strip() in (report / "results.md").read_text()
+    assert (report / "results.tex").read_text().startswith("\\begin{table}")
     again = invoke("pipeline", "run", recipe)  # finished runs are reused
     assert again.exit_code == 0 and again.output.count("reusing") == 4
 

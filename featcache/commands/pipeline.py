@@ -24,7 +24,8 @@ def command() -> None:
 def run(recipe, assignments, dry_run, cache):
     """Run RECIPE's steps in order (finished work is reused), then write its report.
 
-    The report goes to <cache>/pipelines/<name>/results.md, .csv and .json.
+    The report goes to <cache>/pipelines/<name>/results.md, .csv, .tex and .json (the
+    table `featcache table` builds from the same runs).
     """
     from featcache.pipeline import load_recipe
 
@@ -66,7 +67,7 @@ def run_recipe(recipe, cache: str | None = None, dry_run: bool = False) -> None:
     table, out = write_report(recipe, cache)
     click.echo("")
     click.echo(table.markdown())
-    click.echo(f"\nreport written to {out.parent}/results.md / .csv / .json")
+    click.echo(f"\nreport written to {out.parent}/results.md / .csv / .tex / .json")
 
 
 @command.command("list")

@@ -15,6 +15,7 @@ from featcache.finetune.loop import ConfigResult, Settings
 from featcache.finetune.search import GridResult
 from featcache.finetune.start import StartPoint
 from featcache.losses import loss_class
+from featcache.protocol.coverage import evaluation_coverage, evaluation_notes
 from featcache.protocol.plots import plot_series
 from featcache.protocol.records import document_header, machine_record, observation_line
 from featcache.protocol.runs import RESULTS, fingerprint
@@ -43,6 +44,8 @@ def results_document(grid: GridResult, settings: Settings, start: StartPoint, da
     images = sum(r.images_per_second * r.train_seconds for r in epochs)
     setting = "linearinit" if start.mode == "linear" else "finetune"
     loss = loss_class(settings.loss)
+    val_cover, test_cover = evaluation_coverage(data, settings.val_variant)
+    val_map = best.val_map if settings.val_variant == "clean" else best.val_map_observed
     return {
         **document_header("finetune", loss, data.labels),
         "images_root": str(data.root),
@@ -69,14 +72,18 @@ def results_document(grid: GridResult, settings: Settings, start: StartPoint, da
             "test_map": best.test_map, "train_map": best.train_map,
             "test_ap_per_class": {c: a * 100.0 for c, a in zip(data.classes, selected.test_ap,
                                                                 strict=True)},
+            "val_map_classes_with_positives": val_cover.map_over_present(val_map),
+            "test_map_classes_with_positives": test_cover.map_over_present(best.test_map),
         },
+        "evaluation": {"validation": val_cover.to_json(), "test": test_cover.to_json()},
         "configs": [_config_record(c) for c in grid.configs],
         "published": {
             "setting": setting,
             "finetune": published("finetune", settings.loss, data.dataset),
             "linearinit": published("linearinit", settings.loss, data.dataset),
         },
-        "notes": start.notes + data.notes,
+        "notes": start.notes + data.notes + evaluation_notes(val_cover, test_cover, val_map,
+                                                             best.test_map),
         "timings": {"seconds": grid.seconds, "train_seconds": train_seconds,
                     "train_images_per_second": images / max(train_seconds, 1e-9),
                     "epochs": len(epochs)},

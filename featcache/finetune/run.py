@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
-from featcache.errors import InputError, OutputExistsError
+from featcache.errors import FeatcacheWarning, InputError, OutputExistsError
 from featcache.finetune.data import FinetuneData, load_finetune_data
 from featcache.finetune.distributed import on_main
 from featcache.finetune.loop import Settings
@@ -14,6 +15,7 @@ from featcache.finetune.search import run_grid
 from featcache.finetune.start import StartPoint, resolve_start
 from featcache.losses import loss_class
 from featcache.paths import existing_labels, finetune_dir
+from featcache.protocol.coverage import evaluation_coverage, evaluation_notes
 from featcache.protocol.grid import check_grid, grid_points
 from featcache.protocol.handoff import LinearPhase
 from featcache.protocol.runs import RunFolder, latest_unfinished, new_run_id
@@ -41,6 +43,9 @@ def run_finetune(options: FinetuneOptions, linear_phase: LinearPhase | None = No
         data = loss.fit_data(load_finetune_data(existing_labels(options.dataset, options.cache),
                                                 options.images_root))
         check_val_variant(options.val_variant, data.val.clean is not None, data.labels.path)
+        if job.is_main:
+            for note in evaluation_notes(*evaluation_coverage(data, options.val_variant)):
+                warnings.warn(note, FeatcacheWarning, stacklevel=2)
         start = resolve_start(options, data, job, linear_phase)
         settings = make_settings(options, start, data, job)
         identity = run_settings(options, settings, start, data)

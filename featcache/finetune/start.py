@@ -27,6 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from featcache.backbones import backbone_spec, create_backbone, transform_description
+from featcache.backbones.rebuild import trunk_for_features
 from featcache.backbones.weights import describe_weights, locate_weights
 from featcache.data.featurefile import read_feature_attrs
 from featcache.errors import InputError, OptionError
@@ -281,40 +282,7 @@ def check_features_unchanged(head: dict, where: str) -> None:
 
 def trunk_for_run(head: dict, where: str, options: FinetuneOptions) -> nn.Module:
     """The backbone with the run's weights (or ``--weights``, which must be the same weights)."""
-    spec = backbone_spec(str(head.get("backbone")))
-    run_name, run_sha = head.get("weights"), head.get("weights_sha256")
-    if options.weights is not None:
-        source = describe_weights(spec, options.weights)
-    elif run_name == "random":
-        source = describe_weights(spec, "random", _random_seed(head))
-    elif run_name == "file":
-        raise InputError(f"{where} used a weights file (sha256 {str(run_sha)[:12]}…); pass "
-                         "--weights PATH to that file")
-    else:
-        source = describe_weights(spec, str(run_name))
-    if source.kind != "random":
-        source = locate_weights(source)
-        if source.sha256 != run_sha:
-            raise InputError(_weights_mismatch(where, head, source.name, source.sha256))
-    trunk = create_backbone(spec.name, source, seed=source.seed)
-    if trunk.weights_identity.get("weights_sha256") != run_sha:
-        raise InputError(_weights_mismatch(where, head, source.name,
-                                           trunk.weights_identity.get("weights_sha256")))
-    return trunk
-
-
-def _random_seed(head: dict) -> int:
-    path = Path(str(head.get("features_path", "")))
-    if path.is_file():
-        return int(read_feature_attrs(path).get("weights_seed", 0))
-    return 0
-
-
-def _weights_mismatch(where: str, head: dict, name: str, sha: str | None) -> str:
-    return (f"{where} was trained on features of {head.get('weights')} weights (sha256 "
-            f"{str(head.get('weights_sha256'))[:12]}…), but the weights to fine-tune are {name} "
-            f"(sha256 {str(sha)[:12]}…): its head would sit on another network. Drop --weights, or "
-            "train a linear run on features of these weights")
+    return trunk_for_features(head, where, options.weights)
 
 
 def check_handoff(value: Tensor, name: str, head: dict, where: str, data: FinetuneData) -> Tensor:

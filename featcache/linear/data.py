@@ -15,13 +15,16 @@ import torch
 from torch import Tensor
 
 from featcache.data.featurefile import FeatureSet, load_features
-from featcache.data.labelfile import LabelSet, load_labels
+from featcache.data.labelfile import LabelSet, SplitLabels, load_labels
 from featcache.data.negatives import observed_with_negatives
 from featcache.errors import InputError
 from featcache.losses import DataFacts
 from featcache.protocol.loss_choice import training_facts
 
 log = logging.getLogger(__name__)
+
+#: one split as arrays: features (n, D), observed labels (n, L), full labels (n, L) or None
+ArraySplit = tuple[np.ndarray, np.ndarray, np.ndarray | None]
 
 
 @dataclass
@@ -76,6 +79,61 @@ class LinearData:
                              self.train.images)
         return LinearData(self.dataset, self.classes, train, self.val, self.test, self.k,
                           self.labels, self.features, self.notes + [note])
+
+    @classmethod
+    def from_arrays(cls, train: ArraySplit, val: ArraySplit, test: ArraySplit | None = None, *,
+                    classes: list[str] | None = None, k: float | None = None,
+                    dataset: str = "arrays", source: str = "the arrays given",
+                    attrs: dict | None = None, device: torch.device | str = "cpu") -> LinearData:
+        """Stage-two data from in-memory arrays (the Python API's estimator).
+
+        Each split is ``(features (n, D), observed (n, L), clean (n, L) or None)``: observed
+        holds 1 (observed positive), 0 (unobserved), -1 (observed negative), clean 0/1 full
+        labels. The train and val rows play the labels file's official train set (so ``k``,
+        the mean positives per image, is taken over both when both have clean labels, as
+        featcache's labels files do; the ``k`` given is used only when they do not);
+        ``test`` defaults to the val split. ``source`` names the labels in messages (what a
+        loss lacks). Arrays are used as given: validate them first.
+        """
+        parts = {"train": train, "val": val, "test": val if test is None else test}
+        tensors: dict[int, Tensor] = {}  # an array given for several splits is copied once
+
+        def tensor(array) -> Tensor | None:
+            if array is None:
+                return None
+            if id(array) not in tensors:
+                tensors[id(array)] = torch.as_tensor(np.asarray(array), dtype=torch.float32,
+                                                     device=device)
+            return tensors[id(array)]
+
+        splits = {}
+        for name, (features, observed, clean) in parts.items():
+            ids = np.array([f"{name}/{row:06d}" for row in range(len(features))], dtype=object)
+            splits[name] = SplitTensors(
+                features=tensor(features), observed=tensor(observed), clean=tensor(clean),
+                rows=np.arange(len(features)) + (len(train[0]) if name == "val" else 0),
+                images=ids)
+        num_classes = splits["train"].observed.shape[1]
+        classes = list(classes) if classes is not None else [str(c) for c in range(num_classes)]
+        full = [clean for _, _, clean in (train, val)]
+        labels = LabelSet(
+            dataset=dataset, classes=classes,
+            train=SplitLabels(
+                np.concatenate([splits["train"].images, splits["val"].images]),
+                np.concatenate([np.asarray(train[1]), np.asarray(val[1])]).astype(np.int8),
+                None if any(c is None for c in full)
+                else np.concatenate([np.asarray(c) for c in full]).astype(np.uint8)),
+            test=SplitLabels(splits["test"].images, np.asarray(parts["test"][1]).astype(np.int8),
+                             None if parts["test"][2] is None
+                             else np.asarray(parts["test"][2]).astype(np.uint8)),
+            train_index=splits["train"].rows, val_index=splits["val"].rows,
+            provenance={"source": source, **({} if k is None else {"k": float(k)})})
+        features = FeatureSet(
+            train=np.concatenate([np.asarray(train[0]), np.asarray(val[0])]),
+            test=np.asarray(parts["test"][0]), train_bad=np.zeros(0, dtype=bool),
+            test_bad=np.zeros(0, dtype=bool), attrs=dict(attrs or {"backbone": "arrays"}))
+        return cls(dataset=dataset, classes=classes, train=splits["train"], val=splits["val"],
+                   test=splits["test"], k=labels.k, labels=labels, features=features)
 
 
 def load_linear_data(labels_path: str | Path, features_path: str | Path,

@@ -18,6 +18,7 @@ from featcache.linear.data import LinearData
 from featcache.linear.search import SearchResult
 from featcache.linear.trainer import HeadResult
 from featcache.losses import loss_class
+from featcache.protocol.coverage import evaluation_coverage, evaluation_notes
 from featcache.protocol.handoff import HEAD_FILE, save_head
 from featcache.protocol.records import document_header, machine_record
 from featcache.protocol.runs import RESULTS, fingerprint
@@ -28,6 +29,10 @@ def run_settings(result_spec, data: LinearData) -> dict:
     """The settings that decide whether a finished run can be reused (its fingerprint)."""
     return {"stage": "linear", "dataset": data.dataset, "labels_sha256": data.labels.sha256,
             "features_sha256": data.features.sha256, **result_spec.settings()}
+
+
+def _per_class(classes, test_ap) -> dict[str, float]:
+    return {c: float(a) * 100 for c, a in zip(classes, test_ap.tolist(), strict=True)}
 
 
 def _config_record(head: HeadResult) -> dict:
@@ -53,6 +58,8 @@ def results_document(result: SearchResult, data: LinearData, device: str) -> dic
     selected = result.selected
     settings = run_settings(spec, data)
     configs_epochs = sum(len(h.epochs) for s in result.seeds for h in s.heads)
+    val_cover, test_cover = evaluation_coverage(data, spec.val_variant)
+    val_key = "val_map" if spec.val_variant == "clean" else "val_map_observed"
     return {
         **document_header("linear", loss_class(spec.loss), data.labels),
         "features": {
@@ -77,17 +84,26 @@ def results_document(result: SearchResult, data: LinearData, device: str) -> dic
             "epoch": selected.best_epoch + 1, "val_map": selected.best.val_map,
             "val_map_observed": selected.best.val_map_observed,
             "test_map": selected.best.test_map, "train_map": selected.best.train_map,
-            "test_ap_per_class": {c: float(a) * 100 for c, a in
-                                  zip(data.classes, selected.test_ap.tolist(), strict=True)},
+            "test_ap_per_class": _per_class(data.classes, selected.test_ap),
+            "val_map_classes_with_positives": val_cover.map_over_present(
+                getattr(selected.best, val_key)),
+            "test_map_classes_with_positives": test_cover.map_over_present(
+                selected.best.test_map),
         },
         "summary": result.summary(),
+        "evaluation": {"validation": val_cover.to_json(), "test": test_cover.to_json()},
         "published": {
             "linear": published("linear", spec.loss, data.dataset),
             "recovery": published("recovery", spec.loss, data.dataset),
         },
-        "seeds": [{"seed": seed.seed, "selected": _config_record(seed.selected) | {"epochs": None},
+        "seeds": [{"seed": seed.seed,
+                   "selected": _config_record(seed.selected) | {
+                       "epochs": None,
+                       "test_ap_per_class": _per_class(data.classes, seed.selected.test_ap)},
                    "configs": [_config_record(h) for h in seed.heads]} for seed in result.seeds],
-        "notes": result.notes,
+        "notes": result.notes + evaluation_notes(val_cover, test_cover,
+                                                 getattr(selected.best, val_key),
+                                                 selected.best.test_map),
         "timings": {"seconds": result.seconds, "configuration_epochs": configs_epochs,
                     "configuration_epochs_per_second": configs_epochs / max(result.seconds, 1e-9)},
         "machine": machine_record(device),
@@ -121,6 +137,8 @@ def head_payload(result: SearchResult, data: LinearData) -> dict:
         "backbone": data.features.backbone,
         "weights": data.features.attrs.get("weights"),
         "weights_sha256": data.features.attrs.get("weights_sha256"),
+        "weights_seed": data.features.attrs.get("weights_seed"),
+        "image_size": data.features.attrs.get("image_size"),
         "transform": data.features.attrs.get("transform"),
         "feature_dim": data.feature_dim,
     }

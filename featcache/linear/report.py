@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from featcache.linear.data import LinearData
 from featcache.linear.search import SearchResult
+from featcache.protocol.coverage import evaluation_coverage, evaluation_notes
 from featcache.protocol.records import observation_line
+from featcache.protocol.results_table import seed_choices
 from featcache.published import PROTOCOL_DATASETS, published
 from featcache.tables import Table
 
@@ -37,11 +39,18 @@ def run_summary(result: SearchResult, data: LinearData) -> str:
         f"- grid: lr {', '.join(f'{x:g}' for x in spec.learning_rates)} x batch "
         f"{', '.join(map(str, spec.batch_sizes))}"
         f", {spec.epochs} epochs, seeds {', '.join(map(str, spec.seeds))}, validation: {spec.val_variant}",
-        f"- selected: lr {selected.config.lr:g}, batch {selected.config.batch_size}, epoch "
-        f"{selected.best_epoch + 1} (seed {selected.config.seed})",
-        "- loss parameters: " + (", ".join(f"{k}={v:g}" for k, v in selected.config.params)
-                                 or "none"),
     ]
+    if len(result.seeds) > 1:
+        lines.append("- selected per seed: " + "; ".join(
+            f"seed {s.seed}: lr {s.selected.config.lr:g}, batch {s.selected.config.batch_size}, "
+            f"epoch {s.selected.best_epoch + 1}, test {s.selected.best.test_map:.2f}"
+            for s in result.seeds))
+        lines.append(f"- best.pt holds seed {selected.config.seed}'s head (the best validation mAP)")
+    else:
+        lines.append(f"- selected: lr {selected.config.lr:g}, batch {selected.config.batch_size}, "
+                     f"epoch {selected.best_epoch + 1} (seed {selected.config.seed})")
+    lines.append("- loss parameters: " + (", ".join(f"{k}={v:g}" for k, v in selected.config.params)
+                                          or "none"))
     observation = observation_line(data.labels.observation)
     if observation:
         lines.append(observation)
@@ -58,14 +67,18 @@ def run_summary(result: SearchResult, data: LinearData) -> str:
     if reference is not None:
         lines.append(f"- published (Cole et al. Table 1, linear): {reference:.1f}")
     lines.append(f"- time: {result.seconds:.1f} s")
-    for note in result.notes:
+    val_cover, test_cover = evaluation_coverage(data, spec.val_variant)
+    for note in result.notes + evaluation_notes(val_cover, test_cover,
+                                                getattr(selected.best, val_key),
+                                                selected.best.test_map):
         lines.append(f"- note: {note}")
     lines += ["", "## Configurations", "", config_table(result).markdown()]
     return "\n".join(lines) + "\n"
 
 
 def losses_table(dataset: str, documents: dict[str, dict]) -> Table:
-    """One row per loss: selected val / test mAP (mean +- std over seeds), published beside ours."""
+    """One row per loss: each seed's selected lr / batch / epoch (joined by ``/`` when there
+    are several seeds), val and test mAP as mean +- std over seeds, published beside ours."""
     show_published = dataset in PROTOCOL_DATASETS
     columns = ["loss", "lr", "batch", "epoch", "val mAP", "test mAP", "std", "train mAP"]
     if show_published:
@@ -73,12 +86,15 @@ def losses_table(dataset: str, documents: dict[str, dict]) -> Table:
     columns += ["seconds"]
     table = Table(columns)
     for loss, doc in documents.items():
-        selection, summary = doc["selection"], doc["summary"]
+        summary = doc["summary"]
+        choices = seed_choices(doc, loss)
         val = summary.get("val_map_mean")
         if val is None:
             val = summary.get("val_map_observed_mean")
         test = summary["test_map_mean"]
-        row = [loss, f"{selection['lr']:g}", selection["batch_size"], selection["epoch"], val, test,
+        row = [loss, "/".join(f"{c.lr:g}" for c in choices),
+               "/".join(str(c.batch_size) for c in choices),
+               "/".join(str(c.epoch) for c in choices), val, test,
                summary["test_map_std"] if summary["seeds"] > 1 else None, summary.get("train_map_mean")]
         if show_published:
             reference = published("linear", loss, dataset)

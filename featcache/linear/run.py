@@ -9,19 +9,23 @@ from __future__ import annotations
 
 import json
 import sys
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from featcache.errors import FeatcacheWarning
 from featcache.fileio import write_text_atomic
 from featcache.linear.data import LinearData, load_linear_data
 from featcache.linear.outputs import run_settings, write_run
 from featcache.linear.report import losses_table, run_summary
 from featcache.linear.search import SearchSpec, run_search
 from featcache.paths import dataset_dir, existing_labels, find_features, labels_path, runs_dir
+from featcache.protocol.coverage import evaluation_coverage, evaluation_notes
 from featcache.protocol.grid import BATCH_SIZES, LEARNING_RATES, LINEAR_EPOCHS, check_grid
 from featcache.protocol.handoff import LinearPhaseRequest
 from featcache.protocol.loss_choice import choose_losses, resolve_params, split_params
+from featcache.protocol.results_table import seed_choices
 from featcache.protocol.runs import new_run_id, open_finished_or_new
 from featcache.protocol.selection import check_early_stop, check_val_variant
 from featcache.runtime import describe_device, pick_device
@@ -62,13 +66,26 @@ class LossRun:
     seconds: float = 0.0
 
     def line(self) -> str:
-        """The closing line printed for this loss."""
-        selection = self.document["selection"]
+        """The closing line printed for this loss: with several seeds, the mean +- std the
+        table shows and each seed's selection; the mAP over classes with positives when some
+        class has none in the test split."""
+        selection, summary = self.document["selection"], self.document["summary"]
         variant = self.document["protocol"]["val_variant"]
-        val = selection["val_map"] if variant == "clean" else selection["val_map_observed"]
-        return (f"{self.loss}: val {val:.2f}  test {selection['test_map']:.2f}  (lr "
-                f"{selection['lr']:g}, batch {selection['batch_size']}, epoch {selection['epoch']}; "
-                f"{self.seconds:.1f} s) -> {self.run_dir}")
+        key = "val_map" if variant == "clean" else "val_map_observed"
+        if summary["seeds"] > 1:
+            choices = "; ".join(f"seed {c.seed}: {c.describe()}"
+                                for c in seed_choices(self.document, str(self.run_dir)))
+            text = (f"{self.loss}: val {summary[key + '_mean']:.2f}  test "
+                    f"{summary['test_map_mean']:.2f} +- {summary['test_map_std']:.2f} over "
+                    f"{summary['seeds']} seeds  ({choices}")
+        else:
+            text = (f"{self.loss}: val {selection[key]:.2f}  test {selection['test_map']:.2f}  (lr "
+                    f"{selection['lr']:g}, batch {selection['batch_size']}, epoch "
+                    f"{selection['epoch']}")
+        present = selection.get("test_map_classes_with_positives")
+        if present is not None and abs(present - selection["test_map"]) > 1e-9:
+            text += f"; test {present:.2f} over the classes with positives"
+        return f"{text}; {self.seconds:.1f} s) -> {self.run_dir}"
 
 
 @dataclass
@@ -103,6 +120,8 @@ def run_linear(options: LinearOptions, say: Callable[[str], None] = _stderr,
     check_val_variant(options.val_variant, data.val.clean is not None, data.labels.path)
     for name, reason in skipped:
         say(f"skipping {name}: {reason}")
+    for note in evaluation_notes(*evaluation_coverage(data, options.val_variant)):
+        warnings.warn(note, FeatcacheWarning, stacklevel=2)
     given = split_params(options.params, losses)
     # Every loss's parameters are resolved (and range-checked) before any loss trains.
     specs = [SearchSpec(loss=name, learning_rates=list(options.learning_rates),

@@ -28,7 +28,12 @@ from featcache.metrics import average_precision, mean_average_precision
 from featcache.protocol.grid import GridPoint
 from featcache.protocol.records import EpochRecord
 from featcache.protocol.seeds import derive_seed
-from featcache.protocol.selection import check_early_stop, check_val_variant, should_stop
+from featcache.protocol.selection import (
+    check_early_stop,
+    check_val_variant,
+    selection_score,
+    should_stop,
+)
 
 
 @dataclass
@@ -161,7 +166,7 @@ class GroupTrainer:
             test_ap = average_precision(torch.sigmoid(self.head(data.test.features)), test_targets)
             test_map = test_ap.mean(dim=-1).cpu() * 100.0
             train_map = _running_map(running, data.train.clean) if running is not None else None
-        selection = val_map if self.val_variant == "clean" else val_observed_map
+        selection = selection_score(self.val_variant, val_map, val_observed_map, epoch)
         improved = (selection > self.best_val) & self.active
         for h in range(len(self.configs)):
             if not self.active[h]:

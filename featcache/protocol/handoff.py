@@ -31,6 +31,18 @@ def save_head(path: Path, payload: dict) -> None:
         torch.save({"format": HEAD_FORMAT, "format_version": HEAD_FORMAT_VERSION, **payload}, tmp)
 
 
+def load_saved(path: Path, expected_format: str, what: str) -> dict:
+    """A dict saved with ``torch.save`` by featcache, checked to be of ``expected_format``
+    (a run's ``best.pt`` of either stage); the errors name the file and what is wrong."""
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises several types for corrupt files
+        raise InputError(f"{path} could not be loaded (corrupt?): {exc}") from exc
+    if not isinstance(payload, dict) or payload.get("format") != expected_format:
+        raise InputError(f"{path} is not a featcache {what}")
+    return payload
+
+
 def load_head(run_dir: Path) -> dict:
     """A finished linear run's head file, checked (the errors say what is wrong)."""
     run_dir = Path(run_dir)
@@ -38,12 +50,7 @@ def load_head(run_dir: Path) -> dict:
     path = run_dir / HEAD_FILE
     if not path.is_file():
         raise InputError(f"{run_dir} has no {HEAD_FILE}; it is not a finished linear run")
-    try:
-        head = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # torch raises several types for corrupt files
-        raise InputError(f"{path} could not be loaded (corrupt?): {exc}") from exc
-    if not isinstance(head, dict) or head.get("format") != HEAD_FORMAT:
-        raise InputError(f"{path} is not a featcache linear head")
+    head = load_saved(path, HEAD_FORMAT, "linear head")
     if head.get("format_version") == 1:  # version 1: ROLE's phi under its own key, "bsize"
         phi = head.pop("phi", None)
         head["handoff"] = {} if phi is None else {"phi": phi}

@@ -21,7 +21,8 @@ from featcache.losses import DataFacts, ResolvedParams, loss_class, loss_names
 def training_facts(labels: LabelSet, observed: np.ndarray, has_clean: bool) -> DataFacts:
     """What a loss may ask of a training split: its observed labels and whether full labels exist."""
     return DataFacts(
-        dataset=labels.dataset, num_classes=labels.num_classes, source=str(labels.path),
+        dataset=labels.dataset, num_classes=labels.num_classes,
+        source=str(labels.path or labels.provenance.get("source", "the labels")),
         has_clean_train=has_clean, has_observed_negatives=bool((np.asarray(observed) == -1).any()),
         mean_positives=labels.k,
         positives_histogram=(positive_histogram(labels.train.clean)

@@ -19,6 +19,8 @@ from featcache.errors import OptionError
 
 EARLY_STOP_RULES = ("none", "kim", "zhou")
 VAL_VARIANTS = ("clean", "observed")
+#: no validation data (the Python API's ``fit`` without ``eval_set``): keep the last epoch
+LAST_EPOCH = "last"
 #: Kim et al.'s rule: stop when validation mAP falls this many points below its best
 KIM_DROP = 3.0
 
@@ -32,13 +34,27 @@ def check_early_stop(rule: str) -> str:
 
 
 def check_val_variant(variant: str, has_clean_val: bool, labels_path) -> str:
-    """Refuse clean validation on data that has no clean validation labels (say what to do)."""
+    """Refuse clean validation on data that has no clean validation labels (say what to do).
+
+    :data:`LAST_EPOCH` (no selection) is accepted too: the Python API uses it, the command
+    line does not offer it.
+    """
+    if variant == LAST_EPOCH:
+        return variant
     if variant not in VAL_VARIANTS:
         raise OptionError(f"--val {variant!r}: choose one of {', '.join(VAL_VARIANTS)}")
     if variant == "clean" and not has_clean_val:
         raise OptionError(f"{labels_path} has no clean validation labels (single positives "
                           "only); use --val observed")
     return variant
+
+
+def selection_score(variant: str, clean: Tensor | None, observed: Tensor, epoch: int) -> Tensor:
+    """The per-head score whose first maximum is the best epoch: validation mAP on the clean
+    or the observed labels; with :data:`LAST_EPOCH`, the epoch number (the last epoch wins)."""
+    if variant == LAST_EPOCH:
+        return torch.full_like(observed, float(epoch))
+    return clean if variant == "clean" else observed
 
 
 def should_stop(rule: str, best: float | Tensor, current: float | Tensor,

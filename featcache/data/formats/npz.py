@@ -40,7 +40,7 @@ def read_npz(path: str | os.PathLike, name: str) -> tuple[SourceDataset, dict[st
     features, splits = {}, {}
     for split in ("train", "test"):
         x, y = arrays[f"X_{split}"], arrays[f"Y_{split}"]
-        features[split] = _check_features(path, split, x)
+        features[split] = check_feature_matrix(path, f"X_{split}", x)
         splits[split] = SourceSplit(
             [f"{split}/{row:06d}" for row in range(len(x))],
             _check_labels(path, split, y, len(x), len(classes)),
@@ -67,8 +67,9 @@ def read_npz(path: str | os.PathLike, name: str) -> tuple[SourceDataset, dict[st
     return dataset, features
 
 
-def _check_features(path: Path, split: str, x: np.ndarray) -> np.ndarray:
-    key = f"X_{split}"
+def check_feature_matrix(path: Path, key: str, x: np.ndarray) -> np.ndarray:
+    """``x`` (array ``key`` of ``path``) as float32 rows x features; refused when it is not
+    2-D, empty, not real numbers, or holds NaN or Inf (the error names the rows)."""
     if x.ndim != 2 or x.shape[0] == 0 or x.shape[1] == 0:
         raise InputError(f"{path}: {key} has shape {x.shape}; expected (examples, features)")
     if not np.issubdtype(x.dtype, np.number) or np.issubdtype(x.dtype, np.complexfloating):

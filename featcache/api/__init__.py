@@ -1,0 +1,20 @@
+"""The Python API: use what featcache trained.
+
+- :class:`SPMLClassifier`: a scikit-learn estimator that trains one SPML linear head with
+  stage two's own trainer and losses (``featcache.api.estimator``);
+- :func:`load_run`: a finished stage-two or stage-three run folder as an object that predicts
+  from features or images (``featcache.api.runs``);
+- prediction files, class activation maps and paper tables behind ``featcache predict``,
+  ``featcache cam`` and ``featcache table`` (``predict``, ``cam``; the tables are
+  :mod:`featcache.protocol.results_table`).
+
+``import featcache`` exports ``SPMLClassifier`` and ``load_run`` lazily (the command line
+never pays for importing torch and scikit-learn before it needs them).
+"""
+
+from featcache.api.estimator import (  # noqa: F401
+    SPMLClassifier,
+    map_scorer,
+    mean_average_precision_score,
+)
+from featcache.api.runs import FinetuneRun, LinearRun, load_run  # noqa: F401

@@ -1,0 +1,144 @@
+"""Class activation maps (CAM, Zhou et al. CVPR 2016) of a run's linear head, and their figure.
+
+A trunk's pooled feature is the average over positions of its spatial map F (D x h x w)
+(``trunk.feature_map``), and the head is linear, so the logit of class c is exactly the
+average over positions of ``W_c . F[:, i, j] + b_c``. That per-position logit is the class's
+activation map: nothing is approximated, and its mean is the logit ``featcache predict``
+gives. Maps are upsampled bilinearly to the image's own size (the backbone saw it resized to
+s x s without a crop, so positions line up), scaled to [0, 1] per map (CAM's usual display)
+and overlaid on the image. Several runs side by side (``featcache cam --run A --run B``) make
+the figure Kim et al.'s supplement uses to show what large-loss rejection changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from featcache.backbones import Uint8Normalize, resize_transform
+from featcache.data.images import DECODE_ERRORS, image_problem, load_rgb, require_strict_pil
+from featcache.errors import InputError, OptionError, unknown_name
+from featcache.fileio import atomic_output
+from featcache.runtime import pick_device
+
+
+@dataclass
+class ClassMap:
+    """One class's activation map on one image: logits per pixel of the original image."""
+
+    name: str
+    probability: float
+    logit: float
+    logits: np.ndarray  # (H, W), upsampled per-position logits
+
+    def normalised(self) -> np.ndarray:
+        """The map scaled to [0, 1] (min to max), as CAM figures show it."""
+        low, high = float(self.logits.min()), float(self.logits.max())
+        return (self.logits - low) / (high - low) if high > low else np.zeros_like(self.logits)
+
+
+@dataclass
+class RunMaps:
+    """A run's maps on one image."""
+
+    label: str
+    image: np.ndarray  # (H, W, 3) uint8, the image as decoded
+    probabilities: dict[str, float]
+    maps: list[ClassMap]
+
+
+def read_image(path: str | Path):
+    """The image decoded as the reference does; a bad file is named with the reason."""
+    require_strict_pil()
+    try:
+        return load_rgb(path)
+    except DECODE_ERRORS:
+        raise InputError(f"cannot read image {path}: {image_problem(path)}") from None
+
+
+def logit_maps(run, image, device: torch.device) -> tuple[torch.Tensor, np.ndarray]:
+    """(per-position logits (L, h, w) on the CPU, logits (L,) of the pooled path) for a PIL
+    image through ``run``'s trunk and head."""
+    trunk = run.trunk()
+    if not hasattr(trunk, "feature_map"):
+        raise OptionError(f"the {run.backbone} backbone exposes no spatial feature map "
+                          "(feature_map), so it has no class activation maps")
+    trunk = trunk.to(device)
+    batch = resize_transform(run.image_size)(image).unsqueeze(0).to(device)
+    batch = Uint8Normalize(run.backbone).to(device)(batch)
+    weight, bias = run.head
+    with torch.inference_mode():
+        spatial = trunk.feature_map(batch).float()[0].cpu()  # (D, h, w)
+        pooled = spatial.mean(dim=(1, 2), keepdim=False)[None].numpy()
+    maps = torch.einsum("dhw,ld->lhw", spatial, weight) + bias[:, None, None]
+    return maps, run.logits(pooled)[0]
+
+
+def class_activation_maps(run, path: str | Path, classes: Sequence[str] | None = None,
+                          top: int = 3, device: str = "cpu", label: str | None = None) -> RunMaps:
+    """Maps of ``classes`` (names), or of the ``top`` most probable classes, on one image."""
+    image = read_image(path)
+    maps, logits = logit_maps(run, image, pick_device(device))
+    probs = 1.0 / (1.0 + np.exp(-logits.astype(np.float64)))
+    names = run.classes
+    if classes:
+        for name in classes:
+            if name not in names:
+                raise OptionError(unknown_name("class", name, names, plural="classes",
+                                               listing=f"the classes of {run.path}"))
+        chosen = [names.index(name) for name in classes]
+    else:
+        if top < 1:
+            raise OptionError(f"--top must be at least 1, got {top}")
+        chosen = list(np.argsort(-probs, kind="stable")[:top])
+    size = (image.height, image.width)
+    upsampled = F.interpolate(maps[chosen][None], size=size, mode="bilinear",
+                              align_corners=False)[0].numpy()
+    return RunMaps(
+        label=label or (f"{run.loss}, {'fine-tuned' if run.stage == 'finetune' else 'linear'}"
+                        f"\n{run.path.name}, test mAP {run.metrics['test_map']:.1f}"),
+        image=np.asarray(image),
+        probabilities={n: float(p) for n, p in zip(names, probs, strict=True)},
+        maps=[ClassMap(names[i], float(probs[i]), float(logits[i]), upsampled[k])
+              for k, i in enumerate(chosen)])
+
+
+def draw_maps(rows: Sequence[RunMaps], out: str | Path, title: str = "", alpha: float = 0.5,
+              cmap: str = "jet", overwrite: bool = False) -> Path:
+    """One row per run: the image, then each class's map over it; saved as PNG atomically."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    columns = 1 + max(len(r.maps) for r in rows)
+    height, width = rows[0].image.shape[:2]
+    panel = 2.6
+    fig, axes = plt.subplots(len(rows), columns, squeeze=False, dpi=110,
+                             figsize=(panel * columns, panel * len(rows) * height / width + 0.5))
+    for r, row in enumerate(rows):
+        axes[r][0].imshow(row.image)
+        axes[r][0].set_ylabel(row.label, fontsize=8)
+        axes[r][0].set_title("input" if r == 0 else "", fontsize=9)
+        for c, class_map in enumerate(row.maps, start=1):
+            axes[r][c].imshow(row.image)
+            axes[r][c].imshow(class_map.normalised(), cmap=cmap, alpha=alpha, vmin=0, vmax=1)
+            axes[r][c].set_title(f"{class_map.name}  p={class_map.probability:.2f}", fontsize=9)
+        for c in range(columns):
+            axes[r][c].set_xticks([])
+            axes[r][c].set_yticks([])
+            if c > len(row.maps):
+                axes[r][c].axis("off")
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    out = Path(out)
+    with atomic_output(out, overwrite=overwrite) as tmp:
+        fig.savefig(tmp, format="png")
+    plt.close(fig)
+    return out

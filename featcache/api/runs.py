@@ -1,0 +1,327 @@
+"""``load_run``: a finished run folder of stage two or three as an object that predicts.
+
+>>> run = featcache.load_run("cache/voc/runs/role/20261122-113501")   # doctest: +SKIP
+>>> run.classes, run.config["params"], run.metrics["test_map"]           # doctest: +SKIP
+>>> P = run.predict_proba(X)                 # features (n, D) of the run's backbone
+>>> P = run.predict_proba_images(["a.jpg"])  # images through the run's own backbone
+>>> clf = run.to_estimator()                 # stage two: a fitted SPMLClassifier
+
+A stage-two run is its selected head (``best.pt``, :mod:`featcache.protocol.handoff`) on top
+of the backbone its features came from, rebuilt and checked against the recorded weights
+(:func:`featcache.backbones.rebuild.trunk_for_features`). A stage-three run is its fine-tuned
+network (``best.pt`` of format ``featcache-finetune-model``: ``trunk.*`` and ``head.*``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from featcache.api.estimator import SPMLClassifier, linear_logits
+from featcache.api.images import image_paths, run_on_images
+from featcache.api.predict import check_input, read_features_input
+from featcache.backbones.rebuild import trunk_for_features, trunk_from_state
+from featcache.errors import InputError, OptionError
+from featcache.finetune.search import BEST, MODEL_FORMAT, MODEL_FORMAT_VERSION
+from featcache.protocol.handoff import load_head, load_saved
+from featcache.protocol.runs import RESULTS, RunFolder
+from featcache.runtime import pick_device
+
+
+def load_run(path: str | Path) -> LinearRun | FinetuneRun:
+    """The finished run at ``path`` (its folder, or its ``best.pt`` / ``results.json``)."""
+    path = Path(path)
+    if path.is_file() and path.name in (BEST, RESULTS):
+        path = path.parent
+    if not path.is_dir():
+        raise InputError(f"run {path} does not exist (give a run folder, e.g. "
+                         "cache/<dataset>/runs/<loss>/<run-id>)")
+    document = RunFolder(path).results()
+    stage = document.get("stage")
+    if stage == "linear":
+        return LinearRun(path, document)
+    if stage == "finetune":
+        return FinetuneRun(path, document)
+    raise InputError(f"{path / RESULTS} is from stage {stage!r}; load_run reads stage-two "
+                     "(linear) and stage-three (finetune) runs")
+
+
+class TrainedRun:
+    """What both kinds of run offer: their description, and predictions from features or
+    images."""
+
+    stage = ""
+
+    def __init__(self, path: Path, document: dict):
+        self.path = Path(path)
+        self.document = document
+        self._trunk: nn.Module | None = None
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}({str(self.path)!r}: {self.loss} on {self.dataset}, "
+                f"test mAP {self.metrics['test_map']:.2f})")
+
+    # ------------------------------------------------------------------ what it is
+    @property
+    def loss(self) -> str:
+        return self.document["loss"]
+
+    @property
+    def dataset(self) -> str:
+        return self.document["dataset"]
+
+    @property
+    def classes(self) -> list[str]:
+        """Class names in output order."""
+        return list(self.about["classes"])
+
+    @property
+    def config(self) -> dict:
+        """The selected configuration: loss, every resolved loss parameter (``params``), lr,
+        batch size, epoch, seed, the protocol's options, the backbone and the run's
+        ``settings`` (what its fingerprint covers)."""
+        selection, protocol = self.document["selection"], self.document["protocol"]
+        return {"stage": self.stage, "loss": self.loss, "dataset": self.dataset,
+                "params": dict(selection["params"]), "lr": selection["lr"],
+                "batch_size": selection["batch_size"], "epoch": selection["epoch"],
+                "seed": self.seed, "epochs": protocol["epochs"],
+                "val_variant": protocol["val_variant"],
+                "early_stop": protocol.get("early_stop", "none"), "backbone": self.backbone,
+                "weights": self.weights, "image_size": self.image_size,
+                "feature_dim": self.feature_dim, "settings": self.document.get("settings", {})}
+
+    @property
+    def metrics(self) -> dict:
+        """Validation and test mAP (percent) of the selected configuration, per-class test AP,
+        the mAP over classes with positives, and (stage two) mean and std over seeds."""
+        selection = self.document["selection"]
+        keys = ("val_map", "val_map_observed", "test_map", "train_map", "test_ap_per_class",
+                "val_map_classes_with_positives", "test_map_classes_with_positives")
+        out = {key: selection.get(key) for key in keys}
+        if "summary" in self.document:
+            out["summary"] = self.document["summary"]
+        out["evaluation"] = self.document.get("evaluation")
+        return out
+
+    @property
+    def seed(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def about(self) -> dict:
+        """The run's saved model file, as loaded."""
+        raise NotImplementedError
+
+    @property
+    def backbone(self) -> str:
+        return str(self.about.get("backbone"))
+
+    @property
+    def weights(self) -> str | None:
+        raise NotImplementedError
+
+    @property
+    def image_size(self) -> int | None:
+        raise NotImplementedError
+
+    @property
+    def head(self) -> tuple[Tensor, Tensor]:
+        """The linear head: weight (L, D) and bias (L,), float32 on the CPU."""
+        raise NotImplementedError
+
+    @property
+    def feature_dim(self) -> int:
+        return int(self.head[0].shape[1])
+
+    # ------------------------------------------------------------------ predicting
+    def decision_function(self, features) -> np.ndarray:
+        """Logits (n, L) of the head on ``features`` (n, D)."""
+        return self.logits(self._features(features))
+
+    def predict_proba(self, features) -> np.ndarray:
+        """Probabilities (n, L) for ``features``: an (n, D) array or a features file (checked
+        against the run, :func:`featcache.api.predict.check_input`). For a stage-two run,
+        features of its backbone; for a fine-tuned run, of its own fine-tuned trunk
+        (:meth:`embed_images`)."""
+        return torch.sigmoid(torch.from_numpy(self.decision_function(features))).numpy()
+
+    def predict(self, features, threshold: float = 0.5) -> np.ndarray:
+        """0/1 predictions (n, L): probability at least ``threshold``."""
+        return (self.predict_proba(features) >= threshold).astype(np.int64)
+
+    def embed_images(self, paths: Sequence[str | Path], **options) -> np.ndarray:
+        """Pooled features (n, D) of images (files, or folders of them) from the run's trunk."""
+        return self.run_images(paths, **options)[1]
+
+    def predict_proba_images(self, paths: Sequence[str | Path], **options) -> np.ndarray:
+        """Probabilities (n, L) for images through the run's own backbone and preprocessing.
+
+        Options: ``batch_size``, ``device`` (default ``"cpu"``), ``workers``, ``precision``
+        (``auto``: bf16 on GPUs, fp32 on the CPU), ``progress``.
+        """
+        _, features = self.run_images(paths, **options)
+        return torch.sigmoid(torch.from_numpy(self.logits(features))).numpy()
+
+    def run_images(self, paths: Sequence[str | Path], batch_size: int | None = None,
+                   device: str = "cpu", workers: int = 0, precision: str = "auto",
+                   skip_bad: bool = False, progress: bool = True) -> tuple[list[Path], np.ndarray]:
+        """(images read, their pooled features): the work behind the image methods."""
+        if self.image_size is None:
+            raise InputError(f"{self.path} records no image size (its features did not come "
+                             "from images): it predicts from features only")
+        where = pick_device(device)
+        trunk = self.trunk().to(where, memory_format=torch.channels_last)
+        return run_on_images(image_paths(paths), trunk, self.image_size, self.backbone, where,
+                             batch_size=batch_size, workers=workers, precision=precision,
+                             skip_bad=skip_bad, progress=progress, desc=f"predict {self.loss}")
+
+    def logits(self, features: np.ndarray) -> np.ndarray:
+        weight, bias = self.head
+        return linear_logits(features, weight.numpy(), bias.numpy())
+
+    def trunk(self) -> nn.Module:
+        """The run's backbone trunk (built once, in eval mode): pooled features, and
+        ``feature_map`` for class activation maps."""
+        if self._trunk is None:
+            self._trunk = self._build_trunk()
+        return self._trunk
+
+    def _build_trunk(self) -> nn.Module:
+        raise NotImplementedError
+
+    def _features(self, features) -> np.ndarray:
+        if isinstance(features, (str, Path)):
+            given = read_features_input(features)
+            check_input(self, given)
+            return given.features
+        array = np.asarray(features.cpu() if isinstance(features, Tensor) else features,
+                           dtype=np.float32)
+        if array.ndim != 2 or array.shape[1] != self.feature_dim:
+            raise InputError(f"features of shape {array.shape} do not fit {self.path}: it takes "
+                             f"(n, {self.feature_dim}) {self.backbone} features")
+        return array
+
+
+class LinearRun(TrainedRun):
+    """A stage-two run: its selected head on the backbone its features came from."""
+
+    stage = "linear"
+
+    def __init__(self, path: Path, document: dict):
+        super().__init__(path, document)
+        self._head = load_head(path)
+
+    @property
+    def about(self) -> dict:
+        return self._head
+
+    @property
+    def seed(self) -> int:
+        return int(self.document["selection"].get("seed", 0))
+
+    @property
+    def weights(self) -> str | None:
+        return self._head.get("weights")
+
+    @property
+    def image_size(self) -> int | None:
+        size = self._head.get("image_size")
+        if size is None:
+            size = ((self._head.get("transform") or {}).get("resize") or [None])[0]
+        return None if size is None else int(size)
+
+    @property
+    def head(self) -> tuple[Tensor, Tensor]:
+        return self._head["weight"].float(), self._head["bias"].float()
+
+    def _build_trunk(self) -> nn.Module:
+        return trunk_for_features(self._head, f"linear run {self.path}")
+
+    def to_estimator(self) -> SPMLClassifier:
+        """This run's selected head as a fitted :class:`SPMLClassifier` (its parameters are the
+        selected configuration, so ``clone(...).fit`` trains it again)."""
+        config = self.config
+        clf = SPMLClassifier(loss=self.loss, loss_params=dict(config["params"]),
+                             lr=config["lr"], batch_size=config["batch_size"],
+                             epochs=config["epochs"], seed=config["seed"],
+                             early_stop=config["early_stop"])
+        weight, bias = self.head
+        clf.coef_, clf.intercept_ = weight.numpy(), bias.numpy()
+        clf.classes_ = np.array(self.classes)
+        clf.n_features_in_ = self.feature_dim
+        clf.loss_params_ = dict(config["params"])
+        clf.best_epoch_ = config["epoch"]
+        variant = config["val_variant"]
+        selection = self.document["selection"]
+        clf.best_score_ = selection["val_map"] if variant == "clean" else selection["val_map_observed"]
+        clf.loss_state_ = {k: v.numpy() for k, v in (self._head.get("handoff") or {}).items()}
+        clf.history_ = self._history()
+        return clf
+
+    def _history(self) -> list[dict]:
+        selection = self.document["selection"]
+        for seed in self.document.get("seeds", []):
+            for config in seed["configs"]:
+                if (config["seed"], config["lr"], config["batch_size"], config["params"]) == (
+                        selection["seed"], selection["lr"], selection["batch_size"],
+                        selection["params"]):
+                    return [{k: e.get(k) for k in ("epoch", "train_loss", "val_map",
+                                                   "val_map_observed", "train_map")}
+                            for e in config["epochs"]]
+        return []
+
+
+class FinetuneRun(TrainedRun):
+    """A stage-three run: its fine-tuned network (trunk and head) at the selected epoch."""
+
+    stage = "finetune"
+
+    def __init__(self, path: Path, document: dict):
+        super().__init__(path, document)
+        file = path / BEST
+        if not file.is_file():
+            raise InputError(f"{path} has no {BEST}; it is not a finished fine-tuning run")
+        saved = load_saved(file, MODEL_FORMAT, "fine-tuned model")
+        if saved.get("format_version") != MODEL_FORMAT_VERSION:
+            raise InputError(f"{file} has model format {saved.get('format_version')}; this "
+                             f"featcache reads {MODEL_FORMAT_VERSION}")
+        self._saved = saved
+
+    @property
+    def about(self) -> dict:
+        return self._saved
+
+    @property
+    def seed(self) -> int:
+        return int(self.document["protocol"].get("seed", 0))
+
+    @property
+    def weights(self) -> str | None:
+        return (self._saved.get("weights") or {}).get("weights")
+
+    @property
+    def image_size(self) -> int | None:
+        return int(self._saved["image_size"])
+
+    @property
+    def head(self) -> tuple[Tensor, Tensor]:
+        model = self._saved["model"]
+        return model["head.weight"].float(), model["head.bias"].float()
+
+    def _build_trunk(self) -> nn.Module:
+        return trunk_from_state(self.backbone, self._saved["model"], f"fine-tuned run {self.path}")
+
+    def logits(self, features: np.ndarray) -> np.ndarray:
+        """The fine-tuned head as the network applies it (``nn.Linear`` in float32)."""
+        weight, bias = self.head
+        with torch.no_grad():
+            return torch.nn.functional.linear(torch.from_numpy(features), weight, bias).numpy()
+
+    def to_estimator(self) -> SPMLClassifier:
+        raise OptionError(f"{self.path} is a fine-tuned run: its head sits on its own fine-tuned "
+                          "network, not on fixed features, so it is no SPMLClassifier; use "
+                          "predict_proba_images (or embed_images, then predict_proba)")

@@ -1,0 +1,57 @@
+"""``featcache cam``: class activation maps of trained runs on one image, as a PNG figure."""
+
+from __future__ import annotations
+
+import click
+
+from featcache.commands.common import device_option, overwrite_option
+
+
+@click.command("cam")
+@click.option("--run", "run_paths", required=True, multiple=True, type=click.Path(),
+              help="A finished run folder (stage two or three); repeat to compare runs, one row "
+                   "each (e.g. --run runs/an/ID --run runs/ll-r/ID).")
+@click.argument("image", type=click.Path(dir_okay=False))
+@click.option("--class", "class_names", multiple=True,
+              help="A class to map (repeatable)  [default: the --top most probable].")
+@click.option("--top", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Map the K most probable classes (of the first run, so rows compare).")
+@click.option("--out", required=True, type=click.Path(dir_okay=False),
+              help="The PNG to write.")
+@click.option("--alpha", type=click.FloatRange(0, 1), default=0.5, show_default=True,
+              help="Opacity of the map over the image.")
+@click.option("--cmap", default="jet", show_default=True, help="A matplotlib colour map.")
+@device_option
+@overwrite_option
+def command(run_paths, image, class_names, top, out, alpha, cmap, device, overwrite):
+    """Draw class activation maps of RUN's head on IMAGE into a PNG.
+
+    \b
+    The backbone's last convolutional map F (D x h x w) averages to the pooled feature the
+    linear head sees, so W_c . F at every position is the exact map of class c (its mean is
+    the class's logit). Maps are upsampled to the image, scaled to [0, 1] each, and overlaid.
+    Several --run give one row each: Kim et al.'s comparison figure, e.g.
+      featcache cam --run cache/voc/runs/an/ID --run cache/voc/runs/ll-r/ID img.jpg \\
+          --class dog --out dog.png
+    """
+    from matplotlib import colormaps
+
+    from featcache.api.cam import class_activation_maps, draw_maps
+    from featcache.api.runs import load_run
+    from featcache.errors import OptionError, unknown_name
+
+    if cmap not in colormaps:
+        raise OptionError(unknown_name("colour map", cmap, sorted(colormaps),
+                                       listing="matplotlib's colormaps"))
+    runs = [load_run(path) for path in run_paths]
+    names = list(class_names)
+    rows = []
+    for run in runs:
+        if run.classes != runs[0].classes:
+            raise OptionError(f"runs {runs[0].path} and {run.path} predict different classes; "
+                              "compare runs of one dataset")
+        maps = class_activation_maps(run, image, names or None, top, device)
+        names = names or [m.name for m in maps.maps]  # the first run's top classes for all
+        rows.append(maps)
+    draw_maps(rows, out, title=str(image), alpha=alpha, cmap=cmap, overwrite=overwrite)
+    click.echo(f"class activation maps of {', '.join(names)} from {len(rows)} run(s) -> {out}")

@@ -1,0 +1,67 @@
+"""``featcache table``: a paper table rebuilt from finished runs' results.json files."""
+
+from __future__ import annotations
+
+import click
+
+from featcache.commands.common import overwrite_option
+
+
+@click.command("table")
+@click.argument("run_dirs", nargs=-1, required=True, type=click.Path())
+@click.option("--format", "fmt", type=click.Choice(["md", "csv", "latex", "json"]), default="md",
+              show_default=True, help="Markdown, CSV (plain numbers), LaTeX (booktabs) or JSON "
+                                      "(every cell with each seed's selected configuration).")
+@click.option("--per-class", is_flag=True, default=False,
+              help="Per-class test AP instead: one table per dataset, classes as rows.")
+@click.option("--out", default="-", show_default=True, help="Output file, or - for stdout.")
+@click.option("--label", default="tab:featcache", show_default=True,
+              help="LaTeX \\label of the table.")
+@overwrite_option
+def command(run_dirs, fmt, per_class, out, label, overwrite):
+    """Rebuild a results table from RUN_DIRS: run folders, or folders holding runs (searched
+    for results.json), e.g. cache/voc/runs cache/coco/runs.
+
+    \b
+    Rows are losses, columns datasets; a cell is the test mAP, mean ± sd over every seed of
+    the runs found for it (runs of one loss and dataset must share their settings except the
+    seeds), with the published number and the difference where the protocol has one and the
+    best mean per dataset in bold. The caption says the stage, datasets, backbone and weights,
+    grid, epochs, validation labels and seeds. Markdown and LaTeX add each seed's selected
+    configuration; JSON holds it per cell. Classes without a test positive are named.
+    """
+    import json
+
+    from featcache.api.predict import write_text
+    from featcache.protocol.results_table import ResultsTable
+
+    results = ResultsTable.from_paths(run_dirs)
+    if fmt == "json":
+        text = json.dumps(results.to_json(per_class=per_class), indent=2) + "\n"
+    elif per_class and fmt == "csv":
+        text = results.per_class_flat().csv()
+    elif per_class:
+        tables = [results.per_class(dataset) for dataset in results.datasets]
+        text = _render(tables, fmt, label)
+    else:
+        text = _render([results.table()], fmt, label, results)
+    write_text(text, out, overwrite)
+    if out != "-":
+        click.echo(f"table of {len(results.losses)} losses x {len(results.datasets)} datasets "
+                   f"-> {out}", err=True)
+
+
+def _render(tables, fmt: str, label: str, results=None) -> str:
+    if fmt == "csv":
+        return results.flat_table().csv()
+    if fmt == "latex":
+        parts = [table.latex(label=label if len(tables) == 1 else f"{label}-{i}")
+                 for i, table in enumerate(tables)]
+        if results is not None:
+            parts.append(results.configurations(runs=False).latex(
+                label=f"{label}-configurations"))
+        return "\n".join(parts)
+    parts = [table.markdown() for table in tables]
+    if results is not None:
+        parts.append(results.configurations().markdown())
+    return "\n\n".join(parts) + "\n"

@@ -1,0 +1,422 @@
+"""Paper tables rebuilt from ``results.json`` files: losses as rows, datasets as columns.
+
+Every cell is the test mAP of one loss on one dataset: the mean and standard deviation over
+the seeds of every run found for it (``--seeds 0,1,2`` in one run, or one run per seed), with
+the configuration each seed selected kept beside it, so that the table, the configurations and
+the console always tell the same story. Where the protocol has a published number
+(:mod:`featcache.published`) it sits beside ours with the difference. The caption says what
+the numbers are: stage, datasets, backbone and weights, the protocol's grid and epochs, the
+validation labels that selected, the seeds. Classes without a test positive (AP 0 by the
+protocol) are named in the notes.
+
+``featcache table`` and the pipeline reports both build their tables here; the renderers are
+:class:`featcache.tables.Table`'s (Markdown, CSV, LaTeX) and :meth:`ResultsTable.to_json`.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from featcache.errors import InputError
+from featcache.losses import loss_names
+from featcache.protocol.coverage import name_list
+from featcache.protocol.runs import RESULTS, describe_differences, read_json
+from featcache.published import SOURCES, published
+from featcache.tables import Estimate, Table
+
+STAGES = {"linear": "linear heads on cached features (stage two)",
+          "finetune": "networks fine-tuned end to end (stage three)"}
+
+
+@dataclass
+class SeedChoice:
+    """What one seed of a run selected, and the numbers at its selected epoch."""
+
+    seed: int
+    lr: float
+    batch_size: int
+    epoch: int
+    params: dict
+    val_map: float | None
+    test_map: float
+    test_ap_per_class: dict[str, float] | None
+    run: str
+
+    def describe(self) -> str:
+        """``lr 0.001, batch 8, epoch 12``."""
+        return f"lr {self.lr:g}, batch {self.batch_size}, epoch {self.epoch}"
+
+    def to_json(self) -> dict:
+        return {"seed": self.seed, "lr": self.lr, "batch_size": self.batch_size,
+                "epoch": self.epoch, "params": self.params, "val_map": self.val_map,
+                "test_map": self.test_map, "run": self.run}
+
+
+@dataclass
+class Cell:
+    """One loss on one dataset: every seed found, and the published number."""
+
+    loss: str
+    dataset: str
+    seeds: list[SeedChoice]
+    published: float | None
+    documents: list[dict] = field(default_factory=list)
+
+    @property
+    def estimate(self) -> Estimate:
+        return estimate([s.test_map for s in self.seeds])
+
+    @property
+    def delta(self) -> float | None:
+        return None if self.published is None else self.estimate.mean - self.published
+
+    @property
+    def classes_without_positives(self) -> list[str]:
+        """Test classes without a positive (the same for every run of one labels file)."""
+        found = []
+        for document in self.documents:
+            for name in document.get("evaluation", {}).get("test", {}).get(
+                    "classes_without_positives", []):
+                if name not in found:
+                    found.append(name)
+        return found
+
+    def per_class(self) -> tuple[dict[str, Estimate], bool]:
+        """Per-class test AP over seeds, and whether every seed recorded it (older linear runs
+        kept it for the best seed only)."""
+        recorded = [s.test_ap_per_class for s in self.seeds if s.test_ap_per_class]
+        classes = list(recorded[0]) if recorded else []
+        return ({c: estimate([r[c] for r in recorded]) for c in classes},
+                len(recorded) == len(self.seeds))
+
+    def to_json(self) -> dict:
+        value = self.estimate
+        return {"loss": self.loss, "dataset": self.dataset, "mean": value.mean, "sd": value.sd,
+                "seeds": value.n, "published": self.published, "delta": self.delta,
+                "classes_without_positives": self.classes_without_positives,
+                "selected": [s.to_json() for s in self.seeds]}
+
+
+def estimate(values: Sequence[float]) -> Estimate:
+    """Mean and sample standard deviation (0 for one value), as ``featcache`` summaries do."""
+    values = list(values)
+    return Estimate(statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0,
+                    len(values))
+
+
+# ------------------------------------------------------------------------------ reading runs
+def find_results(paths: Iterable[str | Path]) -> list[Path]:
+    """The ``results.json`` files named by ``paths``: run folders, results files, or folders
+    searched recursively (``cache/voc/runs``). A path with none is refused, naming it."""
+    found: list[Path] = []
+    for raw in paths:
+        path = Path(raw)
+        if path.is_file() and path.name == RESULTS:
+            hits = [path]
+        elif path.is_dir():
+            hits = [path / RESULTS] if (path / RESULTS).is_file() else sorted(path.rglob(RESULTS))
+        else:
+            raise InputError(f"{path} is neither a run folder nor a folder of runs (it does not "
+                             "exist or is not a directory)")
+        if not hits:
+            raise InputError(f"{path} holds no finished run (no {RESULTS} in it or below it)")
+        seen = {p.resolve() for p in found}
+        found += [hit for hit in hits if hit.resolve() not in seen]
+    return found
+
+
+def seed_choices(document: dict, run: str) -> list[SeedChoice]:
+    """Each seed's selected configuration in a results document (either stage)."""
+    variant = document.get("protocol", {}).get("val_variant", "clean")
+    val_key = "val_map" if variant == "clean" else "val_map_observed"
+    if document.get("stage") == "finetune":
+        selection = document["selection"]
+        return [SeedChoice(int(document["protocol"].get("seed", 0)), selection["lr"],
+                           selection["batch_size"], selection["epoch"], selection["params"],
+                           selection.get(val_key), selection["test_map"],
+                           selection.get("test_ap_per_class"), run)]
+    choices = []
+    for entry in document["seeds"]:
+        chosen = entry["selected"]
+        per_class = chosen.get("test_ap_per_class")
+        if per_class is None and chosen["seed"] == document["selection"].get("seed"):
+            per_class = document["selection"].get("test_ap_per_class")
+        choices.append(SeedChoice(chosen["seed"], chosen["lr"], chosen["batch_size"],
+                                  chosen["best_epoch"], chosen["params"], chosen.get(val_key),
+                                  chosen["test_map"], per_class, run))
+    return choices
+
+
+def _comparable(settings: dict) -> dict:
+    """Settings that must agree for runs to share a cell (seeds may differ)."""
+    return {k: v for k, v in settings.items() if k not in ("seeds", "seed")}
+
+
+@dataclass
+class ResultsTable:
+    """Cells of losses x datasets of one stage, built from results documents."""
+
+    stage: str
+    losses: list[str]
+    datasets: list[str]
+    cells: dict[tuple[str, str], Cell]
+
+    @classmethod
+    def from_documents(cls, documents: Sequence[tuple[str, dict]],
+                       datasets: Sequence[str] | None = None,
+                       losses: Sequence[str] | None = None) -> ResultsTable:
+        """Group (run name, results document) pairs into cells; runs of one loss and dataset
+        pool their seeds (their settings must otherwise agree, and no seed may repeat)."""
+        if not documents:
+            raise InputError("no finished runs to tabulate")
+        stages = sorted({d.get("stage", "linear") for _, d in documents})
+        if len(stages) > 1:
+            raise InputError("these runs mix stages (" + ", ".join(stages) + "): tabulate linear "
+                             "and fine-tuned runs separately")
+        stage = stages[0]
+        cells: dict[tuple[str, str], Cell] = {}
+        first_run: dict[tuple[str, str], tuple[str, dict]] = {}
+        for run, document in documents:
+            key = (document["loss"], document["dataset"])
+            choices = seed_choices(document, run)
+            if key not in cells:
+                setting = "linear" if stage == "linear" else document.get("published", {}).get(
+                    "setting", "finetune")
+                cells[key] = Cell(key[0], key[1], [], published(setting, *key))
+                first_run[key] = (run, _comparable(document.get("settings", {})))
+            cell = cells[key]
+            other_run, other = first_run[key]
+            mine = _comparable(document.get("settings", {}))
+            if mine != other:
+                raise InputError(f"runs {other_run} and {run} ({key[0]} on {key[1]}) were made "
+                                 f"with different settings ({describe_differences(other, mine)}); "
+                                 "a table cell pools seeds of the same configuration only: name "
+                                 "one of them")
+            repeated = {c.seed for c in choices} & {c.seed for c in cell.seeds}
+            if repeated:
+                raise InputError(f"seed {min(repeated)} of {key[0]} on {key[1]} appears in both "
+                                 f"{other_run} and {run}; name one of them")
+            cell.seeds += choices
+            cell.documents.append(document)
+        order = {name: i for i, name in enumerate(loss_names())}
+        found_losses = sorted({k[0] for k in cells}, key=lambda n: (order.get(n, len(order)), n))
+        found_datasets = sorted({k[1] for k in cells})
+        return cls(stage, list(losses or found_losses), list(datasets or found_datasets), cells)
+
+    @classmethod
+    def from_paths(cls, paths: Iterable[str | Path]) -> ResultsTable:
+        """Every finished run under ``paths`` (see :func:`find_results`)."""
+        documents = []
+        for path in find_results(paths):
+            document = read_json(path)
+            if not isinstance(document, dict) or "selection" not in document or "loss" not in document:
+                raise InputError(f"{path} is not a featcache results file (no selection)")
+            documents.append((str(path.parent), document))
+        return cls.from_documents(documents)
+
+    # ------------------------------------------------------------------ the main table
+    def published_datasets(self) -> list[str]:
+        """Datasets where at least one loss has a published number."""
+        return [d for d in self.datasets
+                if any(c.published is not None for (_, ds), c in self.cells.items() if ds == d)]
+
+    def table(self) -> Table:
+        """The display table (Markdown, LaTeX): mean +- sd, published and difference, the best
+        mean per dataset in bold, the caption and notes."""
+        with_published = self.published_datasets()
+        columns = ["loss"]
+        for dataset in self.datasets:
+            columns.append(dataset)
+            if dataset in with_published:
+                columns += [f"{dataset} published", f"{dataset} delta"]
+        table = Table(columns, caption=self.caption(), notes=self.notes())
+        for loss in self.losses:
+            row: list = [loss]
+            for dataset in self.datasets:
+                cell = self.cells.get((loss, dataset))
+                row.append(None if cell is None else cell.estimate)
+                if dataset in with_published:
+                    row += [None if cell is None else cell.published,
+                            None if cell is None else cell.delta]
+            table.add(*row)
+        for dataset in self.datasets:
+            column = columns.index(dataset)
+            means = [(cell.estimate.mean, i) for i, loss in enumerate(self.losses)
+                     if (cell := self.cells.get((loss, dataset))) is not None]
+            if means:
+                best = max(m for m, _ in means)
+                table.bold |= {(i, column) for m, i in means if m == best}
+        return table
+
+    def flat_table(self) -> Table:
+        """The same numbers as plain columns (CSV): mean, sd, seeds, published, delta."""
+        columns = ["loss"]
+        for dataset in self.datasets:
+            columns += [dataset, f"{dataset} sd", f"{dataset} seeds", f"{dataset} published",
+                        f"{dataset} delta"]
+        table = Table(columns)
+        for loss in self.losses:
+            row: list = [loss]
+            for dataset in self.datasets:
+                cell = self.cells.get((loss, dataset))
+                if cell is None:
+                    row += [None] * 5
+                else:
+                    value = cell.estimate
+                    row += [value.mean, value.sd, value.n, cell.published, cell.delta]
+            table.add(*row)
+        return table
+
+    def configurations(self, runs: bool = True) -> Table:
+        """Each seed's selected configuration and numbers (what every cell averages), with the
+        run folder each came from unless ``runs`` is False (LaTeX: too wide for a page)."""
+        columns = ["loss", "dataset", "seed", "lr", "batch", "epoch", "params", "val mAP",
+                   "test mAP"] + (["run"] if runs else [])
+        table = Table(columns, title="Selected configuration of each seed",
+                      latex_columns={"params": "p{5.5cm}"})
+        for loss in self.losses:
+            for dataset in self.datasets:
+                cell = self.cells.get((loss, dataset))
+                for choice in [] if cell is None else cell.seeds:
+                    params = ", ".join(f"{k}={v:g}" for k, v in choice.params.items()) or "-"
+                    table.add(loss, dataset, choice.seed, f"{choice.lr:g}", choice.batch_size,
+                              choice.epoch, params, choice.val_map, choice.test_map,
+                              *([choice.run] if runs else []))
+        return table
+
+    def per_class(self, dataset: str) -> Table:
+        """Per-class test AP of every loss on ``dataset``: classes as rows, losses as columns,
+        the best loss per class in bold."""
+        losses = [loss for loss in self.losses if (loss, dataset) in self.cells]
+        values = {loss: self.cells[(loss, dataset)].per_class() for loss in losses}
+        classes = next((list(v[0]) for v in values.values() if v[0]), [])
+        missing = set().union(*(self.cells[(loss, dataset)].classes_without_positives
+                                for loss in losses)) if losses else set()
+        notes = [f"{loss}: per-class AP of the best seed only (its run predates per-seed "
+                 "per-class records)" for loss, (_, complete) in values.items() if not complete]
+        if missing:
+            notes.append("classes marked * have no positive in the test split: AP 0 by the "
+                         "protocol's convention")
+        table = Table(["class", *losses], caption=self.caption(
+            f"Per-class test AP (%) of {STAGES.get(self.stage, self.stage)} on {dataset}",
+            "best loss per class in bold"), notes=notes)
+        for row, name in enumerate(classes):
+            cells = [values[loss][0].get(name) for loss in losses]
+            table.add(name + (" *" if name in missing else ""), *cells)
+            present = [c.mean for c in cells if c is not None]
+            if present:
+                table.bold |= {(row, 1 + i) for i, c in enumerate(cells)
+                               if c is not None and c.mean == max(present)}
+        return table
+
+    def per_class_flat(self) -> Table:
+        """Per-class test AP as plain columns (CSV): dataset, class, loss, mean, sd, seeds."""
+        table = Table(["dataset", "class", "loss", "mean", "sd", "seeds", "test positives"])
+        for dataset in self.datasets:
+            for loss in self.losses:
+                cell = self.cells.get((loss, dataset))
+                if cell is None:
+                    continue
+                missing = cell.classes_without_positives
+                for name, value in cell.per_class()[0].items():
+                    table.add(dataset, name, loss, value.mean, value.sd, value.n,
+                              name not in missing)
+        return table
+
+    # ------------------------------------------------------------------ what it says
+    def caption(self, what: str | None = None, bold: str = "best mean per dataset in bold") -> str:
+        """What the numbers are: stage, data, backbone, weights, protocol, validation, seeds."""
+        documents = [d for c in self.cells.values() for d in c.documents]
+        seeds = sorted({s.seed for c in self.cells.values() for s in c.seeds})
+        counts = sorted({c.estimate.n for c in self.cells.values()})
+        parts = [what or (f"Test mAP (%) of {STAGES.get(self.stage, self.stage)} on "
+                          f"{', '.join(self.datasets)}")]
+        inputs = _distinct(_input_text(d) for d in documents)
+        parts.append("inputs: " + "; ".join(inputs))
+        protocols = _distinct(_protocol_text(d) for d in documents)
+        parts.append("protocol: " + "; ".join(protocols))
+        if max(counts) > 1:
+            parts.append(f"mean ± sd over seeds {', '.join(map(str, seeds))} "
+                         f"({'/'.join(map(str, counts))} per cell)")
+        else:
+            parts.append(f"one seed ({', '.join(map(str, seeds))})")
+        with_published = self.published_datasets()
+        if with_published:
+            source = SOURCES["linear" if self.stage == "linear" else "finetune"]
+            parts.append(f"published: {source}; delta = ours - published")
+        parts.append(bold)
+        return ". ".join(part[:1].upper() + part[1:] for part in parts) + "."
+
+    def notes(self) -> list[str]:
+        """Footnotes: classes scored AP 0 for lack of test positives."""
+        notes = []
+        for dataset in self.datasets:
+            missing: list[str] = []
+            for (_, ds), cell in self.cells.items():
+                if ds == dataset:
+                    missing += [c for c in cell.classes_without_positives if c not in missing]
+            if missing:
+                many = len(missing) > 1
+                notes.append(f"{dataset}: {len(missing)} class{'es have' if many else ' has'} no "
+                             f"positive in the test split ({name_list(missing)}); "
+                             f"{'they count' if many else 'it counts'} as AP 0 in every number, "
+                             "as in the reference code")
+        return notes
+
+    def to_json(self, per_class: bool = False) -> dict:
+        """Everything in the table, with each seed's selection (``--format json``)."""
+        rows = []
+        for loss in self.losses:
+            row: dict = {"loss": loss}
+            for dataset in self.datasets:
+                cell = self.cells.get((loss, dataset))
+                row[dataset] = None if cell is None else cell.to_json()
+            rows.append(row)
+        out = {"caption": self.caption(), "stage": self.stage, "datasets": self.datasets,
+               "losses": self.losses, "notes": self.notes(), "rows": rows}
+        if per_class:
+            out["per_class"] = {dataset: self.per_class(dataset).records()
+                                for dataset in self.datasets}
+        return out
+
+
+def _distinct(texts: Iterable[str]) -> list[str]:
+    out: list[str] = []
+    for text in texts:
+        if text and text not in out:
+            out.append(text)
+    return out
+
+
+def _input_text(document: dict) -> str:
+    """``scene: resnet50 features, random weights, 224 px`` for one run."""
+    dataset = document.get("dataset", "?")
+    if document.get("stage") == "finetune":
+        backbone = document.get("backbone", {})
+        return (f"{dataset}: {backbone.get('name')} ({backbone.get('weights')} weights, "
+                f"{backbone.get('image_size')} px)")
+    features = document.get("features", {})
+    weights = features.get("weights")
+    return (f"{dataset}: {features.get('dim')}-d {features.get('backbone')} features"
+            + (f" ({weights} weights)" if weights and weights != "none" else ""))
+
+
+def _protocol_text(document: dict) -> str:
+    """The grid, epochs and selection of one run."""
+    protocol = document.get("protocol", {})
+    grid = document.get("grid", {})
+    lrs = ", ".join(f"{x:g}" for x in grid.get("lr", []))
+    batches = ", ".join(map(str, grid.get("batch_size", [])))
+    variant = protocol.get("val_variant", "clean")
+    epochs = protocol.get("epochs")
+    text = (f"Adam, lr {{{lrs}}} x batch {{{batches}}}, {epochs} epoch{'s' if epochs != 1 else ''}"
+            f", best epoch and configuration by {variant} validation mAP")
+    if document.get("stage") == "finetune":
+        start = "LinearInit" if document.get("init", {}).get("mode") == "linear" else "a fresh head"
+        text += f", from {start}, head lr x{protocol.get('head_lr_mult', 1):g}"
+    if protocol.get("early_stop", "none") != "none":
+        text += f", early stopping '{protocol['early_stop']}'"
+    return text
