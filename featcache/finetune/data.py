@@ -180,12 +180,20 @@ class EpochBatches(Sampler):
     def __len__(self) -> int:
         return self.num_rows // self.batch_size
 
-    def __iter__(self):
+    def positions(self) -> Tensor:
+        """This rank's positions of every batch of the current epoch: (steps, batch_size / world).
+
+        The training step indexes labels and per-example state with a row of this table moved
+        to the device once per epoch, so no step copies positions from the host.
+        """
         order = epoch_order(self.num_rows, self.batch_size, self.seed, self.epoch)
+        part = self.batch_size // self.world
+        return order[:, self.rank * part:(self.rank + 1) * part]
+
+    def __iter__(self):
         flips = (epoch_flips(self.num_rows, self.seed, self.epoch) if self.flip
                  else torch.zeros(self.num_rows, dtype=torch.bool))
-        part = self.batch_size // self.world
-        for batch in order[:, self.rank * part:(self.rank + 1) * part].tolist():
+        for batch in self.positions().tolist():
             yield [(position, bool(flips[position])) for position in batch]
 
 
