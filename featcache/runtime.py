@@ -136,15 +136,46 @@ def backend_flags(device: torch.device, precision: str = "fp32", *, cudnn_benchm
         with intraop_threads(threads or cpu_threads()):
             yield
         return
-    cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
-    before = (cudnn.benchmark, cudnn.conv.fp32_precision, matmul.fp32_precision)
+    cudnn = torch.backends.cudnn
+    before = (cudnn.benchmark, fp32_modes())
     cudnn.benchmark = cudnn_benchmark
     if precision == "fp32":
-        cudnn.conv.fp32_precision, matmul.fp32_precision = "ieee", "ieee"
+        set_fp32_modes(IEEE)
     try:
         yield
     finally:
-        cudnn.benchmark, cudnn.conv.fp32_precision, matmul.fp32_precision = before
+        cudnn.benchmark = before[0]
+        set_fp32_modes(before[1])
+
+
+#: convolutions and matmuls in IEEE float32 (no TF32)
+IEEE = ("ieee", "ieee")
+
+
+def _has_precision_api() -> bool:
+    """Whether this PyTorch has the ``fp32_precision`` API (2.9 and later)."""
+    return (hasattr(torch.backends.cudnn, "conv")
+            and hasattr(torch.backends.cudnn.conv, "fp32_precision")
+            and hasattr(torch.backends.cuda.matmul, "fp32_precision"))
+
+
+def fp32_modes() -> tuple[str, str]:
+    """(convolutions, matmuls): ``ieee`` or ``tf32`` (``none``: PyTorch's default), read
+    through the ``fp32_precision`` API, or from the legacy ``allow_tf32`` flags on a PyTorch
+    that predates it (the two APIs are never mixed)."""
+    cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
+    if _has_precision_api():
+        return cudnn.conv.fp32_precision, matmul.fp32_precision
+    return ("tf32" if cudnn.allow_tf32 else "ieee"), ("tf32" if matmul.allow_tf32 else "ieee")
+
+
+def set_fp32_modes(modes: tuple[str, str]) -> None:
+    """Undo :func:`fp32_modes` (or force :data:`IEEE`)."""
+    cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
+    if _has_precision_api():
+        cudnn.conv.fp32_precision, matmul.fp32_precision = modes
+    else:
+        cudnn.allow_tf32, matmul.allow_tf32 = (mode == "tf32" for mode in modes)
 
 
 @contextmanager
