@@ -57,7 +57,8 @@ def ddp_worker(rank: int, world: int, port: int, cache: str, out: str) -> None:
     """One rank of the two-process gloo test (``torch.multiprocessing`` entry point).
 
     Trains an epoch of ROLE from the linear run and one of LL-Cp (acting: delta_rel 50) with
-    the trainer, saving what must agree between ranks; then runs the whole command for one epoch.
+    the trainer, saving what must agree between ranks; then runs the whole command for one epoch
+    with DDP, and a grid of three configurations with ``--schedule per-gpu``.
     """
     import os
 
@@ -93,5 +94,14 @@ def ddp_worker(rank: int, world: int, port: int, cache: str, out: str) -> None:
                        Path(out) / f"{loss}-{rank}.pt")
         line = run_finetune(FinetuneOptions(dataset=NAME, loss="role", epochs=1, learning_rates=[1e-3],
                                             batch_sizes=[4], workers=0, device="cpu", cache=cache,
-                                            run_id="ddp", plots=False, progress=False))
+                                            run_id="ddp", plots=False, progress=False,
+                                            schedule="ddp"))
         assert (line is None) == (rank != 0)
+        # The grid with one configuration per rank, trained at the same time
+        run_finetune(FinetuneOptions(**PER_GPU, workers=0, device="cpu", cache=cache,
+                                     run_id="per-gpu", plots=False, progress=False))
+
+
+#: the run the per-gpu schedule test makes on two ranks and in one process
+PER_GPU = {"dataset": NAME, "loss": "role", "epochs": 2, "learning_rates": [1e-3, 1e-4, 1e-2],
+           "batch_sizes": [4], "schedule": "per-gpu"}

@@ -28,6 +28,7 @@ class FinetuneOptions:
     image_size: int | None = None
     precision: str = "auto"
     compile: bool = False
+    schedule: str = "auto"
     workers: int | None = None
     eval_batch_size: int | None = None
     val_variant: str = "clean"
