@@ -226,7 +226,8 @@ class ConfigTrainer:
                                     rank=job.rank, world=job.world)
         self.normalize = Uint8Normalize(start.backbone).to(device)
         self.train_loader = make_loader(data, train, self.image_size, self.sampler,
-                                         settings.workers, device, persistent=True)
+                                        settings.workers, device, config.batch_size // job.world,
+                                        persistent=True, ranks_here=job.local_world)
 
     # ------------------------------------------------------------------ steps
     def autocast(self):
@@ -306,7 +307,8 @@ class ConfigTrainer:
         batches = eval_batches(len(split), self.settings.eval_batch_size, self.job.rank,
                                self.job.world)
         loader = make_loader(self.data, split, self.image_size, batches, self.settings.workers,
-                             self.device)
+                             self.device, self.settings.eval_batch_size,
+                             ranks_here=self.job.local_world)
         bar = self._bar(len(split), f"predict {split.name}")
         parts = [torch.zeros(0, self.data.num_classes, device=self.device)]
         for images, positions, ok in loader:

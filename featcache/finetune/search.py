@@ -136,7 +136,8 @@ def _train_alone(configs: list[GridPoint], settings: Settings, start: StartPoint
                  about: dict) -> dict[GridPoint, ConfigResult]:
     """Each rank trains its share of ``configs`` on its own device; every rank gets all results."""
     mine = configs[job.rank::job.world]
-    alone = single_process(job.device)
+    # a world of one that still knows how many ranks share this machine (for /dev/shm)
+    alone = dataclasses.replace(single_process(job.device), local_world=job.local_world)
     # Only rank 0 draws progress bars (the others still print a line per epoch).
     quiet = dataclasses.replace(settings, bars=settings.bars and job.is_main)
 
