@@ -153,7 +153,7 @@ def extract_features(dataset: str, options: ExtractOptions | None = None,
     final = features_path(dataset, tag, options.cache)
     with ranks(options.device) as job:
         say = say if job.is_main else _quiet
-        run = _Run(options, labels, job, final, say)
+        run = Extraction(options, labels, job, final, say)
         if final.exists() and not options.overwrite:
             return run.check_finished(source)
         return run.execute(source)
@@ -163,8 +163,9 @@ def _quiet(_message: str) -> None:
     pass
 
 
-class _Run:
-    """One extraction on one rank."""
+class Extraction:
+    """One extraction on one rank. Its :meth:`loader`, :meth:`batches` and :meth:`forward` are
+    also what ``benchmarks.extract`` times end to end."""
 
     def __init__(self, options: ExtractOptions, labels: LabelSet, job: Ranks, final: Path, say):
         self.options = options
