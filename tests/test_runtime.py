@@ -31,6 +31,10 @@ def test_backend_flags_are_set_for_the_block_and_restored(monkeypatch):
         assert (cudnn.conv.fp32_precision, matmul.fp32_precision) == before[1:]
     with pytest.raises(RuntimeError), backend_flags(torch.device("cuda"), "fp32", cudnn_benchmark=True):
         raise RuntimeError("the work failed")
+    with backend_flags(torch.device("cuda"), "bf16", cudnn_benchmark=True, deterministic=True):
+        assert cudnn.benchmark is False and cudnn.deterministic is True
+        assert torch.are_deterministic_algorithms_enabled()
+    assert not torch.are_deterministic_algorithms_enabled() and cudnn.deterministic is False
     assert (cudnn.benchmark, cudnn.conv.fp32_precision, matmul.fp32_precision) == before
     threads = torch.get_num_threads()
     with backend_flags(torch.device("cpu"), threads=1):
@@ -66,7 +70,7 @@ def test_backend_flags_fall_back_to_the_legacy_tf32_flags_on_an_older_torch(monk
 
     from featcache import runtime
 
-    cudnn = SimpleNamespace(benchmark=False, allow_tf32=True)
+    cudnn = SimpleNamespace(benchmark=False, allow_tf32=True, deterministic=False)
     matmul = SimpleNamespace(allow_tf32=True)
     monkeypatch.setattr(runtime.torch, "backends", SimpleNamespace(
         cudnn=cudnn, cuda=SimpleNamespace(matmul=matmul)))

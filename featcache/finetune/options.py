@@ -29,6 +29,7 @@ class FinetuneOptions:
     precision: str = "auto"
     compile: bool = False
     schedule: str = "auto"
+    deterministic: bool = False
     workers: int | None = None
     eval_batch_size: int | None = None
     val_variant: str = "clean"

@@ -52,13 +52,15 @@ def run_finetune(options: FinetuneOptions, linear_phase: LinearPhase | None = No
         settings = make_settings(options, start, data, job)
         identity = run_settings(options, settings, start, data)
         run_dir = on_main(job, lambda: open_run_dir(options, identity))
-        with backend_flags(job.device, settings.precision, cudnn_benchmark=True):
+        with backend_flags(job.device, settings.precision, cudnn_benchmark=True,
+                           deterministic=options.deterministic):
             result = run_grid(grid_points(options.learning_rates, options.batch_sizes),
                               settings, start, data, job, run_dir, options.schedule)
         if not job.is_main:
             return None
         machine = {"device": describe_device(job.device), "precision": settings.precision,
-                   "compile": settings.compile, "world_size": job.world,
+                   "compile": settings.compile, "deterministic": options.deterministic,
+                   "world_size": job.world,
                    "schedule": {"option": options.schedule, **result.schedule},
                    "workers": settings.workers, "eval_batch_size": settings.eval_batch_size}
         document = results_document(result, settings, start, data, identity, machine)
