@@ -39,7 +39,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from benchmarks._common import BENCH_DIR, describe, machine, save, steady_rate, synchronize
 from featcache.backbones import Uint8Normalize, backbone_spec, create_backbone, image_transform
-from featcache.backbones.inputs import ImageRows
+from featcache.backbones.inputs import ImageRows, loader_prefetch, uint8_batch_bytes
 from featcache.data.labelfile import load_labels
 from featcache.data.synthetic import write_image_labels
 from featcache.features.extract import Extraction, ExtractOptions
@@ -205,9 +205,11 @@ def baseline(paths: list[Path], args, device: torch.device, batch_size: int, wor
              warmup: int, timed: int) -> dict:
     """The plain loop: PIL + full transform in a DataLoader, fp32, NCHW, a host copy per batch."""
     model = create_backbone(args.backbone, "random").to(device)
+    # PyTorch's default 2 batches per worker, fewer if /dev/shm cannot hold them (float32)
+    prefetch = loader_prefetch(4 * uint8_batch_bytes(batch_size, args.image_size), workers, 2)
     loader = DataLoader(FolderImages(paths, args.image_size), batch_size=batch_size,
                         num_workers=workers, pin_memory=device.type == "cuda",
-                        persistent_workers=workers > 0)
+                        persistent_workers=workers > 0, prefetch_factor=prefetch)
 
     def work(batch) -> int:
         model(batch.to(device)).cpu()

@@ -41,6 +41,7 @@ from torch.utils.data import DataLoader
 from benchmarks._common import BENCH_DIR, describe, machine, save, steady_rate, synchronize
 from benchmarks.extract import FolderImages, generated_images
 from featcache.backbones import create_backbone, image_transform
+from featcache.backbones.inputs import loader_prefetch, uint8_batch_bytes
 from featcache.data.synthetic import write_image_labels
 from featcache.finetune.data import load_finetune_data
 from featcache.finetune.loop import ConfigTrainer, Settings
@@ -122,8 +123,10 @@ def baseline(paths, args, device: torch.device, bsize: int) -> dict:
     model.train()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
     loss_fn = create_loss("an", NUM_CLASSES)
+    prefetch = loader_prefetch(4 * uint8_batch_bytes(bsize, args.image_size), args.workers, 2)
     loader = DataLoader(TrainImages(paths, args.image_size), batch_size=bsize, shuffle=True,
-                        num_workers=args.workers, drop_last=True, pin_memory=device.type == "cuda")
+                        num_workers=args.workers, drop_last=True, pin_memory=device.type == "cuda",
+                        prefetch_factor=prefetch)
 
     def step(batch) -> int:
         images, labels, index = batch

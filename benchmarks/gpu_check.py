@@ -102,8 +102,11 @@ class Sizes:
 class GpuCheck:
     """Runs the checks in order and keeps their results."""
 
-    def __init__(self, out: Path, cuda: bool, say: Callable[[str], None] = print):
+    def __init__(self, out: Path, cuda: bool, say: Callable[[str], None] = print,
+                 budget: float = math.inf, on_result: Callable[[], None] = lambda: None):
         self.out = out
+        self.budget = budget
+        self.on_result = on_result
         self.cuda = cuda
         self.device = "cuda" if cuda else "cpu"
         self.sizes = Sizes.for_device(cuda)
@@ -117,12 +120,17 @@ class GpuCheck:
 
     # ------------------------------------------------------------------ running
     def run(self, name: str, check: Callable[[], tuple[str, dict]], needs_cuda: bool = False,
-            needs: tuple[str, ...] = ()) -> None:
+            needs: tuple[str, ...] = (), takes: float = 0.0) -> None:
+        """Run one check (``takes``: seconds it may need; not started when the budget is short)."""
         failed = [n for n in needs if not self.passed(n)]
+        elapsed = time.perf_counter() - self.started
         if needs_cuda and not self.cuda:
             self.results.append(Result(name, "skip", "needs CUDA"))
         elif failed:
             self.results.append(Result(name, "skip", f"needs {', '.join(failed)}"))
+        elif elapsed + takes > self.budget:
+            self.results.append(Result(name, "fail", f"not run: {elapsed:.0f} s spent, it may take "
+                                                     f"{takes:.0f} s, the budget is {self.budget:.0f} s"))
         else:
             self.say(f"[{time.perf_counter() - self.started:6.1f} s] {name} ...")
             started = time.perf_counter()
@@ -138,6 +146,7 @@ class GpuCheck:
             self.results.append(result)
         last = self.results[-1]
         self.say(f"    {last.status.upper()}: {last.detail}")
+        self.on_result()  # the report so far is on disk: a killed check loses nothing else
 
     def passed(self, name: str) -> bool:
         return any(r.name == name and r.status == "pass" for r in self.results)
@@ -507,14 +516,15 @@ class GpuCheck:
                  needs=("linear run for LinearInit",))
         self.run("fine-tune: bf16 epoch", self.finetune_bf16, needs_cuda=True,
                  needs=("linear run for LinearInit",))
-        self.run("fine-tune: --compile", self.finetune_compile, needs_cuda=True,
-                 needs=("linear run for LinearInit",))
         self.run("fine-tune: SIGKILL and resume", self.finetune_resume,
                  needs=("linear run for LinearInit",))
         self.run("fine-tune: torchrun", self.finetune_torchrun, needs_cuda=True,
                  needs=("fine-tune: SIGKILL and resume",))
-        self.run("benchmark: extraction", self.bench_extract, needs_cuda=True)
-        self.run("benchmark: fine-tuning", self.bench_finetune, needs_cuda=True)
+        self.run("benchmark: extraction", self.bench_extract, needs_cuda=True, takes=60)
+        self.run("benchmark: fine-tuning", self.bench_finetune, needs_cuda=True, takes=60)
+        # last: the longest (inductor compiling ResNet-50 on a GPU takes minutes)
+        self.run("fine-tune: --compile", self.finetune_compile, needs_cuda=True,
+                 needs=("linear run for LinearInit",), takes=150)
 
     def report(self) -> dict:
         from benchmarks._common import machine
@@ -584,6 +594,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the generated data and runs")
     parser.add_argument("--cpu-only", action="store_true",
                         help="run only the parts that need no GPU, even on a GPU machine (CI)")
+    parser.add_argument("--budget", type=float, default=540,
+                        help="seconds: a long check is not started when it could overrun them "
+                             "(it is reported as failed, not run); default 540")
     args = parser.parse_args(argv)
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -592,15 +605,20 @@ def main(argv: list[str] | None = None) -> int:
         why = "--cpu-only" if args.cpu_only else "no CUDA GPU on this machine"
         print(f"gpu-check: {why}; running only the parts that need none (tiny sizes on the CPU)",
               flush=True)
-    check = GpuCheck(out, cuda, say=lambda line: print(line, flush=True))
-    try:
-        check.run_all()
-    finally:
-        from featcache.fileio import write_json_atomic, write_text_atomic
+    from featcache.fileio import write_json_atomic, write_text_atomic
 
+    def write_report() -> dict:
         report = check.report()
         write_json_atomic(out / "gpu-check.json", report)
         write_text_atomic(out / "gpu-check.md", markdown(report))
+        return report
+
+    check = GpuCheck(out, cuda, say=lambda line: print(line, flush=True), budget=args.budget,
+                     on_result=write_report)
+    try:
+        check.run_all()
+    finally:
+        report = write_report()
         if not args.keep:
             for leftover in ("cache", "resume-cache", "photos", "bench"):
                 shutil.rmtree(out / leftover, ignore_errors=True)
