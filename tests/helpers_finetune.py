@@ -37,6 +37,22 @@ def base_cache(tmp_root: Path) -> Path:
     return _BUILT["cache"]
 
 
+def fresh_setup(tmp_root: Path):
+    """(FinetuneData, a fresh-head StartPoint) of the base cache, on the CPU: what tests of
+    single training steps start from."""
+    import torch
+
+    from featcache.finetune.data import load_finetune_data
+    from featcache.finetune.options import FinetuneOptions
+    from featcache.finetune.start import resolve_start
+    from featcache.runtime import single_process
+
+    data = load_finetune_data(base_cache(tmp_root) / NAME / "labels.h5")
+    start = resolve_start(FinetuneOptions(init="none", loss="an", dataset=NAME, weights="random",
+                                          image_size=SIZE), data, single_process(torch.device("cpu")))
+    return data, start
+
+
 def copy_cache(tmp_root: Path, target: Path) -> Path:
     """A private copy of the base cache at ``target``."""
     shutil.copytree(base_cache(tmp_root), target)

@@ -11,15 +11,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers_finetune import NAME, SIZE, base_cache
+from helpers_finetune import fresh_setup
 from torch.overrides import TorchFunctionMode
 
 from featcache.finetune import loop
-from featcache.finetune.data import load_finetune_data
 from featcache.finetune.loop import ConfigTrainer, LossReadout, Settings
-from featcache.finetune.options import FinetuneOptions
 from featcache.finetune.run import loss_params
-from featcache.finetune.start import resolve_start
 from featcache.losses import Targets, create_loss, loss_class, loss_names
 from featcache.protocol.grid import GridPoint
 from featcache.runtime import Ranks
@@ -63,11 +60,7 @@ def _names_a_device(args, kwargs) -> bool:
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    cache = base_cache(tmp_path_factory.getbasetemp())
-    data = load_finetune_data(cache / NAME / "labels.h5")
-    start = resolve_start(FinetuneOptions(init="none", loss="an", dataset=NAME, weights="random",
-                                          image_size=SIZE), data, CPU)
-    return data, start
+    return fresh_setup(tmp_path_factory.getbasetemp())
 
 
 #: a step through the whole trainer for these; every loss's formula is checked below
