@@ -102,6 +102,7 @@ def test_no_loss_formula_waits_for_the_device(setup, loss):
     targets = Targets(data.train.observed[index], index, clean)
     logits = torch.randn(1, 8, data.num_classes, generator=torch.Generator().manual_seed(0),
                          requires_grad=True)
+    fn.begin_epoch(2, 3, state)  # once per epoch, outside the step
     fn.forward(logits, targets, state, 2)  # first call: lazily built constants are allowed
     counter = SyncCounter()
     with counter:
