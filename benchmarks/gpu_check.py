@@ -305,14 +305,14 @@ class GpuCheck:
     # ------------------------------------------------------------------ 3. stage two
     def linear_gpu_vs_cpu(self) -> tuple[str, dict]:
         selections = {}
-        for device in ("cuda", "cpu"):
+        for side, device in (("gpu", self.device), ("cpu", "cpu")):
             self.cli("train-linear", "--dataset", "shapes", "--loss", "role", "--lr", "1e-3,1e-4",
                      "--bsize", "8,16", "--epochs", "5", "--quiet", "--no-plots", "--device",
-                     device, "--run-id", f"linear-{device}", "--backbone", self.sizes.features_tag,
+                     device, "--run-id", f"linear-{side}", "--backbone", self.sizes.features_tag,
                      "--overwrite")
-            results = self.cache / "shapes" / "runs" / "role" / f"linear-{device}" / "results.json"
-            selections[device] = json.loads(results.read_text())["selection"]
-        gpu, cpu = selections["cuda"], selections["cpu"]
+            results = self.cache / "shapes" / "runs" / "role" / f"linear-{side}" / "results.json"
+            selections[side] = json.loads(results.read_text())["selection"]
+        gpu, cpu = selections["gpu"], selections["cpu"]
         diffs = {k: abs(float(gpu[k]) - float(cpu[k])) for k in ("val_map", "test_map")}
         numbers = {"gpu": {k: gpu[k] for k in ("lr", "batch_size", "val_map", "test_map")},
                    "cpu": {k: cpu[k] for k in ("lr", "batch_size", "val_map", "test_map")},
@@ -477,10 +477,11 @@ class GpuCheck:
     def bench_extract(self) -> tuple[str, dict]:
         from benchmarks import extract
 
-        document = extract.main(["--device", "cuda", "--gpu-decode", "--warmup", "2", "--timed",
+        document = extract.main(["--device", self.device, "--gpu-decode", "--warmup", "2", "--timed",
                                  "8", "--out", str(self.out / "bench-extract.json"),
                                  "--data-root", str(self.out / "bench")])
-        rows = [[what, figure["images_per_s"], document["ratio"].get(what)]
+        ratios = dict(document["ratio"], **{"end to end, baseline": 1.0})
+        rows = [[what, figure["images_per_s"], ratios.get(what)]
                 for what, figure in document["figures"].items()]
         return "; ".join(f"{what} {rate:.0f} img/s" for what, rate, _ in rows), {
             "rows": rows, "settings": document["settings"]}
@@ -488,7 +489,7 @@ class GpuCheck:
     def bench_finetune(self) -> tuple[str, dict]:
         from benchmarks import finetune
 
-        document = finetune.main(["--device", "cuda", "--bsize", "16,64", "--warmup", "5",
+        document = finetune.main(["--device", self.device, "--bsize", "16,64", "--warmup", "5",
                                   "--timed", "20", "--out", str(self.out / "bench-finetune.json"),
                                   "--data-root", str(self.out / "bench")])
         rows = []
