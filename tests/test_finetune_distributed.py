@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import socket
 
+import pytest
 import torch
 import torch.multiprocessing as mp
 from helpers_finetune import NAME, PER_GPU, copy_cache, ddp_worker
@@ -27,6 +28,7 @@ def test_ranks_share_every_global_batch():
     assert torch.equal(torch.tensor([[p for p, _ in b] for b in whole]), epoch_order(16, 4, 0, 0))
 
 
+@pytest.mark.filterwarnings("ignore:the validation split has fewer than 5 positives")  # toy data
 def test_two_ranks_stay_identical(tmp_path_factory, tmp_path, monkeypatch):
     cache = copy_cache(tmp_path_factory.getbasetemp(), tmp_path / "cache")
     out = tmp_path / "out"

@@ -9,12 +9,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 CPU_ABLE = ("data", "extraction: bf16 vs fp32", "extraction: --gpu-decode vs PIL",
             "extraction: SIGKILL and resume", "linear run for LinearInit",
             "fine-tune: LinearInit first eval", "fine-tune: SIGKILL and resume")
 
 
+@pytest.mark.slow
 def test_gpu_check_runs_its_cpu_parts_and_reports(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(REPO))
     done = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "--cpu-only", "--out",
