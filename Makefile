@@ -14,7 +14,7 @@ WEIGHTS ?= random
 # The features file's tag: resnet50 for v1, resnet50-<weights> otherwise (docs/features.md).
 DEMO_TAG := resnet50$(if $(filter v1,$(WEIGHTS)),,-$(WEIGHTS))
 
-.PHONY: install test demo features lint bench clean-demo real-features help
+.PHONY: install test demo features lint bench gpu-check clean-demo real-features help
 
 help:
 	@echo "make install   create .venv and install featcache with its dev tools"
@@ -23,6 +23,7 @@ help:
 	@echo "make features DATASET=voc [FEATURES_ARGS=...]   stage one for a prepared dataset"
 	@echo "make lint      ruff and the import-linter architecture contracts"
 	@echo "make bench     speed benchmarks (benchmarks/), figures in cache/bench/"
+	@echo "make gpu-check validate the GPU paths (under 10 min on one H100; CPU-able parts only without CUDA)"
 	@echo "make real-features   every loss on the real feature sets of ../shared/data (README table)"
 
 install: $(STAMP)
@@ -56,6 +57,13 @@ lint: install
 
 bench: install
 	$(BIN)/python -m benchmarks
+
+# The GPU check runs where the project is not installed too (a lent GPU machine with its own
+# PyTorch): the repository on PYTHONPATH, the venv's python if there is one, else python3.
+GPU_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
+GPU_CHECK_ARGS ?=
+gpu-check:
+	PYTHONPATH=$(CURDIR) $(GPU_PYTHON) -m benchmarks.gpu_check $(GPU_CHECK_ARGS)
 
 clean-demo:
 	rm -rf cache/shapes

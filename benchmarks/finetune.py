@@ -1,36 +1,47 @@
-"""Stage three speed: training images/s at 448 x 448, ours next to the reference code's way.
+"""Stage three speed in steady state: training images/s of ours next to a plain loop.
 
-Ours: :class:`featcache.finetune.loop.ConfigTrainer` as ``featcache finetune`` runs it: PIL
-decode and resize in DataLoader workers, uint8 batches (pinned) normalised on the device,
-seeded flips, autocast bf16 (fp16 + grad scaler where bf16 is missing) and channels_last on a
-GPU, fused Adam, no host copy of the predictions; optionally ``torch.compile``.
-Baseline: what the reference code does (Cole et al. ``train.py``): a Dataset that opens each
-file with PIL and applies the full torchvision training transform (Resize, RandomHorizontalFlip,
-ToTensor, Normalize), a shuffling DataLoader with its 4 workers, fp32, ``.cpu().numpy()`` of
-every batch's predictions for its logger.
+Every figure is images / second over ``--timed`` steps after ``--warmup`` untimed ones, all
+inside one epoch (no epoch boundary, no evaluation), with the process-wide flags a run sets
+(``cudnn.benchmark`` on, as ``featcache finetune`` runs), on generated JPEGs of photo size and
+compression (about 500 x 375, quality 90), at ``--image-size``:
+
+- decode only: our training loader (PIL decode + resize + seeded flip to uint8 in
+  ``--workers`` processes), no model;
+- compute only: :meth:`ConfigTrainer.step` (forward, AN loss, backward, fused Adam on a GPU)
+  on a batch already on the device;
+- end to end, ours: the training loop of :class:`featcache.finetune.loop.ConfigTrainer` (its
+  loader, positions on the device per epoch, its step); with ``--compile`` the compile time
+  of the first step is reported separately;
+- end to end, baseline: the plain loop, in the same run with the same batch size and workers:
+  a Dataset that opens each file with PIL and applies the full torchvision training transform
+  (Resize, RandomHorizontalFlip, ToTensor, Normalize: float32 batches), a shuffling DataLoader,
+  fp32, NCHW, ``torch.optim.Adam``'s default implementation, cuDNN's default algorithm choice,
+  and the reference logger's host copy of every batch's predictions.
 
 Both train ResNet-50 (random weights: speed does not depend on them) plus a linear head with
-Adam and the AN loss on the same generated photo-like JPEGs (about 500 x 375, like VOC's);
-the figure is images / second over the timed steps, after warm-up steps (cuDNN autotuning,
-allocator, worker start-up).
+Adam and the AN loss. The device, batch size, workers and precision are printed and saved with
+the figures in ``cache/bench/finetune-<device>.json``.
 
-    python -m benchmarks.finetune               # CPU: batch 8, 1 warm-up + 2 timed steps (minutes)
-    python -m benchmarks.finetune --gpu         # lent GPU: batches 16 and 64, 10 + 40 steps
-    python -m benchmarks.finetune --gpu --compile
+    python -m benchmarks.finetune                           # CPU: batch 8, 2 + 3 steps (minutes)
+    python -m benchmarks.finetune --device cuda --bsize 16,64   # GPU: 10 + 40 steps per batch
+    python -m benchmarks.finetune --device cuda --bsize 16 --compile
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import math
 import time
+from pathlib import Path
 
 import torch
 from torch.utils.data import DataLoader
 
-from benchmarks._common import BENCH_DIR, describe, machine, save
+from benchmarks._common import BENCH_DIR, describe, machine, save, steady_rate, synchronize
 from benchmarks.extract import FolderImages, generated_images
 from featcache.backbones import create_backbone, image_transform
+from featcache.backbones.inputs import loader_prefetch, uint8_batch_bytes
 from featcache.data.synthetic import write_image_labels
 from featcache.finetune.data import load_finetune_data
 from featcache.finetune.loop import ConfigTrainer, Settings
@@ -39,15 +50,20 @@ from featcache.finetune.options import FinetuneOptions
 from featcache.finetune.start import fresh_start
 from featcache.losses import Targets, create_loss
 from featcache.protocol.grid import GridPoint
-from featcache.runtime import Ranks, default_workers, resolve_precision, usable_cpus
+from featcache.runtime import (
+    backend_flags,
+    default_workers,
+    resolve_precision,
+    single_process,
+    usable_cpus,
+)
 from featcache.tables import Table
 
-REFERENCE_WORKERS = 4  # Cole et al. train.py: P['num_workers'] = 4
 NUM_CLASSES = 20
 
 
 class TrainImages(FolderImages):
-    """The reference's training Dataset: PIL, full transform with a random flip, and labels."""
+    """The plain loop's training Dataset: PIL, full transform with a random flip, and labels."""
 
     def __init__(self, paths, image_size: int):
         super().__init__(paths, image_size)
@@ -59,51 +75,61 @@ class TrainImages(FolderImages):
         return super().__getitem__(index), labels, index
 
 
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def run_ours(labels_path, args, device: torch.device, bsize: int) -> float:
-    """images/s of ConfigTrainer's training steps (its loader, AMP, channels_last)."""
+def make_trainer(labels_path: Path, args, device: torch.device, bsize: int) -> ConfigTrainer:
+    """A ConfigTrainer as ``featcache finetune --init none --loss an`` builds it."""
     data = load_finetune_data(labels_path)
     start = fresh_start(FinetuneOptions(init="none", loss="an", dataset=str(labels_path.parent),
                                         weights="random", image_size=args.image_size))
-    workers = args.workers if args.workers is not None else default_workers(device)
-    settings = Settings(loss="an", params={}, epochs=1, precision=resolve_precision(args.precision, device),
-                        compile=args.compile, workers=workers, progress=False)
+    settings = Settings(loss="an", params={}, epochs=1, precision=args.resolved_precision,
+                        compile=args.compile, workers=args.workers, progress=False)
     settings.validate(device)
-    trainer = ConfigTrainer(GridPoint(1e-4, bsize), settings, start, data,
-                            Ranks(0, 1, 0, 1, device))
+    trainer = ConfigTrainer(GridPoint(1e-4, bsize), settings, start, data, single_process(device))
     trainer.net.train()
-
-    def batches():
-        for epoch in itertools.count():
-            trainer.sampler.set_epoch(epoch)
-            yield from trainer.train_loader
-
-    return _timed(batches(), lambda images, positions: trainer.step(images, positions, 0),
-                  args.warmup, args.steps, bsize, device)
+    trainer.sampler.set_epoch(0)
+    return trainer
 
 
-def run_baseline(paths, args, device: torch.device, bsize: int) -> float:
-    """images/s of the reference way: PIL + full transform, fp32, preds copied to the host."""
+def ours(labels_path: Path, args, device: torch.device, bsize: int) -> dict[str, dict]:
+    """decode only, compute only (and compile time), end to end: one epoch's steps."""
+    trainer = make_trainer(labels_path, args, device, bsize)
+    out = {"decode only": steady_rate(iter(trainer.train_loader), lambda b: len(b[1]),
+                                      args.warmup, args.timed, device)}
+    order = trainer.sampler.positions()
+    on_device = order.to(device)
+    images, _, _ = next(iter(trainer.train_loader))
+    started = time.perf_counter()
+    trainer.step(images, on_device[0], 0)  # with --compile: the compilation
+    synchronize(device)
+    first_step = time.perf_counter() - started
+    resident = images.to(device)
+    out["compute only"] = steady_rate(
+        itertools.count(1), lambda step: len(trainer.step(resident, on_device[step % len(order)], 0)[1]),
+        args.warmup, args.timed, device)
+    out["compute only"]["first_step_seconds"] = first_step
+
+    def batches():  # the loop of ConfigTrainer.train_epoch without its bar and records
+        for step, (images, _positions, _ok) in enumerate(trainer.train_loader):
+            yield images, on_device[step]
+
+    out["end to end"] = steady_rate(batches(), lambda b: len(trainer.step(b[0], b[1], 0)[1]),
+                                    args.warmup, args.timed, device)
+    return out
+
+
+def baseline(paths, args, device: torch.device, bsize: int) -> dict:
+    """The plain loop: PIL + full transform, fp32, NCHW, default Adam, predictions to the host."""
     trunk = create_backbone("resnet50", "random")
     model = FinetuneNet(trunk, linear_head(2048, NUM_CLASSES, generator=torch.Generator())).to(device)
     model.train()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
     loss_fn = create_loss("an", NUM_CLASSES)
-    workers = min(REFERENCE_WORKERS, usable_cpus())
+    prefetch = loader_prefetch(4 * uint8_batch_bytes(bsize, args.image_size), args.workers, 2)
     loader = DataLoader(TrainImages(paths, args.image_size), batch_size=bsize, shuffle=True,
-                        num_workers=workers, drop_last=True, persistent_workers=workers > 0)
+                        num_workers=args.workers, drop_last=True, pin_memory=device.type == "cuda",
+                        prefetch_factor=prefetch)
 
-    def batches():
-        while True:
-            for images, labels, index in loader:
-                yield images, (labels, index)
-
-    def step(images, extra):
-        labels, index = extra
+    def step(batch) -> int:
+        images, labels, index = batch
         images, labels = images.to(device), labels.to(device)
         optimizer.zero_grad()
         logits = model(images)
@@ -111,79 +137,95 @@ def run_baseline(paths, args, device: torch.device, bsize: int) -> float:
         torch.sigmoid(logits).clone().detach().cpu().numpy()  # the reference logger's copy
         loss.backward()
         optimizer.step()
+        return len(images)
 
-    return _timed(batches(), step, args.warmup, args.steps, bsize, device)
-
-
-def _timed(batches, step, warmup: int, steps: int, bsize: int, device: torch.device) -> float:
-    """Run ``warmup`` untimed then ``steps`` timed steps; images / second of the timed ones."""
-    for _, (images, second, *_) in zip(range(warmup), batches, strict=False):
-        step(images, second)
-    _synchronize(device)
-    started = time.perf_counter()
-    for _, (images, second, *_) in zip(range(steps), batches, strict=False):
-        step(images, second)
-    _synchronize(device)
-    return steps * bsize / (time.perf_counter() - started)
+    return steady_rate(iter(loader), step, args.warmup, args.timed, device)
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.finetune", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--gpu", action="store_true",
-                        help="GPU settings: cuda, batches 16 and 64, 10 warm-up + 40 timed steps")
-    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda with --gpu)")
-    parser.add_argument("--bsize", default=None, help="comma-separated batch sizes (default 8; 16,64 with --gpu)")
-    parser.add_argument("--warmup", type=int, default=None, help="untimed steps (default 1; 10 with --gpu)")
-    parser.add_argument("--steps", type=int, default=None, help="timed steps (default 2; 40 with --gpu)")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
+    parser.add_argument("--bsize", default=None,
+                        help="comma-separated batch sizes (default 8 on the CPU, 16,64 on a GPU)")
+    parser.add_argument("--warmup", type=int, default=None, help="untimed steps (2 CPU, 10 GPU)")
+    parser.add_argument("--timed", type=int, default=None, help="timed steps (3 CPU, 40 GPU)")
     parser.add_argument("--image-size", type=int, default=448)
-    parser.add_argument("--images", type=int, default=None, help="generated JPEGs (default: enough for one pass)")
     parser.add_argument("--precision", default="auto", help="ours: auto, fp32, bf16, fp16")
-    parser.add_argument("--workers", type=int, default=None, help="ours (default: the engine's)")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="ours and the baseline (default: the engine's for the device)")
     parser.add_argument("--compile", action="store_true", help="ours with torch.compile")
     parser.add_argument("--skip-baseline", action="store_true", help="time ours only")
+    parser.add_argument("--out", default=None, help="JSON file (default cache/bench/finetune-<device>.json)")
+    parser.add_argument("--data-root", default=None, help="where generated images go (default cache/bench)")
     args = parser.parse_args(argv)
-    args.bsizes = [int(b) for b in (args.bsize or ("16,64" if args.gpu else "8")).split(",")]
-    args.warmup = args.warmup if args.warmup is not None else (10 if args.gpu else 1)
-    args.steps = args.steps if args.steps is not None else (40 if args.gpu else 2)
+    gpu = args.device.startswith("cuda")
+    args.bsizes = [int(b) for b in (args.bsize or ("16,64" if gpu else "8")).split(",")]
+    args.warmup = args.warmup if args.warmup is not None else (10 if gpu else 2)
+    args.timed = args.timed if args.timed is not None else (40 if gpu else 3)
     return args
 
 
 def main(argv: list[str] | None = None) -> dict:
-    """Run the benchmark, print a Markdown table, save cache/bench/finetune-<device>.json."""
+    """Run the benchmark, print a Markdown table, save the JSON file; returns the document."""
     args = parse(argv)
-    device = torch.device(args.device or ("cuda" if args.gpu else "cpu"))
-    count = args.images or min(4096, max(args.bsizes) * (args.warmup + args.steps) + 16)
-    folder, names, mean_kb = generated_images(count, usable_cpus())
-    labels_path = BENCH_DIR / "finetune-data" / f"photos{count}" / "labels.h5"
-    # 80 % of the official train set trains (the protocol's split): all but a few images here
-    n_train = count - 4
-    write_image_labels(labels_path, names[:n_train], names[n_train:], str(folder.resolve()),
-                       dataset=f"photos{count}", num_classes=NUM_CLASSES, overwrite=True)
+    device = torch.device(args.device)
+    args.resolved_precision = resolve_precision(args.precision, device)
+    args.workers = args.workers if args.workers is not None else default_workers(device)
+    # One epoch holds every step (+1: the compile step). The protocol trains on 80 % of the
+    # official train set (the rest validates); 4 test images.
+    official_train = math.ceil(max(args.bsizes) * (args.warmup + args.timed + 1) / 0.8) + 1
+    count = official_train + 4
+    root = Path(args.data_root) if args.data_root else None
+    folder, names, mean_kb = generated_images(count, usable_cpus(), root=root)
+    labels_path = (root or BENCH_DIR) / "finetune-data" / f"photos{count}" / "labels.h5"
+    write_image_labels(labels_path, names[:official_train], names[official_train:],
+                       str(folder.resolve()), dataset=f"photos{count}", num_classes=NUM_CLASSES,
+                       overwrite=True)
     info = machine(device)
-    table = Table(["device", "batch", "image size", "ours img/s", "baseline img/s", "ratio"],
-                  title=f"Stage three training, {describe(info)}")
+    settings = {"device": str(device), "workers": args.workers,
+                "precision": args.resolved_precision, "compile": args.compile,
+                "image_size": args.image_size, "cudnn_benchmark": device.type == "cuda"}
+    print(f"finetune benchmark: {describe(info)}; {settings}; batches {args.bsizes}; {count} "
+          f"JPEGs of {mean_kb:.0f} kB; {args.warmup} warm-up + {args.timed} timed steps; "
+          f"{info['load']}", flush=True)
+    table = Table(["batch", "what", "images/s", "vs baseline", "how"],
+                  title=f"Stage three training at {args.image_size} px, {describe(info)}")
     figures = []
     for bsize in args.bsizes:
         print(f"ours, batch {bsize} ...", flush=True)
-        ours = run_ours(labels_path, args, device, bsize)
-        baseline = None
+        with backend_flags(device, args.resolved_precision, cudnn_benchmark=True):
+            mine = ours(labels_path, args, device, bsize)
+        base = None
         if not args.skip_baseline:
-            print(f"baseline (reference way), batch {bsize} ...", flush=True)
-            baseline = run_baseline([folder / n for n in names], args, device, bsize)
-        table.add(str(device), bsize, args.image_size, ours, baseline,
-                  None if baseline is None else ours / baseline)
-        figures.append({"bsize": bsize, "ours_images_per_s": ours, "baseline_images_per_s": baseline})
+            print(f"baseline (plain loop), batch {bsize} ...", flush=True)
+            with backend_flags(device, "fp32"):
+                base = baseline([folder / n for n in names], args, device, bsize)
+        how = (f"{args.workers} workers, {args.resolved_precision}, channels_last"
+               + (", compiled" if args.compile else ""))
+        for what, result in mine.items():
+            ratio = (result["images_per_s"] / base["images_per_s"]
+                     if base and what == "end to end" else None)
+            table.add(bsize, f"{what}, ours", result["images_per_s"], ratio, how)
+        if base:
+            table.add(bsize, "end to end, baseline", base["images_per_s"], 1.0,
+                      f"{args.workers} workers, fp32, PIL + full transform")
+        figures.append({"batch_size": bsize, "ours": mine, "baseline": base,
+                        "ratio": base and mine["end to end"]["images_per_s"] / base["images_per_s"]})
     print(table.markdown())
+    for figure in figures:
+        first = figure["ours"]["compute only"]["first_step_seconds"]
+        print(f"batch {figure['batch_size']}: first step {first:.1f} s"
+              + (" (includes torch.compile)" if args.compile else ""))
     document = {
-        "benchmark": "finetune", "machine": info, "images": count, "mean_jpeg_kB": mean_kb,
-        "image_size": args.image_size, "warmup_steps": args.warmup, "timed_steps": args.steps,
-        "ours": {"precision": resolve_precision(args.precision, device), "compile": args.compile,
-                 "workers": args.workers if args.workers is not None else default_workers(device)},
-        "baseline": {"precision": "fp32", "workers": min(REFERENCE_WORKERS, usable_cpus())},
+        "benchmark": "finetune", "machine": info, "settings": settings, "images": count,
+        "mean_jpeg_kB": mean_kb, "warmup_steps": args.warmup, "timed_steps": args.timed,
+        "baseline": {"what": "plain loop: PIL + full torchvision transform, DataLoader, fp32, "
+                             "default Adam, predictions copied to the host",
+                     "workers": args.workers, "precision": "fp32"},
         "figures": figures,
     }
-    path = save(f"finetune-{device.type}", document)
+    path = save(f"finetune-{device.type}", document, args.out)
     print(f"figures saved to {path}")
     return document
 

@@ -123,7 +123,7 @@ def default_batch_size(device: torch.device) -> int:
 # -------------------------------------------------------------------------------- backend flags
 @contextmanager
 def backend_flags(device: torch.device, precision: str = "fp32", *, cudnn_benchmark: bool = False,
-                  threads: int | None = None) -> Iterator[None]:
+                  threads: int | None = None, deterministic: bool = False) -> Iterator[None]:
     """Set the process-wide flags a block of work needs, and restore them afterwards.
 
     - CPU: ``threads`` intra-op threads (default :func:`cpu_threads`).
@@ -131,20 +131,64 @@ def backend_flags(device: torch.device, precision: str = "fp32", *, cudnn_benchm
       with ``precision == "fp32"`` IEEE float32 convolutions and matmuls (no TF32), so that
       ``--precision fp32`` means fp32. Only PyTorch's ``fp32_precision`` API is used (not the
       legacy ``allow_tf32`` flags: the two must not be mixed).
+    - GPU, ``deterministic``: deterministic cuDNN algorithms and PyTorch's deterministic
+      implementations (``torch.use_deterministic_algorithms``, warning where an operation has
+      none), no autotuner: the same run gives the same bits, so a resumed run equals an
+      uninterrupted one. cuBLAS needs ``CUBLAS_WORKSPACE_CONFIG`` for that; it is set to
+      ``:4096:8`` unless already set (it must be set before cuBLAS starts).
     """
     if device.type == "cpu":
         with intraop_threads(threads or cpu_threads()):
             yield
         return
-    cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
-    before = (cudnn.benchmark, cudnn.conv.fp32_precision, matmul.fp32_precision)
-    cudnn.benchmark = cudnn_benchmark
+    cudnn = torch.backends.cudnn
+    before = (cudnn.benchmark, fp32_modes(), cudnn.deterministic,
+              torch.are_deterministic_algorithms_enabled(),
+              torch.is_deterministic_algorithms_warn_only_enabled())
+    cudnn.benchmark = cudnn_benchmark and not deterministic
     if precision == "fp32":
-        cudnn.conv.fp32_precision, matmul.fp32_precision = "ieee", "ieee"
+        set_fp32_modes(IEEE)
+    if deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        cudnn.deterministic = True
+        torch.use_deterministic_algorithms(True, warn_only=True)
     try:
         yield
     finally:
-        cudnn.benchmark, cudnn.conv.fp32_precision, matmul.fp32_precision = before
+        cudnn.benchmark = before[0]
+        set_fp32_modes(before[1])
+        cudnn.deterministic = before[2]
+        torch.use_deterministic_algorithms(before[3], warn_only=before[4])
+
+
+#: convolutions and matmuls in IEEE float32 (no TF32)
+IEEE = ("ieee", "ieee")
+
+
+def _has_precision_api() -> bool:
+    """Whether this PyTorch has the ``fp32_precision`` API (2.9 and later)."""
+    return (hasattr(torch.backends.cudnn, "conv")
+            and hasattr(torch.backends.cudnn.conv, "fp32_precision")
+            and hasattr(torch.backends.cuda.matmul, "fp32_precision"))
+
+
+def fp32_modes() -> tuple[str, str]:
+    """(convolutions, matmuls): ``ieee`` or ``tf32`` (``none``: PyTorch's default), read
+    through the ``fp32_precision`` API, or from the legacy ``allow_tf32`` flags on a PyTorch
+    that predates it (the two APIs are never mixed)."""
+    cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
+    if _has_precision_api():
+        return cudnn.conv.fp32_precision, matmul.fp32_precision
+    return ("tf32" if cudnn.allow_tf32 else "ieee"), ("tf32" if matmul.allow_tf32 else "ieee")
+
+
+def set_fp32_modes(modes: tuple[str, str]) -> None:
+    """Undo :func:`fp32_modes` (or force :data:`IEEE`)."""
+    cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
+    if _has_precision_api():
+        cudnn.conv.fp32_precision, matmul.fp32_precision = modes
+    else:
+        cudnn.allow_tf32, matmul.allow_tf32 = (mode == "tf32" for mode in modes)
 
 
 @contextmanager

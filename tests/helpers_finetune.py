@@ -37,6 +37,22 @@ def base_cache(tmp_root: Path) -> Path:
     return _BUILT["cache"]
 
 
+def fresh_setup(tmp_root: Path):
+    """(FinetuneData, a fresh-head StartPoint) of the base cache, on the CPU: what tests of
+    single training steps start from."""
+    import torch
+
+    from featcache.finetune.data import load_finetune_data
+    from featcache.finetune.options import FinetuneOptions
+    from featcache.finetune.start import resolve_start
+    from featcache.runtime import single_process
+
+    data = load_finetune_data(base_cache(tmp_root) / NAME / "labels.h5")
+    start = resolve_start(FinetuneOptions(init="none", loss="an", dataset=NAME, weights="random",
+                                          image_size=SIZE), data, single_process(torch.device("cpu")))
+    return data, start
+
+
 def copy_cache(tmp_root: Path, target: Path) -> Path:
     """A private copy of the base cache at ``target``."""
     shutil.copytree(base_cache(tmp_root), target)
@@ -57,7 +73,8 @@ def ddp_worker(rank: int, world: int, port: int, cache: str, out: str) -> None:
     """One rank of the two-process gloo test (``torch.multiprocessing`` entry point).
 
     Trains an epoch of ROLE from the linear run and one of LL-Cp (acting: delta_rel 50) with
-    the trainer, saving what must agree between ranks; then runs the whole command for one epoch.
+    the trainer, saving what must agree between ranks; then runs the whole command for one epoch
+    with DDP, and a grid of three configurations with ``--schedule per-gpu``.
     """
     import os
 
@@ -93,5 +110,14 @@ def ddp_worker(rank: int, world: int, port: int, cache: str, out: str) -> None:
                        Path(out) / f"{loss}-{rank}.pt")
         line = run_finetune(FinetuneOptions(dataset=NAME, loss="role", epochs=1, learning_rates=[1e-3],
                                             batch_sizes=[4], workers=0, device="cpu", cache=cache,
-                                            run_id="ddp", plots=False, progress=False))
+                                            run_id="ddp", plots=False, progress=False,
+                                            schedule="ddp"))
         assert (line is None) == (rank != 0)
+        # The grid with one configuration per rank, trained at the same time
+        run_finetune(FinetuneOptions(**PER_GPU, workers=0, device="cpu", cache=cache,
+                                     run_id="per-gpu", plots=False, progress=False))
+
+
+#: the run the per-gpu schedule test makes on two ranks and in one process
+PER_GPU = {"dataset": NAME, "loss": "role", "epochs": 2, "learning_rates": [1e-3, 1e-4, 1e-2],
+           "batch_sizes": [4], "schedule": "per-gpu"}

@@ -358,3 +358,27 @@ def test_device_choices_and_gpu_settings_without_a_gpu(monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     with backend_flags(cpu, "fp32"):
         assert torch.get_num_threads() == 1
+
+
+def test_jpeg_draft_is_recorded_and_refused_with_gpu_decode(tmp_path):
+    make_dataset(tmp_path, num_train=4, num_test=4)
+    result = extract_features("toy", options(tmp_path, jpeg_draft=True))
+    _, attrs = read(result.path)
+    assert "draft(None, (32, 32))" in attrs["transform"]
+    with pytest.raises(OutputExistsError, match="transform"):  # not the reference's full decode
+        extract_features("toy", options(tmp_path))
+    with pytest.raises(OptionError, match="--jpeg-draft.*--gpu-decode"):
+        extract_features("toy", options(tmp_path, jpeg_draft=True, gpu_decode=True, overwrite=True))
+
+
+def test_too_small_shared_memory_is_one_clear_error(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from featcache.backbones import inputs
+
+    make_dataset(tmp_path, num_train=4, num_test=4)
+    monkeypatch.setattr(inputs.shutil, "disk_usage", lambda path: SimpleNamespace(free=20_000))
+    with pytest.raises(FeatcacheError, match=r"/dev/shm has 0 MB free.*batches of 4 images at 32 "
+                                             r"px.*--shm-size"):
+        extract_features("toy", options(tmp_path, workers=1))
+    assert not (tmp_path / "cache" / "toy" / "features-resnet50-random.h5").exists()

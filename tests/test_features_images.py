@@ -81,3 +81,71 @@ def test_device_decode_path_on_the_cpu(tmp_path):
         reference = resize_transform(48)(Image.open(tmp_path / names[i]).convert("RGB"))
         assert (batch[i].float() - reference.float()).abs().mean() < 3.0, kinds[i]
     assert torch.equal(batch[1], resize_transform(48)(Image.open(tmp_path / names[1]).convert("RGB")))
+
+
+def test_device_decode_resizes_each_size_group_at_once_like_one_by_one(tmp_path):
+    from torchvision.io import ImageReadMode, decode_jpeg
+    from torchvision.transforms.v2 import functional as F
+
+    sizes = [(80, 60), (64, 48), (80, 60), (64, 48), (80, 60)]
+    names = [write_image(tmp_path / f"{i}.jpg", "jpeg", seed=i, size=size).name
+             for i, size in enumerate(sizes)]
+    items = [inputs.JpegBytesRows(tmp_path, names, image_size=40)[i] for i in range(len(names))]
+    payloads, _, _, is_jpeg = inputs.collate_jpeg_rows(items)
+    batch, decoded = inputs.decode_on_device(payloads, is_jpeg, 40, torch.device("cpu"))
+    assert decoded.all()
+    for i, payload in enumerate(payloads):
+        one = F.resize(decode_jpeg(payload, mode=ImageReadMode.RGB), [40, 40], antialias=True)
+        assert torch.equal(batch[i], one), i
+
+
+def test_device_decoder_pipeline_yields_every_batch_in_order(tmp_path):
+    from torch.utils.data import DataLoader
+
+    names = [write_image(tmp_path / f"{i}.jpg", "jpeg", seed=i, size=(50 + i, 40)).name
+             for i in range(7)]
+    dataset = inputs.JpegBytesRows(tmp_path, names, image_size=32)
+    loader = DataLoader(dataset, batch_size=3, collate_fn=inputs.collate_jpeg_rows)
+    got = list(inputs.DeviceDecoder(loader, 32, torch.device("cpu")))
+    assert [rows.tolist() for _, rows, _ in got] == [[0, 1, 2], [3, 4, 5], [6]]
+    for images, rows, ok in got:
+        assert ok.all()
+        expected, _ = inputs.decode_on_device([dataset[r][0] for r in rows.tolist()],
+                                              [True] * len(rows), 32, torch.device("cpu"))
+        assert torch.equal(images, expected)
+
+
+def test_jpeg_draft_decodes_large_jpegs_at_a_reduced_scale(tmp_path):
+    path = write_image(tmp_path / "big.jpg", "jpeg", seed=3, size=(400, 300))
+    full = imgs.load_rgb(path)
+    assert imgs.load_rgb(path, draft=(140, 140)).size == (200, 150)  # 1/2 keeps >= 140 x 140
+    assert imgs.load_rgb(path, draft=(160, 160)).size == (400, 300)  # 1/2 would be too small
+    small = inputs.ImageRows(tmp_path, ["big.jpg"], image_size=140, draft=True)[0][0]
+    reference = resize_transform(140)(full)
+    assert small.shape == reference.shape and not torch.equal(small, reference)
+    assert (small.float() - reference.float()).abs().mean() < 4.0  # close, not equal
+    png = write_image(tmp_path / "big.png", "png", seed=3, size=(400, 300))
+    assert imgs.load_rgb(png, draft=(140, 140)).size == (400, 300)  # only JPEGs are drafted
+
+
+def test_loader_prefetch_fits_the_batches_in_shared_memory(monkeypatch, tmp_path):
+    from types import SimpleNamespace
+
+    from featcache.errors import FeatcacheError
+
+    free = {"bytes": 10_000}
+    monkeypatch.setattr(inputs.shutil, "disk_usage", lambda path: SimpleNamespace(free=free["bytes"]))
+    assert inputs.loader_prefetch(100, workers=0, wanted=2) is None
+    assert inputs.loader_prefetch(100, workers=4, wanted=2) == 2  # 800 of 5,000 planned bytes
+    assert inputs.loader_prefetch(1000, workers=2, wanted=4) == 2  # 5,000 // 2,000
+    assert inputs.loader_prefetch(1000, workers=2, wanted=4, ranks_here=2) == 1
+    free["bytes"] = 3_000
+    with pytest.raises(FeatcacheError, match=r"has 0 MB free.*2 worker\(s\).*--shm-size=1g"):
+        inputs.loader_prefetch(1000, workers=2, wanted=2)
+    monkeypatch.setattr(inputs.shutil, "disk_usage", _no_shm)
+    assert inputs.loader_prefetch(1000, workers=2, wanted=2) == 2  # nothing to plan against
+    assert inputs.uint8_batch_bytes(256, 448) == 154_140_672  # the batch, as uint8
+
+
+def _no_shm(path):
+    raise FileNotFoundError(path)

@@ -6,13 +6,10 @@ import math
 
 import pytest
 import torch
-from helpers_finetune import NAME, SIZE, base_cache
+from helpers_finetune import SIZE, fresh_setup
 
-from featcache.finetune.data import load_finetune_data
 from featcache.finetune.loop import ConfigTrainer, Settings
-from featcache.finetune.options import FinetuneOptions
 from featcache.finetune.run import loss_params
-from featcache.finetune.start import resolve_start
 from featcache.losses import loss_class, loss_names
 from featcache.protocol.grid import GridPoint
 from featcache.runtime import Ranks
@@ -24,11 +21,7 @@ ACTIVE = {"em-apl": {"warmup": 1.0}, "ll-cp": {"delta_rel": 50.0}, "opml-sp": {"
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    cache = base_cache(tmp_path_factory.getbasetemp())
-    data = load_finetune_data(cache / NAME / "labels.h5")
-    start = resolve_start(FinetuneOptions(init="none", loss="an", dataset=NAME, weights="random",
-                                          image_size=SIZE), data, CPU)
-    return data, start
+    return fresh_setup(tmp_path_factory.getbasetemp())
 
 
 @pytest.mark.parametrize("loss", loss_names())

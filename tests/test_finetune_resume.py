@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 
 import pytest
 import torch
@@ -92,3 +93,31 @@ def test_resume_refuses_an_incompatible_or_broken_checkpoint(cache, monkeypatch)
 
     nothing = finetune(cache, "--loss", "an", "--init", "none", "--weights", "random", "--resume")
     assert nothing.exit_code == 1 and "no unfinished fine-tuning run" in nothing.output
+
+
+def test_resume_with_fewer_visible_gpus_restores_what_matches_and_warns(monkeypatch):
+    from featcache.errors import FeatcacheWarning
+    from featcache.finetune.checkpoint import restore_rng_states, rng_states
+
+    saved = rng_states()
+    states = [torch.full((16,), i, dtype=torch.uint8) for i in range(3)]  # written on 3 GPUs
+    saved["cuda"] = states
+    restored = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device: restored.append((device, state)))
+    with pytest.warns(FeatcacheWarning, match="3 GPUs and 1 is visible now: restored 1, left 2"):
+        restore_rng_states(saved)
+    assert [d for d, _ in restored] == [0] and torch.equal(restored[0][1], states[0])
+
+    restored.clear()
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)  # more GPUs than saved: no warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        restore_rng_states(saved)
+    assert [d for d, _ in restored] == [0, 1, 2]
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # resumed on the CPU
+    with pytest.warns(FeatcacheWarning, match="0 are visible now: restored 0, left 3"):
+        restore_rng_states(saved)
+    assert torch.equal(torch.get_rng_state(), saved["torch"])

@@ -31,6 +31,10 @@ def test_backend_flags_are_set_for_the_block_and_restored(monkeypatch):
         assert (cudnn.conv.fp32_precision, matmul.fp32_precision) == before[1:]
     with pytest.raises(RuntimeError), backend_flags(torch.device("cuda"), "fp32", cudnn_benchmark=True):
         raise RuntimeError("the work failed")
+    with backend_flags(torch.device("cuda"), "bf16", cudnn_benchmark=True, deterministic=True):
+        assert cudnn.benchmark is False and cudnn.deterministic is True
+        assert torch.are_deterministic_algorithms_enabled()
+    assert not torch.are_deterministic_algorithms_enabled() and cudnn.deterministic is False
     assert (cudnn.benchmark, cudnn.conv.fp32_precision, matmul.fp32_precision) == before
     threads = torch.get_num_threads()
     with backend_flags(torch.device("cpu"), threads=1):
@@ -58,3 +62,20 @@ def test_precision_choices():
     assert resolve_precision("auto", cpu) == "fp32" and resolve_precision("bf16", cpu) == "bf16"
     with pytest.raises(ValueError, match="--precision 'fp8'"):
         resolve_precision("fp8", cpu)
+
+
+def test_backend_flags_fall_back_to_the_legacy_tf32_flags_on_an_older_torch(monkeypatch):
+    """A PyTorch without the fp32_precision API (before 2.9) gets the allow_tf32 flags only."""
+    from types import SimpleNamespace
+
+    from featcache import runtime
+
+    cudnn = SimpleNamespace(benchmark=False, allow_tf32=True, deterministic=False)
+    matmul = SimpleNamespace(allow_tf32=True)
+    monkeypatch.setattr(runtime.torch, "backends", SimpleNamespace(
+        cudnn=cudnn, cuda=SimpleNamespace(matmul=matmul)))
+    assert runtime.fp32_modes() == ("tf32", "tf32")
+    with backend_flags(torch.device("cuda"), "fp32", cudnn_benchmark=True):
+        assert (cudnn.benchmark, cudnn.allow_tf32, matmul.allow_tf32) == (True, False, False)
+    assert (cudnn.benchmark, cudnn.allow_tf32, matmul.allow_tf32) == (False, True, True)
+    assert not hasattr(cudnn, "conv")  # nothing of the new API was set

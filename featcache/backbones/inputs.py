@@ -5,12 +5,19 @@ to uint8 in DataLoader workers; :class:`~featcache.backbones.registry.Uint8Norma
 the transform on the device. The datasets never raise for a bad image: they return
 ``ok = False`` and the caller, in the main process and in row order, either stops with one
 error naming the file or flags the row (stage one's ``--skip-bad``).
+
+:class:`JpegBytesRows` and :class:`DeviceDecoder` are ``--gpu-decode``: workers only read the
+files, and the device decodes a whole batch at once (nvJPEG), resizes it there, and works one
+batch ahead of the forward pass. :func:`loader_prefetch` bounds how many batches the workers
+keep in shared memory and fails clearly when ``/dev/shm`` cannot hold them.
 """
 
 from __future__ import annotations
 
 import io
+import math
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +27,7 @@ from torch.utils.data import Dataset
 
 from featcache.backbones.registry import resize_transform
 from featcache.data.images import DECODE_ERRORS, load_rgb, require_strict_pil
+from featcache.errors import FeatcacheError
 
 _JPEG_START = b"\xff\xd8"
 _JPEG_END = b"\xff\xd9"
@@ -33,11 +41,13 @@ class ImageRows(Dataset):
     tensor and ``ok = False``, never an exception (see the module docstring).
     """
 
-    def __init__(self, root: str | os.PathLike, relpaths, image_size: int, rows=None):
+    def __init__(self, root: str | os.PathLike, relpaths, image_size: int, rows=None,
+                 draft: bool = False):
         self.root = Path(root)
         self.relpaths = relpaths
         self.rows = range(len(relpaths)) if rows is None else rows
         self.image_size = image_size
+        self.draft = draft
         self.resize = resize_transform(image_size)
 
     def __len__(self) -> int:
@@ -49,7 +59,8 @@ class ImageRows(Dataset):
     def __getitem__(self, index: int):
         row = int(self.rows[index])
         try:
-            return self.resize(load_rgb(self.path(row))), row, True
+            size = (self.image_size, self.image_size) if self.draft else None
+            return self.resize(load_rgb(self.path(row), draft=size)), row, True
         except DECODE_ERRORS:
             return torch.zeros(3, self.image_size, self.image_size, dtype=torch.uint8), row, False
 
@@ -96,13 +107,13 @@ def decode_on_device(payloads, is_jpeg, image_size: int, device: torch.device):
     """Batch of :class:`JpegBytesRows` payloads -> (resized uint8 (B, 3, s, s) on ``device``,
     bool mask of the images that decoded).
 
-    JPEG bytes are decoded with ``torchvision.io.decode_jpeg`` on the device (nvJPEG on CUDA),
-    RGB, no EXIF rotation (as PIL), and resized with antialiased bilinear interpolation; the
-    result is close to, not bit-identical with, PIL's decode and resize. A JPEG the device
-    decoder refuses is decoded with PIL instead; one that PIL cannot read either is not ok.
+    The batch's JPEG bytes are decoded by one ``torchvision.io.decode_jpeg`` call on the device
+    (nvJPEG's batched decoder on CUDA), RGB, no EXIF rotation (as PIL); images of the same size
+    are then resized together, with antialiased bilinear interpolation. The result is close to,
+    not bit-identical with, PIL's decode and resize. A JPEG the device decoder refuses is
+    decoded with PIL instead; one that PIL cannot read either is not ok.
     """
     from torchvision.io import ImageReadMode, decode_jpeg
-    from torchvision.transforms.v2 import functional as F
 
     out = torch.zeros(len(payloads), 3, image_size, image_size, dtype=torch.uint8, device=device)
     ok = torch.ones(len(payloads), dtype=torch.bool)
@@ -113,15 +124,120 @@ def decode_on_device(payloads, is_jpeg, image_size: int, device: torch.device):
             decoded = decode_jpeg(data, mode=ImageReadMode.RGB, device=device)
         except RuntimeError:  # one bad file fails the whole batch: retry one by one
             decoded = [_decode_one(d, device) for d in data]
+        by_shape: dict[tuple, list[int]] = {}
         for i, image in zip(jpeg_index, decoded, strict=True):
             if image is None:
                 ok[i] = False
             else:
-                out[i] = F.resize(image, [image_size, image_size], antialias=True)
+                by_shape.setdefault(tuple(image.shape), []).append(i)
+        position = {i: k for k, i in enumerate(jpeg_index)}
+        for members in by_shape.values():
+            stacked = torch.stack([decoded[position[i]] for i in members])
+            out[members] = _resize(stacked, image_size)
     for i, flag in enumerate(is_jpeg):
         if not flag:
             out[i] = payloads[i].to(device, non_blocking=True)
     return out, ok
+
+
+def _resize(batch: torch.Tensor, image_size: int) -> torch.Tensor:
+    """uint8 (B, 3, h, w) -> (B, 3, s, s), bilinear with antialiasing (one call per batch)."""
+    from torchvision.transforms.v2 import functional as F
+
+    return F.resize(batch, [image_size, image_size], antialias=True)
+
+
+class DeviceDecoder:
+    """``--gpu-decode``'s pipeline: iterate a loader of :class:`JpegBytesRows` batches and yield
+    ``(images on the device, rows, ok)``, decoding batch i + 1 while batch i is computed.
+
+    A helper thread decodes (nvJPEG's host-side Huffman decoding runs there, not on the thread
+    that launches the forward pass) on a CUDA stream of its own; the consumer's stream waits
+    for the batch's event before using it, so decoding overlaps the forward pass on the GPU too.
+    On the CPU the same pipeline runs without streams.
+    """
+
+    def __init__(self, loader, image_size: int, device: torch.device):
+        self.loader = loader
+        self.image_size = image_size
+        self.device = device
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+
+    def _decode(self, batch):
+        payloads, rows, ok, is_jpeg = batch
+        if self.stream is None:
+            images, decoded = decode_on_device(payloads, is_jpeg, self.image_size, self.device)
+            return images, rows, ok & decoded, None
+        with torch.cuda.stream(self.stream):
+            images, decoded = decode_on_device(payloads, is_jpeg, self.image_size, self.device)
+            ready = torch.cuda.Event()
+            ready.record(self.stream)
+        return images, rows, ok & decoded, ready
+
+    def __iter__(self):
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="featcache-decode") as pool:
+            batches = iter(self.loader)
+            pending = next((pool.submit(self._decode, b) for b in batches), None)
+            while pending is not None:
+                images, rows, ok, ready = pending.result()
+                pending = next((pool.submit(self._decode, b) for b in batches), None)
+                if ready is not None:
+                    consumer = torch.cuda.current_stream(self.device)
+                    consumer.wait_event(ready)
+                    images.record_stream(consumer)  # allocated on the decode stream
+                yield images, rows, ok
+
+
+#: at most this share of the free space of /dev/shm is planned for batches in flight
+SHM_SHARE = 0.5
+
+
+def loader_prefetch(batch_bytes: int, workers: int, wanted: int, ranks_here: int = 1,
+                    shm: str | os.PathLike = "/dev/shm", what: str = "batches") -> int | None:
+    """``prefetch_factor`` for a DataLoader whose ``workers`` send batches of ``batch_bytes``
+    through shared memory: ``wanted``, lowered so that every worker's queued batches (of every
+    rank on this machine) fit in half the free space of ``shm``; None without workers.
+
+    Raises a :class:`~featcache.errors.FeatcacheError` naming the sizes and the fixes when even
+    one batch per worker does not fit: PyTorch would otherwise die later with a bus error.
+    """
+    if workers <= 0:
+        return None
+    try:
+        free = shutil.disk_usage(shm).free
+    except OSError:  # no /dev/shm (not Linux): nothing to plan against
+        return wanted
+    budget = free * SHM_SHARE / max(1, ranks_here)
+    fits = int(budget // max(1, workers * batch_bytes))
+    if fits >= 1:
+        return min(wanted, fits)
+    need = workers * batch_bytes * max(1, ranks_here) / SHM_SHARE
+    raise FeatcacheError(
+        f"{shm} has {free / 1e6:.0f} MB free, too little for the DataLoader's {what}: {workers} "
+        f"worker(s) x {max(1, ranks_here)} rank(s) x {batch_bytes / 1e6:.0f} MB per batch need "
+        f"about {need / 1e6:.0f} MB. Enlarge it (docker run --shm-size={max(1, math.ceil(need / 1e9))}g, "
+        "or mount a larger tmpfs), or pass a smaller --batch-size or fewer --workers"
+    )
+
+
+def uint8_batch_bytes(batch_size: int, image_size: int) -> int:
+    """Bytes of one batch of uint8 (3, s, s) images."""
+    return batch_size * 3 * image_size * image_size
+
+
+def jpeg_batch_bytes(paths, batch_size: int, image_size: int, sample: int = 64) -> int:
+    """Estimated bytes of one ``--gpu-decode`` batch: the files' mean size (of up to ``sample``
+    of them, doubled for safety), capped by the decoded size (non-JPEGs travel decoded)."""
+    sizes = []
+    for path in list(paths)[:sample]:
+        try:
+            sizes.append(Path(path).stat().st_size)
+        except OSError:
+            continue
+    mean = (sum(sizes) / len(sizes)) if sizes else 3 * image_size * image_size
+    return batch_size * int(min(2 * mean, 3 * image_size * image_size))
 
 
 def _decode_one(data: torch.Tensor, device: torch.device) -> torch.Tensor | None:

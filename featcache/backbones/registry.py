@@ -201,12 +201,18 @@ class Uint8Normalize(nn.Module):
 def transform_description(image_size: int, backbone: str = "resnet50",
                           decode: str = "pil") -> dict:
     """The evaluation transform as data, recorded in features files and compared on resume;
-    ``decode`` is ``pil`` (the reference's way) or ``device`` (``--gpu-decode``)."""
+    ``decode`` is ``pil`` (the reference's way), ``pil-draft`` (``--jpeg-draft``) or ``device``
+    (``--gpu-decode``)."""
     spec = backbone_spec(backbone)
-    on_device = decode != "pil"
+    on_device = decode == "device"
+    decoders = {
+        "pil": "PIL.Image.open(path).convert('RGB')",
+        "pil-draft": (f"PIL.Image.open(path), draft(None, ({image_size}, {image_size})) for JPEGs, "
+                      ".convert('RGB')"),
+        "device": "torchvision.io.decode_jpeg on the device (PIL for other files)",
+    }
     return {
-        "decode": ("torchvision.io.decode_jpeg on the device (PIL for other files)" if on_device
-                   else "PIL.Image.open(path).convert('RGB')"),
+        "decode": decoders[decode],
         "resize": [image_size, image_size],
         "interpolation": "bilinear, antialiased tensor resize" if on_device else "bilinear",
         "crop": None,

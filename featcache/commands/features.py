@@ -33,6 +33,11 @@ from featcache.commands.common import cache_option, device_option, overwrite_opt
 @click.option("--gpu-decode", is_flag=True, default=False,
               help="Decode JPEGs on the GPU (torchvision.io.decode_jpeg, nvJPEG) and resize there: "
                    "less CPU work, features close to but not identical with PIL's.")
+@click.option("--jpeg-draft", is_flag=True, default=False,
+              help="Let PIL decode JPEGs at 1/2, 1/4 or 1/8 scale (libjpeg's DCT scaling) when "
+                   "the image stays at least SIZE x SIZE: less CPU per image for photos much "
+                   "larger than SIZE, slightly different features. Off: the reference decodes "
+                   "full size (docs/features.md has the measured difference).")
 @click.option("--skip-bad", is_flag=True, default=False,
               help="Flag unreadable images (NaN features, /<split>/bad = 1, listed in the file's "
                    "bad_images attribute) instead of stopping at the first one.")
@@ -44,7 +49,7 @@ from featcache.commands.common import cache_option, device_option, overwrite_opt
               help="Folder the labels file's image paths are relative to (default: its image_root).")
 @cache_option
 def command(dataset, backbone, weights, image_size, batch_size, workers, precision, dtype, device,
-            gpu_decode, skip_bad, chunk_rows, overwrite, images_root, cache):
+            gpu_decode, jpeg_draft, skip_bad, chunk_rows, overwrite, images_root, cache):
     """Stage one: run the backbone once over every image into <cache>/<dataset>/features-<tag>.h5.
 
     \b
@@ -63,7 +68,7 @@ def command(dataset, backbone, weights, image_size, batch_size, workers, precisi
     options = ExtractOptions(
         backbone=backbone, weights=weights, image_size=image_size, batch_size=batch_size,
         workers=workers, precision=precision, dtype=dtype, device=device, gpu_decode=gpu_decode,
-        skip_bad=skip_bad, chunk_rows=chunk_rows, overwrite=overwrite, images_root=images_root,
+        jpeg_draft=jpeg_draft, skip_bad=skip_bad, chunk_rows=chunk_rows, overwrite=overwrite, images_root=images_root,
         cache=cache,
     )
     result = extract_features(dataset, options, say=lambda message: click.echo(message, err=True))

@@ -52,7 +52,18 @@ from featcache.commands.common import (
               help="auto: bf16 autocast on GPUs that have it (else fp16 with a grad scaler), fp32 "
                    "on the CPU. The loss is always computed in float32.")
 @click.option("--compile", "use_compile", is_flag=True, default=False,
-              help="torch.compile the network (pays a compile time once per configuration).")
+              help="torch.compile the network. The compile time (minutes on a GPU) is paid once "
+                   "per batch size: later configurations of the grid reuse the graphs.")
+@click.option("--deterministic", is_flag=True, default=False,
+              help="GPU: deterministic cuDNN and PyTorch kernels, no autotuner (slower): the same "
+                   "command gives the same bits, and a resumed run equals an uninterrupted one. "
+                   "The CPU is deterministic anyway.")
+@click.option("--schedule", type=click.Choice(["auto", "ddp", "per-gpu"]), default="auto",
+              show_default=True,
+              help="Under torchrun: ddp trains each configuration on all GPUs together; per-gpu "
+                   "trains several configurations at once, one per GPU; auto uses per-gpu for "
+                   "batches that would give a GPU fewer than 32 images (the protocol's 8 and 16), "
+                   "ddp for larger ones.")
 @click.option("--workers", type=click.IntRange(min=0), default=None,
               help="DataLoader processes decoding images  [default: all CPUs but one per GPU; 1 "
                    "on the CPU].")
@@ -83,7 +94,7 @@ from featcache.commands.common import (
 @cache_option
 def command(dataset, loss, init, learning_rates, batch_sizes, epochs, head_lr_mult, param_pairs,
             linear_lr, linear_batch_size, backbone, weights, image_size, precision, use_compile,
-            workers, eval_batch_size, val_variant, early_stop, seed, device, images_root, run_id,
+            deterministic, schedule, workers, eval_batch_size, val_variant, early_stop, seed, device, images_root, run_id,
             resume, overwrite, no_plots, quiet, cache):
     """Stage three: fine-tune the whole network end to end on the images.
 
@@ -109,7 +120,7 @@ def command(dataset, loss, init, learning_rates, batch_sizes, epochs, head_lr_mu
         batch_sizes=batch_sizes, epochs=epochs, head_lr_mult=head_lr_mult,
         params={k: v[0] for k, v in params.items()}, linear_lr=linear_lr,
         linear_batch_size=linear_batch_size, backbone=backbone, weights=weights,
-        image_size=image_size, precision=precision, compile=use_compile, workers=workers,
+        image_size=image_size, precision=precision, compile=use_compile, deterministic=deterministic, schedule=schedule, workers=workers,
         eval_batch_size=eval_batch_size, val_variant=val_variant, early_stop=early_stop, seed=seed,
         device=device, images_root=images_root, run_id=run_id, resume=resume, overwrite=overwrite,
         plots=not no_plots, progress=not quiet, cache=cache,

@@ -32,9 +32,16 @@ def require_strict_pil() -> None:
         ImageFile.LOAD_TRUNCATED_IMAGES = False
 
 
-def load_rgb(path: str | os.PathLike) -> Image.Image:
-    """Decode ``path`` as the reference does: ``Image.open(path).convert("RGB")``, fully loaded."""
+def load_rgb(path: str | os.PathLike, draft: tuple[int, int] | None = None) -> Image.Image:
+    """Decode ``path`` as the reference does: ``Image.open(path).convert("RGB")``, fully loaded.
+
+    ``draft=(w, h)`` (opt-in, off in the reference) lets a JPEG decode at 1/2, 1/4 or 1/8 scale
+    in libjpeg (``Image.draft``) when the result stays at least w x h: much less work for
+    photos far larger than the network's input, slightly different pixels. Other formats ignore it.
+    """
     with Image.open(path) as image:
+        if draft is not None:
+            image.draft(None, draft)
         return image.convert("RGB")
 
 

@@ -10,7 +10,9 @@ does not depend on interruptions, nor on the number of ranks under ``torchrun``.
 GPU runs use autocast (bf16, or fp16 where bf16 is missing; ``fp32`` for exact fidelity, with
 TF32 off), pinned memory and DataLoader workers that decode and resize with PIL (normalisation
 happens on the device, on a quarter of the bytes); every run uses channels_last. ``gpu_decode`` decodes JPEGs
-on the device instead (close to, not identical with, PIL).
+on the device instead, a batch at a time and one batch ahead of the forward pass (close to,
+not identical with, PIL); ``jpeg_draft`` lets PIL decode large JPEGs at a reduced scale
+(opt-in: the reference decodes full size).
 """
 
 from __future__ import annotations
@@ -73,6 +75,7 @@ class ExtractOptions:
     dtype: str = "float32"
     device: str = "auto"
     gpu_decode: bool = False
+    jpeg_draft: bool = False
     skip_bad: bool = False
     overwrite: bool = False
     images_root: str | None = None
@@ -150,7 +153,7 @@ def extract_features(dataset: str, options: ExtractOptions | None = None,
     final = features_path(dataset, tag, options.cache)
     with ranks(options.device) as job:
         say = say if job.is_main else _quiet
-        run = _Run(options, labels, job, final, say)
+        run = Extraction(options, labels, job, final, say)
         if final.exists() and not options.overwrite:
             return run.check_finished(source)
         return run.execute(source)
@@ -160,8 +163,9 @@ def _quiet(_message: str) -> None:
     pass
 
 
-class _Run:
-    """One extraction on one rank."""
+class Extraction:
+    """One extraction on one rank. Its :meth:`loader`, :meth:`batches` and :meth:`forward` are
+    also what ``benchmarks.extract`` times end to end."""
 
     def __init__(self, options: ExtractOptions, labels: LabelSet, job: Ranks, final: Path, say):
         self.options = options
@@ -176,7 +180,10 @@ class _Run:
         if self.chunk_rows % self.batch_size:
             raise OptionError(f"--chunk-rows ({self.chunk_rows}) must be a multiple of the batch "
                               f"size ({self.batch_size})")
-        self.decode = "device" if options.gpu_decode else "pil"
+        if options.gpu_decode and options.jpeg_draft:
+            raise OptionError("--jpeg-draft is a PIL option; --gpu-decode decodes on the device: "
+                              "choose one")
+        self.decode = "device" if options.gpu_decode else "pil-draft" if options.jpeg_draft else "pil"
         self.transform = transform_description(options.image_size, options.backbone, self.decode)
         self.images = np.concatenate([labels.train.images, labels.test.images])
         self.num_train = len(labels.train)
@@ -301,8 +308,8 @@ class _Run:
         chunks = iter(todo)
         chunk, parts, oks = next(chunks), [], []
         with bar, torch.inference_mode(), backend_flags(self.device, self.precision):
-            for batch in loader:
-                images, batch_rows, ok = self.to_device(batch)
+            for images, batch_rows, ok in self.batches(loader):
+                images = self.normalize(images).contiguous(memory_format=torch.channels_last)
                 self.stop_on_bad(batch_rows, ok, root)
                 parts.append(self.forward(model, images))
                 oks.append(ok)
@@ -321,31 +328,32 @@ class _Run:
                         for i in range(0, size, self.batch_size)]
             position += size
         size = self.options.image_size
-        if self.options.gpu_decode:
-            dataset, collate = inputs.JpegBytesRows(root, self.images, size, rows), inputs.collate_jpeg_rows
-        else:
-            dataset, collate = inputs.ImageRows(root, self.images, size, rows), None
         workers = self.options.workers
         if workers is None:
             workers = default_workers(self.device, self.job.local_world)
+        if self.options.gpu_decode:
+            dataset, collate = inputs.JpegBytesRows(root, self.images, size, rows), inputs.collate_jpeg_rows
+            batch_bytes = inputs.jpeg_batch_bytes((root / str(self.images[r]) for r in rows[:64]),
+                                                  self.batch_size, size)
+        else:
+            dataset = inputs.ImageRows(root, self.images, size, rows, draft=self.options.jpeg_draft)
+            collate, batch_bytes = None, inputs.uint8_batch_bytes(self.batch_size, size)
+        # two batches in flight per worker, fewer when /dev/shm is small (an error if none fits)
+        prefetch = inputs.loader_prefetch(batch_bytes, workers, 2, self.job.local_world,
+                                          what=f"batches of {self.batch_size} images at {size} px")
         return DataLoader(
             dataset, batch_sampler=batches, num_workers=workers, collate_fn=collate,
             pin_memory=self.device.type == "cuda", worker_init_fn=inputs.worker_init,
-            prefetch_factor=2 if workers else None,
+            prefetch_factor=prefetch,
         )
 
-    def to_device(self, batch):
-        """(normalised float batch on the device, rows, ok flags) from a loader batch."""
+    def batches(self, loader: DataLoader):
+        """(uint8 images on the device, rows, ok flags) per batch of ``loader``."""
         if self.options.gpu_decode:
-            payloads, batch_rows, ok, is_jpeg = batch
-            images, decoded = inputs.decode_on_device(payloads, is_jpeg, self.options.image_size,
-                                                    self.device)
-            ok = ok & decoded
-        else:
-            images, batch_rows, ok = batch
-            images = images.to(self.device, non_blocking=True)
-        images = self.normalize(images).contiguous(memory_format=torch.channels_last)
-        return images, batch_rows, ok
+            yield from inputs.DeviceDecoder(loader, self.options.image_size, self.device)
+            return
+        for images, batch_rows, ok in loader:
+            yield images.to(self.device, non_blocking=True), batch_rows, ok
 
     def forward(self, model: torch.nn.Module, images: torch.Tensor) -> torch.Tensor:
         with autocast(self.device, self.precision):

@@ -13,12 +13,13 @@ and the (large) checkpoint is deleted.
 from __future__ import annotations
 
 import random
+import warnings
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from featcache.errors import InputError
+from featcache.errors import FeatcacheWarning, InputError
 from featcache.fileio import atomic_output
 from featcache.protocol.runs import describe_differences, read_json
 
@@ -42,15 +43,36 @@ def rng_states() -> dict:
 
 
 def restore_rng_states(states: dict) -> None:
-    """Undo :func:`rng_states`."""
+    """Undo :func:`rng_states`.
+
+    The checkpoint holds one CUDA state per device visible when it was written. Resumed with
+    fewer visible devices (or none), the states of the devices that are there are restored and
+    a warning names the rest: featcache draws its order, flips and initial state from seeded
+    CPU generators, so the training numbers do not depend on them.
+    """
     torch.set_rng_state(states["torch"])
-    if states.get("cuda") and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(states["cuda"])
+    restore_cuda_rng_states(list(states.get("cuda") or []))
     state = states["numpy"]
     np.random.set_state(("MT19937", state["keys"].numpy().astype(np.uint32), state["pos"],
                          state["has_gauss"], state["cached"]))
     version, internal, gauss = states["python"]
     random.setstate((version, tuple(internal), gauss))
+
+
+def restore_cuda_rng_states(saved: list) -> None:
+    """Restore per-device CUDA RNG states for the devices visible now; warn about the others."""
+    if not saved:
+        return
+    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    for index, state in enumerate(saved[:visible]):
+        torch.cuda.set_rng_state(state, index)
+    if len(saved) > visible:
+        warnings.warn(
+            f"the checkpoint holds the CUDA random states of {len(saved)} GPUs and {visible} "
+            f"{'is' if visible == 1 else 'are'} visible now: restored {visible}, left "
+            f"{len(saved) - visible} unrestored (featcache's order, flips and initial state come "
+            "from seeded CPU generators, so the run's numbers do not depend on them)",
+            FeatcacheWarning, stacklevel=3)
 
 
 def save_checkpoint(path: Path, payload: dict) -> None:

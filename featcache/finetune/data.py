@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Sampler
 
-from featcache.backbones.inputs import ImageRows, worker_init
+from featcache.backbones.inputs import ImageRows, loader_prefetch, uint8_batch_bytes, worker_init
 from featcache.data.images import image_problem, image_root
 from featcache.data.labelfile import LabelSet, load_labels
 from featcache.data.negatives import observed_with_negatives
@@ -180,12 +180,20 @@ class EpochBatches(Sampler):
     def __len__(self) -> int:
         return self.num_rows // self.batch_size
 
-    def __iter__(self):
+    def positions(self) -> Tensor:
+        """This rank's positions of every batch of the current epoch: (steps, batch_size / world).
+
+        The training step indexes labels and per-example state with a row of this table moved
+        to the device once per epoch, so no step copies positions from the host.
+        """
         order = epoch_order(self.num_rows, self.batch_size, self.seed, self.epoch)
+        part = self.batch_size // self.world
+        return order[:, self.rank * part:(self.rank + 1) * part]
+
+    def __iter__(self):
         flips = (epoch_flips(self.num_rows, self.seed, self.epoch) if self.flip
                  else torch.zeros(self.num_rows, dtype=torch.bool))
-        part = self.batch_size // self.world
-        for batch in order[:, self.rank * part:(self.rank + 1) * part].tolist():
+        for batch in self.positions().tolist():
             yield [(position, bool(flips[position])) for position in batch]
 
 
@@ -212,12 +220,16 @@ class SplitImages(ImageRows):
 
 
 def make_loader(data: FinetuneData, split: ImageSplit, image_size: int, batch_sampler,
-                workers: int, device: torch.device, persistent: bool = False) -> DataLoader:
-    """A DataLoader over ``split`` driven by ``batch_sampler`` (lists of items)."""
+                workers: int, device: torch.device, batch_size: int, persistent: bool = False,
+                ranks_here: int = 1) -> DataLoader:
+    """A DataLoader over ``split`` driven by ``batch_sampler`` (lists of at most ``batch_size``
+    items): 4 batches in flight per worker, fewer when ``/dev/shm`` is small."""
+    prefetch = loader_prefetch(uint8_batch_bytes(batch_size, image_size), workers, 4, ranks_here,
+                               what=f"{split.name} batches of {batch_size} images at {image_size} px")
     return DataLoader(
         SplitImages(data, split, image_size), batch_sampler=batch_sampler, num_workers=workers,
         pin_memory=device.type == "cuda", worker_init_fn=worker_init,
-        persistent_workers=persistent and workers > 0, prefetch_factor=4 if workers else None,
+        persistent_workers=persistent and workers > 0, prefetch_factor=prefetch,
     )
 
 

@@ -19,6 +19,7 @@ the run if anything drifted.
 
 from __future__ import annotations
 
+import datetime as _dt
 from collections.abc import Callable
 
 import torch
@@ -116,3 +117,36 @@ def on_main(job: Ranks | None, step: Callable[[], object]):
         return step()
     result = job.together(lambda: step() if job.is_main else None)
     return broadcast_object(result, job)
+
+
+#: how long a rank that has finished its own configurations waits for the others
+PATIENCE = _dt.timedelta(days=7)
+
+
+def share_results(job: Ranks, step: Callable[[], dict]) -> dict:
+    """Run ``step`` (each rank its own work) and give every rank the union of the dicts returned.
+
+    A rank that finishes first waits for the others on a gloo group with a long timeout (a
+    rank's configurations may take hours longer than another's; NCCL's watchdog would give up).
+    If ``step`` failed on any rank, every rank raises.
+    """
+    if job.world == 1:
+        return step()
+    group = dist.new_group(backend="gloo", timeout=PATIENCE)
+    error, result = None, {}
+    try:
+        result = step()
+    except Exception as exc:  # re-raised below, after the other ranks have been told
+        error = exc
+    parts: list = [None] * job.world
+    dist.all_gather_object(parts, (error is not None, result), group=group)
+    dist.destroy_process_group(group)
+    if error is not None:
+        raise error
+    if any(failed for failed, _ in parts):
+        raise FeatcacheError("another rank failed (see its message); run the same command again "
+                             "with --resume to continue")
+    merged: dict = {}
+    for _, part in parts:
+        merged.update(part)
+    return merged

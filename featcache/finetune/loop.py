@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from tqdm import tqdm
 
 from featcache.backbones import Uint8Normalize, backbone_spec
-from featcache.errors import OptionError
+from featcache.errors import FeatcacheError, OptionError
 from featcache.fileio import write_json_atomic
 from featcache.finetune.checkpoint import (
     CHECKPOINT,
@@ -60,6 +60,9 @@ from featcache.protocol.seeds import derive_seed
 from featcache.protocol.selection import check_early_stop, should_stop
 from featcache.runtime import AUTOCAST_DTYPES, Ranks, autocast
 
+#: torch.compile's backend (tests use "eager": the same graph capture and reuse, no codegen)
+COMPILE_BACKEND = "inductor"
+
 
 @dataclass
 class Settings:
@@ -76,7 +79,8 @@ class Settings:
     compile: bool = False
     workers: int = 0
     eval_batch_size: int = 32
-    progress: bool = True
+    progress: bool = True  # progress bars and a line per epoch
+    bars: bool = True  # progress bars (off on all but one rank when ranks train alone)
     #: how estimated parameters were estimated (``--param k=estimate:M``), for results.json
     param_estimates: dict = field(default_factory=dict)
 
@@ -205,21 +209,25 @@ class ConfigTrainer:
                 self.net, device_ids=[device.index] if device.type == "cuda" else None)
         self.eval_net: nn.Module = self.net
         if settings.compile:
-            self.model = torch.compile(self.model)
-            self.eval_net = torch.compile(self.net)
+            # Dynamo keys its graphs on FinetuneNet.forward's code and guards on the module's
+            # structure, not its identity: the next configuration's network (same backbone,
+            # same batch size) reuses these graphs instead of compiling again.
+            self.model = torch.compile(self.model, backend=COMPILE_BACKEND)
+            self.eval_net = torch.compile(self.net, backend=COMPILE_BACKEND)
         head_params = list(self.net.head.parameters())
         groups = [
             {"params": list(self.net.trunk.parameters()), "lr": config.lr, "name": "backbone"},
             {"params": head_params, "lr": config.lr * settings.head_lr_mult, "name": "head"},
         ] + [{"params": [self.state[name]], "lr": config.lr * mults[0], "name": name}
              for name, mults in self.learned.items()]
-        self.optimizer = torch.optim.Adam(groups, lr=config.lr, fused=device.type == "cuda")
+        self.optimizer = torch.optim.Adam(groups, lr=config.lr, fused=fused_adam(device))
         self.scaler = torch.amp.GradScaler(device.type, enabled=settings.precision == "fp16")
         self.sampler = EpochBatches(len(train), config.batch_size, settings.seed, flip=True,
                                     rank=job.rank, world=job.world)
         self.normalize = Uint8Normalize(start.backbone).to(device)
         self.train_loader = make_loader(data, train, self.image_size, self.sampler,
-                                         settings.workers, device, persistent=True)
+                                        settings.workers, device, config.batch_size // job.world,
+                                        persistent=True, ranks_here=job.local_world)
 
     # ------------------------------------------------------------------ steps
     def autocast(self):
@@ -229,9 +237,14 @@ class ConfigTrainer:
         x = self.normalize(images.to(self.device, non_blocking=True))
         return x.contiguous(memory_format=torch.channels_last)
 
-    def step(self, images: Tensor, positions: Tensor, epoch: int) -> tuple[Tensor, Tensor]:
-        """One optimisation step; returns (loss, probabilities) of the batch, detached."""
-        index = positions.to(self.device, non_blocking=True)
+    def step(self, images: Tensor, index: Tensor, epoch: int) -> tuple[Tensor, Tensor]:
+        """One optimisation step on a batch of uint8 ``images`` (host) whose training positions
+        are ``index`` (already on the device); returns (loss, probabilities), detached.
+
+        Nothing here waits for the device: the only host-to-device copy is the images' (pinned,
+        asynchronous), and no Python branch depends on a value computed on the device
+        (``tests/test_finetune_sync.py`` checks this with a counter of such calls).
+        """
         with self.autocast():
             logits = self.model(self.to_input(images))
         targets = Targets(self.observed[index], index, None if self.clean is None else self.clean[index])
@@ -256,16 +269,26 @@ class ConfigTrainer:
         steps = len(self.sampler)
         bar = self._bar(steps * batch_size, f"lr={self.config.lr:g} bs={batch_size} epoch "
                                             f"{epoch + 1}/{self.settings.epochs}")
+        readout = LossReadout(self.device)
+        # The epoch's positions go to the device once; each step takes its row from there.
+        order = self.sampler.positions()
+        order_on_device = order.to(self.device)
         started = time.perf_counter()
         for step, (images, positions, ok) in enumerate(self.train_loader):
             self._check_images(split, positions, ok)
-            loss, probs = self.step(images, positions, epoch)
+            if not torch.equal(positions, order[step]):  # host tensors: no device wait
+                raise FeatcacheError(f"the loader's batch {step} is not the sampler's (please "
+                                     "report this)")
+            index = order_on_device[step]
+            loss, probs = self.step(images, index, epoch)
             loss_sum += loss
             if running is not None:
-                running[positions.to(self.device)] = probs
+                running[index] = probs
             bar.update(batch_size)
             if step % 25 == 0:
-                bar.set_postfix(loss=f"{loss.item():.4f}")
+                shown = readout.update(loss)
+                if shown is not None:
+                    bar.set_postfix(loss=f"{shown:.4f}")
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         seconds = time.perf_counter() - started
@@ -284,7 +307,8 @@ class ConfigTrainer:
         batches = eval_batches(len(split), self.settings.eval_batch_size, self.job.rank,
                                self.job.world)
         loader = make_loader(self.data, split, self.image_size, batches, self.settings.workers,
-                             self.device)
+                             self.device, self.settings.eval_batch_size,
+                             ranks_here=self.job.local_world)
         bar = self._bar(len(split), f"predict {split.name}")
         parts = [torch.zeros(0, self.data.num_classes, device=self.device)]
         for images, positions, ok in loader:
@@ -361,7 +385,41 @@ class ConfigTrainer:
     def _bar(self, total: int, desc: str) -> tqdm:
         return tqdm(total=total, unit="img", desc=desc, leave=False, dynamic_ncols=True,
                     mininterval=1.0, file=sys.stderr,
-                    disable=not (self.settings.progress and self.job.is_main))
+                    disable=not (self.settings.progress and self.settings.bars
+                                 and self.job.is_main))
+
+
+def fused_adam(device: torch.device) -> bool:
+    """Adam's fused kernel on GPUs: one launch for all parameters and no host-side step count
+    (the CPU keeps PyTorch's default implementation)."""
+    return device.type == "cuda"
+
+
+class LossReadout:
+    """The loss for the progress bar, read without making the host wait for the device.
+
+    On a GPU the value is copied to pinned host memory asynchronously and shown once the copy
+    has finished (a later step's bar shows it); on the CPU it is read at once.
+    """
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.value: float | None = None
+        self.host = torch.zeros((), dtype=torch.float32, pin_memory=self.cuda)
+        self.pending = None
+
+    def update(self, loss: Tensor) -> float | None:
+        """Start reading ``loss``; the latest value that has arrived (None before the first)."""
+        if not self.cuda:
+            self.value = float(loss)
+            return self.value
+        if self.pending is not None and self.pending.query():
+            self.value, self.pending = float(self.host), None
+        if self.pending is None:
+            self.host.copy_(loss.detach().float(), non_blocking=True)
+            self.pending = torch.cuda.Event()
+            self.pending.record()
+        return self.value
 
 
 def _map(probs: Tensor, targets: Tensor) -> float:

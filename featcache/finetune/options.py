@@ -28,6 +28,8 @@ class FinetuneOptions:
     image_size: int | None = None
     precision: str = "auto"
     compile: bool = False
+    schedule: str = "auto"
+    deterministic: bool = False
     workers: int | None = None
     eval_batch_size: int | None = None
     val_variant: str = "clean"

@@ -5,13 +5,13 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
-from featcache.errors import FeatcacheWarning, InputError, OutputExistsError
+from featcache.errors import FeatcacheWarning, InputError, OptionError, OutputExistsError
 from featcache.finetune.data import FinetuneData, load_finetune_data
 from featcache.finetune.distributed import on_main
 from featcache.finetune.loop import Settings
 from featcache.finetune.options import FinetuneOptions
 from featcache.finetune.report import results_document, write_outputs
-from featcache.finetune.search import run_grid
+from featcache.finetune.search import SCHEDULES, run_grid
 from featcache.finetune.start import StartPoint, resolve_start
 from featcache.losses import loss_class
 from featcache.paths import existing_labels, finetune_dir
@@ -39,6 +39,8 @@ def run_finetune(options: FinetuneOptions, linear_phase: LinearPhase | None = No
     """
     loss = loss_class(options.loss)  # an unknown loss fails before anything is loaded
     check_grid(options.learning_rates, options.batch_sizes)
+    if options.schedule not in SCHEDULES:
+        raise OptionError(f"--schedule {options.schedule!r}: choose one of {', '.join(SCHEDULES)}")
     with ranks(options.device) as job:
         data = loss.fit_data(load_finetune_data(existing_labels(options.dataset, options.cache),
                                                 options.images_root))
@@ -50,13 +52,16 @@ def run_finetune(options: FinetuneOptions, linear_phase: LinearPhase | None = No
         settings = make_settings(options, start, data, job)
         identity = run_settings(options, settings, start, data)
         run_dir = on_main(job, lambda: open_run_dir(options, identity))
-        with backend_flags(job.device, settings.precision, cudnn_benchmark=True):
+        with backend_flags(job.device, settings.precision, cudnn_benchmark=True,
+                           deterministic=options.deterministic):
             result = run_grid(grid_points(options.learning_rates, options.batch_sizes),
-                              settings, start, data, job, run_dir)
+                              settings, start, data, job, run_dir, options.schedule)
         if not job.is_main:
             return None
         machine = {"device": describe_device(job.device), "precision": settings.precision,
-                   "compile": settings.compile, "world_size": job.world,
+                   "compile": settings.compile, "deterministic": options.deterministic,
+                   "world_size": job.world,
+                   "schedule": {"option": options.schedule, **result.schedule},
                    "workers": settings.workers, "eval_batch_size": settings.eval_batch_size}
         document = results_document(result, settings, start, data, identity, machine)
         write_outputs(run_dir, document, result, plot=options.plots)

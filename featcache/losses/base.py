@@ -48,6 +48,23 @@ LOG_EPSILON = 1e-5
 ParamValue = float | EstimateRequest | Sequence[float | EstimateRequest]
 
 
+_CONSTANTS: dict[tuple, Tensor] = {}
+
+
+def device_constant(values: Sequence[float], device: torch.device | str | None,
+                    dtype: torch.dtype) -> Tensor:
+    """``values`` as a 1-D tensor on ``device``, built once per values, device and dtype.
+
+    Losses call this at every step: ``torch.tensor(values, device=cuda)`` would copy from the
+    host each time and make the host wait for the device. Treat the result as read-only.
+    """
+    key = (tuple(values), torch.device(device or "cpu"), dtype)
+    tensor = _CONSTANTS.get(key)
+    if tensor is None:
+        tensor = _CONSTANTS[key] = torch.tensor(list(values), dtype=dtype, device=key[1])
+    return tensor
+
+
 def neglog(x: Tensor) -> Tensor:
     """``-log(x + 1e-5)``, the reference code's guarded log on probabilities."""
     return -torch.log(x + LOG_EPSILON)
@@ -410,7 +427,7 @@ class SPMLLoss:
             return values[0]
         device = like.device if like is not None else None
         dtype = like.dtype if like is not None else torch.float32
-        return torch.tensor(values, device=device, dtype=dtype).view(-1, 1, 1)
+        return device_constant(values, device, dtype).view(-1, 1, 1)
 
     def head_params(self, head: int) -> dict[str, float]:
         """The parameter values of one head."""

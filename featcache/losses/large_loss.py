@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from featcache.losses.base import Param, SPMLLoss, matrix_mean, non_negative
+from featcache.losses.base import Param, SPMLLoss, device_constant, matrix_mean, non_negative
 from featcache.losses.registry import register_loss
 from featcache.losses.terms import batch_labels, head_floats, per_head_labels
 
@@ -73,10 +73,13 @@ class LargeLoss(SPMLLoss):
             corrected = F.binary_cross_entropy_with_logits(logits, torch.ones_like(logits),
                                                            reduction="none")
             loss = torch.where(large, corrected, loss)
-        if self.permanent and flip.any():
-            rows = state["observed"][:, targets.index]
-            rows[flip] = 1
-            state["observed"][:, targets.index] = rows
+        if self.permanent:
+            # Written back whether or not anything flipped: a data-dependent `if flip.any()`
+            # would make the host wait for the device at every step. Entries not flipped are
+            # written with the value they already hold.
+            observed = state["observed"]
+            rows = observed[:, targets.index]
+            observed[:, targets.index] = torch.where(flip, torch.ones_like(rows), rows)
         return matrix_mean(loss)
 
     def select(self, loss: Tensor, unobserved: Tensor, epoch: int) -> tuple[Tensor, Tensor]:
@@ -104,7 +107,7 @@ class RelativeLargeLoss(LargeLoss):
         if max(ks) == 0:
             return nothing, nothing
         top = torch.topk(masked, max(ks), dim=1).values
-        k = torch.tensor(ks, device=loss.device)
+        k = device_constant(ks, loss.device, torch.int64)
         kth = top.gather(1, (k.clamp(min=1) - 1).unsqueeze(1)).view(heads, 1, 1)
         active = (k > 0).view(heads, 1, 1)
         masked = masked.view_as(loss)

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from featcache.errors import InputError
-from featcache.losses.base import LOG_EPSILON, Targets, neglog
+from featcache.losses.base import LOG_EPSILON, Targets, device_constant, neglog
 
 
 def inverse_sigmoid(p: float) -> float:
@@ -70,7 +70,7 @@ def batch_labels(targets: Targets, state: dict[str, Tensor], key: str = "observe
 
 def head_floats(values: list[float], like: Tensor, shape: tuple[int, ...] = (-1, 1, 1)) -> Tensor:
     """Per-head parameter values as a tensor on ``like``'s device, reshaped to ``shape``."""
-    return torch.tensor(values, dtype=like.dtype, device=like.device).view(*shape)
+    return device_constant(values, like.device, like.dtype).view(*shape)
 
 
 def expand_initial(value: Tensor, num_heads: int, shape: tuple[int, int], key: str) -> Tensor:

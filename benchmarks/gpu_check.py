@@ -1,0 +1,632 @@
+"""The one command that validates featcache's GPU paths: ``make gpu-check``.
+
+    PYTHONPATH=. python -m benchmarks.gpu_check [--out DIR]      (= make gpu-check)
+
+On a CUDA machine, offline, in under 10 minutes on one H100, it
+
+1. builds generated data: the ``shapes`` dataset and VOC-sized photo-like JPEGs;
+2. extraction: fp32 and bf16 features agree within :data:`TOL_BF16`; ``--gpu-decode`` inputs
+   and features agree with PIL's within :data:`TOL_DECODE_PIXELS` / :data:`TOL_DECODE`; a run
+   killed with SIGKILL mid-way resumes to a file identical to an uninterrupted run's;
+3. stage two on the GPU equals stage two on the CPU within :data:`TOL_LINEAR_MAP` points;
+4. fine-tuning: LinearInit's first evaluation equals the linear head on the cached features
+   (:data:`TOL_LINEARINIT`); one epoch of bf16 autocast; ``--compile`` (two configurations:
+   the second must compile nothing new; the compile time is reported); a ``--deterministic``
+   run killed with SIGKILL and resumed equals an uninterrupted one; ``torchrun
+   --nproc_per_node 1`` (equal to the plain run) and, with two GPUs, 2 (ddp and per-gpu);
+5. the two benchmarks (``benchmarks.extract``, ``benchmarks.finetune``) and a table of
+   images/s against their plain-loop baselines;
+6. writes ``gpu-check.json`` and ``gpu-check.md`` in ``--out`` (default ``cache/gpu-check``)
+   and exits non-zero if any check failed.
+
+Without CUDA (or with ``--cpu-only``) it says so in one line and runs the parts that need
+none, at tiny sizes on the CPU with ResNet-18: data, the extraction comparisons, both SIGKILL
+resumes, LinearInit's first evaluation. ``tests/test_gpu_check.py`` runs that in CI (about
+half a minute on 2 cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import h5py
+import numpy as np
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+
+#: bf16 autocast vs fp32 features: largest relative L2 error of a row, ||bf16 - fp32|| / ||fp32||
+TOL_BF16 = 0.05
+#: --gpu-decode vs PIL: mean absolute difference of the resized uint8 inputs, in grey levels
+TOL_DECODE_PIXELS = 2.0
+#: --gpu-decode vs PIL features (both fp32): largest relative L2 error of a row
+TOL_DECODE = 0.08
+#: stage two, GPU vs CPU: largest difference of the selected val and test mAP, in points
+TOL_LINEAR_MAP = 0.05
+#: LinearInit: largest absolute difference between the network's first probabilities and the
+#: linear head's on the cached features (both fp32)
+TOL_LINEARINIT = 1e-4
+
+
+class CheckFailed(Exception):
+    """A check ran and its result is wrong (the message says how)."""
+
+
+@dataclass
+class Result:
+    name: str
+    status: str  # pass, fail, skip
+    detail: str = ""
+    numbers: dict = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+@dataclass
+class Sizes:
+    """How big each part is: tiny on the CPU (CI), realistic on a GPU."""
+
+    shapes_train: int
+    shapes_test: int
+    photos: int
+    image_size: int
+    batch_size: int
+    chunk_rows: int
+    workers: int
+    finetune_batch: int
+    backbone: str
+
+    @classmethod
+    def for_device(cls, cuda: bool) -> Sizes:
+        if cuda:
+            return cls(400, 100, 1024, 224, 128, 256, 2, 16, "resnet50")
+        # the CPU runs the same code paths on the smallest backbone and inputs
+        return cls(20, 10, 16, 32, 4, 8, 0, 4, "resnet18")
+
+    @property
+    def features_tag(self) -> str:
+        return f"{self.backbone}-random"
+
+
+class GpuCheck:
+    """Runs the checks in order and keeps their results."""
+
+    def __init__(self, out: Path, cuda: bool, say: Callable[[str], None] = print,
+                 budget: float = math.inf, on_result: Callable[[], None] = lambda: None):
+        self.out = out
+        self.budget = budget
+        self.on_result = on_result
+        self.cuda = cuda
+        self.device = "cuda" if cuda else "cpu"
+        self.sizes = Sizes.for_device(cuda)
+        self.cache = out / "cache"
+        self.say = say
+        self.results: list[Result] = []
+        self.started = time.perf_counter()
+        self.env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+            [str(REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]),
+            FEATCACHE_OFFLINE="1")
+
+    # ------------------------------------------------------------------ running
+    def run(self, name: str, check: Callable[[], tuple[str, dict]], needs_cuda: bool = False,
+            needs: tuple[str, ...] = (), takes: float = 0.0) -> None:
+        """Run one check (``takes``: seconds it may need; not started when the budget is short)."""
+        failed = [n for n in needs if not self.passed(n)]
+        elapsed = time.perf_counter() - self.started
+        if needs_cuda and not self.cuda:
+            self.results.append(Result(name, "skip", "needs CUDA"))
+        elif failed:
+            self.results.append(Result(name, "skip", f"needs {', '.join(failed)}"))
+        elif elapsed + takes > self.budget:
+            self.results.append(Result(name, "fail", f"not run: {elapsed:.0f} s spent, it may take "
+                                                     f"{takes:.0f} s, the budget is {self.budget:.0f} s"))
+        else:
+            self.say(f"[{time.perf_counter() - self.started:6.1f} s] {name} ...")
+            started = time.perf_counter()
+            try:
+                detail, numbers = check()
+                result = Result(name, "pass", detail, numbers)
+            except CheckFailed as exc:
+                result = Result(name, "fail", str(exc))
+            except Exception as exc:  # an unexpected error is a failed check, with its trace
+                trace = traceback.format_exc(limit=6)
+                result = Result(name, "fail", f"{type(exc).__name__}: {exc}", {"trace": trace})
+            result.seconds = time.perf_counter() - started
+            self.results.append(result)
+        last = self.results[-1]
+        self.say(f"    {last.status.upper()}: {last.detail}")
+        self.on_result()  # the report so far is on disk: a killed check loses nothing else
+
+    def passed(self, name: str) -> bool:
+        return any(r.name == name and r.status == "pass" for r in self.results)
+
+    def numbers(self, name: str) -> dict:
+        return next(r.numbers for r in self.results if r.name == name)
+
+    # ------------------------------------------------------------------ helpers
+    def cli(self, *args) -> None:
+        """``featcache <args> --cache <cache>`` in this process (errors raise)."""
+        from featcache.cli import cli
+
+        cli.main([str(a) for a in args] + ["--cache", str(self.cache)], prog_name="featcache",
+                 standalone_mode=False)
+
+    def command(self, *args) -> list[str]:
+        return [sys.executable, "-m", "featcache", *[str(a) for a in args], "--cache",
+                str(self.cache)]
+
+    def subprocess(self, argv: list[str], timeout: float = 300, extra_env: dict | None = None):
+        done = subprocess.run(argv, env=dict(self.env, **(extra_env or {})), cwd=self.out,
+                              capture_output=True, text=True, timeout=timeout)
+        if done.returncode != 0:
+            raise CheckFailed(f"`{' '.join(argv[2:])}` exited with {done.returncode}: "
+                              f"{done.stderr.strip()[-1500:]}")
+        return done
+
+    def kill_when(self, argv: list[str], ready: Callable[[], bool], timeout: float = 300,
+                  extra_env: dict | None = None) -> None:
+        """Start ``argv``; SIGKILL it as soon as ``ready()`` holds (fail if it ends first)."""
+        process = subprocess.Popen(argv, env=dict(self.env, **(extra_env or {})), cwd=self.out,
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + timeout
+        try:
+            while not ready():
+                if process.poll() is not None:
+                    raise CheckFailed(f"`{' '.join(argv[2:])}` ended (exit {process.returncode}) "
+                                      "before it could be killed mid-run: "
+                                      f"{process.stderr.read().strip()[-800:]}")
+                if time.monotonic() > deadline:
+                    raise CheckFailed(f"`{' '.join(argv[2:])}` did not reach the kill point in "
+                                      f"{timeout:.0f} s")
+                time.sleep(0.01)
+            process.send_signal(signal.SIGKILL)
+            process.wait()
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+            process.stderr.close()
+
+    # ------------------------------------------------------------------ 1. data
+    def make_data(self) -> tuple[str, dict]:
+        from benchmarks.extract import image_dataset
+        from featcache.runtime import usable_cpus
+
+        s = self.sizes
+        if not (self.cache / "shapes" / "labels.h5").is_file():
+            self.cli("prepare", "shapes", "--num-train", s.shapes_train, "--num-test", s.shapes_test)
+        labels, _, _, mean_kb = image_dataset(s.photos, usable_cpus(), root=self.out / "photos")
+        target = self.cache / "photos"
+        target.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(labels, target / "labels.h5")
+        return (f"shapes {s.shapes_train}+{s.shapes_test} images, {s.photos} VOC-sized JPEGs of "
+                f"{mean_kb:.0f} kB", {"mean_jpeg_kB": mean_kb})
+
+    # ------------------------------------------------------------------ 2. extraction
+    def extract(self, dataset: str, say: Callable[[str], None] = lambda _: None, **options):
+        """Features of ``dataset`` extracted in this process with the check's sizes."""
+        from featcache.features.extract import ExtractOptions, extract_features
+
+        s = self.sizes
+        settings = dict(backbone=s.backbone, weights="random", image_size=s.image_size,
+                        batch_size=s.batch_size, chunk_rows=s.chunk_rows, workers=s.workers,
+                        device=self.device, cache=str(self.cache), overwrite=True)
+        settings.update(options)
+        result = extract_features(dataset, ExtractOptions(**settings), say=say)
+        return read_features(result.path)
+
+    def bf16_vs_fp32(self) -> tuple[str, dict]:
+        fp32 = self.extract("photos", precision="fp32")
+        bf16 = self.extract("photos", precision="bf16")
+        error = relative_errors(fp32, bf16)
+        numbers = {"max_relative_error": float(error.max()),
+                   "median_relative_error": float(np.median(error)), "tolerance": TOL_BF16}
+        if not error.max() <= TOL_BF16:
+            raise CheckFailed(f"bf16 features differ from fp32 by up to {error.max():.4f} "
+                              f"(relative L2 of a row; tolerance {TOL_BF16})")
+        return (f"bf16 vs fp32: relative error max {error.max():.4f}, median "
+                f"{np.median(error):.4f} (tolerance {TOL_BF16})", numbers)
+
+    def gpu_decode_vs_pil(self) -> tuple[str, dict]:
+        from featcache.backbones import inputs
+        from featcache.backbones.registry import resize_transform
+        from featcache.data.images import load_rgb
+        from featcache.data.labelfile import load_labels
+
+        labels = load_labels(self.cache / "photos" / "labels.h5")
+        root = Path(labels.image_root)
+        names = list(labels.train.images[:16])
+        rows = inputs.JpegBytesRows(root, names, self.sizes.image_size)
+        payloads, _, _, is_jpeg = inputs.collate_jpeg_rows([rows[i] for i in range(len(names))])
+        device_images, decoded = inputs.decode_on_device(payloads, is_jpeg, self.sizes.image_size,
+                                                         torch.device(self.device))
+        pil = torch.stack([resize_transform(self.sizes.image_size)(load_rgb(root / n)) for n in names])
+        pixels = float((device_images.cpu().float() - pil.float()).abs().mean())
+        fp32 = self.extract("photos", precision="fp32")
+        device = self.extract("photos", precision="fp32", gpu_decode=True)
+        error = relative_errors(fp32, device)
+        numbers = {"pixel_mean_abs_difference": pixels, "pixel_tolerance": TOL_DECODE_PIXELS,
+                   "max_relative_error": float(error.max()),
+                   "median_relative_error": float(np.median(error)), "tolerance": TOL_DECODE,
+                   "all_decoded": bool(decoded.all())}
+        if not decoded.all() or not pixels <= TOL_DECODE_PIXELS or not error.max() <= TOL_DECODE:
+            raise CheckFailed(f"device decode vs PIL: pixels differ by {pixels:.3f} levels on "
+                              f"average (tolerance {TOL_DECODE_PIXELS}), features by up to "
+                              f"{error.max():.4f} (tolerance {TOL_DECODE}); all decoded: "
+                              f"{bool(decoded.all())}")
+        return (f"inputs differ by {pixels:.3f} grey levels on average (tolerance "
+                f"{TOL_DECODE_PIXELS}); features: relative error max {error.max():.4f}, median "
+                f"{np.median(error):.4f} (tolerance {TOL_DECODE})", numbers)
+
+    def extraction_resume(self) -> tuple[str, dict]:
+        from featcache.features.shards import parts_dir
+
+        s = self.sizes
+        reference = self.extract("photos", precision="bf16" if self.cuda else "fp32")
+        cache = self.out / "resume-cache"
+        shutil.rmtree(cache, ignore_errors=True)
+        (cache / "photos").mkdir(parents=True)
+        shutil.copyfile(self.cache / "photos" / "labels.h5", cache / "photos" / "labels.h5")
+        final = cache / "photos" / f"features-{s.features_tag}.h5"
+        argv = [sys.executable, "-m", "featcache", "features", "--dataset", "photos", "--backbone",
+                s.backbone, "--weights", "random", "--image-size", s.image_size, "--batch-size", s.batch_size,
+                "--chunk-rows", s.chunk_rows, "--workers", s.workers, "--device", self.device,
+                "--precision", "bf16" if self.cuda else "fp32", "--cache", cache]
+        argv = [str(a) for a in argv]
+        chunks = parts_dir(final)
+        self.kill_when(argv, lambda: len(list(chunks.glob("chunk-*.npz"))) >= 1)
+        done_before = len(list(chunks.glob("chunk-*.npz")))
+        if final.exists():
+            raise CheckFailed("the features file exists although the run was killed mid-way")
+        messages: list[str] = []  # the same command again, here (nothing of the killed one lives)
+        again = self.extract("photos", say=messages.append, cache=str(cache), overwrite=False,
+                             precision="bf16" if self.cuda else "fp32")
+        if not any("resuming" in m for m in messages):
+            raise CheckFailed(f"the second run did not resume: {messages}")
+        same = all(np.array_equal(reference[k], again[k], equal_nan=True) for k in reference)
+        if not same:
+            diff = max(float(np.abs(reference[k] - again[k]).max()) for k in reference)
+            raise CheckFailed(f"the resumed file differs from an uninterrupted run's (max "
+                              f"difference {diff:g})")
+        return (f"killed with SIGKILL after {done_before} chunk(s); resumed file identical to an "
+                "uninterrupted run's", {"chunks_before_kill": done_before})
+
+    # ------------------------------------------------------------------ 3. stage two
+    def linear_gpu_vs_cpu(self) -> tuple[str, dict]:
+        selections = {}
+        for side, device in (("gpu", self.device), ("cpu", "cpu")):
+            self.cli("train-linear", "--dataset", "shapes", "--loss", "role", "--lr", "1e-3,1e-4",
+                     "--bsize", "8,16", "--epochs", "5", "--quiet", "--no-plots", "--device",
+                     device, "--run-id", f"linear-{side}", "--backbone", self.sizes.features_tag,
+                     "--overwrite")
+            results = self.cache / "shapes" / "runs" / "role" / f"linear-{side}" / "results.json"
+            selections[side] = json.loads(results.read_text())["selection"]
+        gpu, cpu = selections["gpu"], selections["cpu"]
+        diffs = {k: abs(float(gpu[k]) - float(cpu[k])) for k in ("val_map", "test_map")}
+        numbers = {"gpu": {k: gpu[k] for k in ("lr", "batch_size", "val_map", "test_map")},
+                   "cpu": {k: cpu[k] for k in ("lr", "batch_size", "val_map", "test_map")},
+                   "difference": diffs, "tolerance": TOL_LINEAR_MAP}
+        if (gpu["lr"], gpu["batch_size"]) != (cpu["lr"], cpu["batch_size"]) or max(diffs.values()) > TOL_LINEAR_MAP:
+            raise CheckFailed(f"stage two on the GPU selected lr {gpu['lr']} bs {gpu['batch_size']} "
+                              f"(val {gpu['val_map']:.3f}, test {gpu['test_map']:.3f}); on the CPU lr "
+                              f"{cpu['lr']} bs {cpu['batch_size']} (val {cpu['val_map']:.3f}, test "
+                              f"{cpu['test_map']:.3f}); tolerance {TOL_LINEAR_MAP} points")
+        return (f"same selection; val/test mAP differ by {diffs['val_map']:.4f} / "
+                f"{diffs['test_map']:.4f} points (tolerance {TOL_LINEAR_MAP})", numbers)
+
+    # ------------------------------------------------------------------ 4. fine-tuning
+    def shapes_linear_run(self) -> tuple[str, dict]:
+        """Features of shapes (fp32) and a linear ROLE run: what LinearInit starts from."""
+        self.extract("shapes", precision="fp32")
+        self.cli("train-linear", "--dataset", "shapes", "--loss", "role", "--lr", "1e-3",
+                 "--bsize", "8", "--epochs", "3", "--quiet", "--no-plots", "--device", "cpu",
+                 "--run-id", "linear", "--backbone", self.sizes.features_tag, "--overwrite")
+        return "shapes features (fp32) and a linear role run", {}
+
+    def linearinit_first_eval(self) -> tuple[str, dict]:
+        from featcache.finetune.data import load_finetune_data
+        from featcache.finetune.loop import ConfigTrainer, Settings
+        from featcache.finetune.options import FinetuneOptions
+        from featcache.finetune.run import loss_params
+        from featcache.finetune.start import resolve_start
+        from featcache.metrics import mean_average_precision
+        from featcache.protocol.grid import GridPoint
+        from featcache.runtime import backend_flags, single_process
+
+        job = single_process(torch.device(self.device))
+        data = load_finetune_data(self.cache / "shapes" / "labels.h5")
+        start = resolve_start(FinetuneOptions(dataset="shapes", loss="role", init="best",
+                                              cache=str(self.cache)), data, job)
+        settings = Settings(loss="role", params=loss_params("role", start.params, data), epochs=1,
+                            precision="fp32", workers=self.sizes.workers, progress=False,
+                            eval_batch_size=self.sizes.batch_size)
+        trainer = ConfigTrainer(GridPoint(1e-4, self.sizes.finetune_batch), settings, start, data,
+                                job)
+        with backend_flags(job.device, "fp32"):
+            network = trainer.predict(data.val).cpu()
+        features = read_features(self.cache / "shapes" / f"features-{self.sizes.features_tag}.h5")
+        features = features["train"]
+        val_features = torch.from_numpy(features[data.labels.val_index]).float()
+        head = torch.sigmoid(val_features @ start.head_weight.t() + start.head_bias)
+        gap = float((network - head).abs().max())
+        targets = data.val.clean
+        maps = (float(mean_average_precision(network, targets)),
+                float(mean_average_precision(head, targets)))
+        numbers = {"max_abs_probability_difference": gap, "tolerance": TOL_LINEARINIT,
+                   "val_map_network": maps[0], "val_map_linear_head": maps[1]}
+        if not gap <= TOL_LINEARINIT:
+            raise CheckFailed(f"LinearInit's first evaluation differs from the linear head by up "
+                              f"to {gap:.2e} in probability (tolerance {TOL_LINEARINIT}); val mAP "
+                              f"{maps[0]:.4f} vs {maps[1]:.4f}")
+        return (f"first evaluation = linear head: max |dp| {gap:.2e} (tolerance "
+                f"{TOL_LINEARINIT}), val mAP {maps[0]:.4f} vs {maps[1]:.4f}", numbers)
+
+    def finetune_args(self, run_id: str, *extra) -> list[str]:
+        return ["finetune", "--dataset", "shapes", "--loss", "role", "--init", "best",
+                "--epochs", "1", "--lr", "1e-4", "--bsize", str(self.sizes.finetune_batch),
+                "--workers", str(self.sizes.workers), "--device", self.device, "--quiet",
+                "--no-plots", "--run-id", run_id, "--overwrite", *extra]
+
+    def results_of(self, run_id: str) -> dict:
+        path = self.cache / "shapes" / "finetune" / "role" / run_id / "results.json"
+        return json.loads(path.read_text())
+
+    def finetune_bf16(self) -> tuple[str, dict]:
+        self.cli(*self.finetune_args("bf16", "--precision", "bf16"))
+        document = self.results_of("bf16")
+        epoch = document["configs"][0]["epochs"][0]
+        if not math.isfinite(epoch["train_loss"]) or document["machine"]["precision"] != "bf16":
+            raise CheckFailed(f"bf16 epoch: loss {epoch['train_loss']}, precision "
+                              f"{document['machine']['precision']}")
+        return (f"one bf16 epoch: loss {epoch['train_loss']:.4f}, val {epoch['val_map']:.2f}, "
+                f"{epoch['images_per_second']:.0f} train images/s",
+                {"images_per_second": epoch["images_per_second"], "train_loss": epoch["train_loss"]})
+
+    def finetune_compile(self) -> tuple[str, dict]:
+        from torch._dynamo.utils import counters
+
+        torch._dynamo.reset()
+        counters.clear()
+        args = self.finetune_args("compiled", "--compile")
+        args[args.index("--lr") + 1] = "1e-4,1e-5"
+        self.cli(*args)
+        configs = self.results_of("compiled")["configs"]
+        seconds = [c["epochs"][0]["train_seconds"] + c["epochs"][0]["eval_seconds"] for c in configs]
+        graphs = int(counters["stats"]["unique_graphs"])
+        numbers = {"epoch_seconds": seconds, "compile_seconds_estimate": seconds[0] - seconds[1],
+                   "unique_graphs": graphs}
+        if not all(math.isfinite(c["epochs"][0]["train_loss"]) for c in configs):
+            raise CheckFailed("a compiled epoch gave a non-finite loss")
+        if seconds[1] > 0.5 * seconds[0] and seconds[0] > 30:
+            raise CheckFailed(f"the second configuration took {seconds[1]:.0f} s against the "
+                              f"first's {seconds[0]:.0f} s: it seems to have compiled again")
+        return (f"two configurations: first epoch {seconds[0]:.1f} s (with compiling), second "
+                f"{seconds[1]:.1f} s; compile cost about {seconds[0] - seconds[1]:.0f} s once; "
+                f"{graphs} graphs in all", numbers)
+
+    def finetune_resume(self) -> tuple[str, dict]:
+        args = self.finetune_args("whole", "--deterministic")
+        args[args.index("--epochs") + 1] = "2"
+        if self.cuda:  # a process of its own: cuBLAS must start with CUBLAS_WORKSPACE_CONFIG set
+            self.subprocess(self.command(*args), timeout=400)
+        else:
+            self.cli(*args)
+        cut = list(args)
+        cut[cut.index("--run-id") + 1] = "cut"
+        checkpoint = (self.cache / "shapes" / "finetune" / "role" / "cut" / "configs" /
+                      f"lr0.0001-bs{self.sizes.finetune_batch}" / "checkpoint.pt")
+        shutil.rmtree(checkpoint.parents[2], ignore_errors=True)
+        self.kill_when(self.command(*cut), checkpoint.is_file, timeout=400)
+        resumed = [a for a in cut if a != "--overwrite"] + ["--resume"]
+        if self.cuda:
+            self.subprocess(self.command(*resumed), timeout=400)
+        else:
+            self.cli(*resumed)
+        whole, again = (strip_timings(self.results_of(r)) for r in ("whole", "cut"))
+        if whole != again:
+            raise CheckFailed(f"the resumed run differs from the uninterrupted one: "
+                              f"{json.dumps(again)[:300]} vs {json.dumps(whole)[:300]}")
+        models = [torch.load(self.cache / "shapes" / "finetune" / "role" / r / "best.pt",
+                             weights_only=True)["model"] for r in ("whole", "cut")]
+        different = [k for k, v in models[0].items() if not torch.equal(v, models[1][k])]
+        if different:
+            raise CheckFailed(f"best.pt weights differ after resuming: {different[:5]}")
+        return "killed with SIGKILL after epoch 1, resumed: results and weights identical", {}
+
+    def finetune_torchrun(self) -> tuple[str, dict]:
+        gpus = torch.cuda.device_count()
+        checked = {}
+        for nproc in ([1, 2] if gpus >= 2 else [1]):
+            run_id = f"torchrun{nproc}"
+            args = self.finetune_args(run_id, "--deterministic")
+            args[args.index("--epochs") + 1] = "2"
+            if nproc == 2:
+                args[args.index("--lr") + 1] = "1e-4,1e-5"
+                args += ["--schedule", "per-gpu"]
+            argv = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                    "--nproc_per_node", str(nproc), "-m", "featcache", *args, "--cache",
+                    str(self.cache)]
+            self.subprocess(argv, timeout=400)
+            document = self.results_of(run_id)
+            if document["machine"]["world_size"] != nproc:
+                raise CheckFailed(f"torchrun {nproc}: world size {document['machine']['world_size']}")
+            checked[nproc] = document["selection"]["val_map"]
+        if strip_timings(self.results_of("torchrun1")) != strip_timings(self.results_of("whole")):
+            raise CheckFailed("torchrun --nproc_per_node 1 differs from the plain run")
+        if 2 in checked:
+            first = strip_timings(self.results_of("torchrun2"))[0][0]
+            if first != strip_timings(self.results_of("whole"))[0][0]:
+                raise CheckFailed("torchrun 2, per-gpu: the lr 1e-4 configuration differs from "
+                                  "the one-process run")
+        return (f"torchrun --nproc_per_node {', '.join(map(str, checked))}: finished; 1 rank = "
+                "the plain run" + ("; 2 ranks per-gpu = one-process configurations" if 2 in checked
+                                   else f" ({gpus} GPU visible: 2 ranks not run)"), checked)
+
+    # ------------------------------------------------------------------ 5. benchmarks
+    def bench_extract(self) -> tuple[str, dict]:
+        from benchmarks import extract
+
+        document = extract.main(["--device", self.device, "--gpu-decode", "--warmup", "2", "--timed",
+                                 "8", "--out", str(self.out / "bench-extract.json"),
+                                 "--data-root", str(self.out / "bench")])
+        ratios = dict(document["ratio"], **{"end to end, baseline": 1.0})
+        rows = [[what, figure["images_per_s"], ratios.get(what)]
+                for what, figure in document["figures"].items()]
+        return "; ".join(f"{what} {rate:.0f} img/s" for what, rate, _ in rows), {
+            "rows": rows, "settings": document["settings"]}
+
+    def bench_finetune(self) -> tuple[str, dict]:
+        from benchmarks import finetune
+
+        document = finetune.main(["--device", self.device, "--bsize", "16,64", "--warmup", "5",
+                                  "--timed", "20", "--out", str(self.out / "bench-finetune.json"),
+                                  "--data-root", str(self.out / "bench")])
+        rows = []
+        for figure in document["figures"]:
+            batch = f"batch {figure['batch_size']}"
+            for what, result in figure["ours"].items():
+                rows.append([f"{batch}, {what}, ours", result["images_per_s"],
+                             figure["ratio"] if what == "end to end" else None])
+            if figure["baseline"]:
+                rows.append([f"{batch}, end to end, baseline", figure["baseline"]["images_per_s"], 1.0])
+        first = document["figures"][0]["ours"]["compute only"]["first_step_seconds"]
+        return "; ".join(f"{what} {rate:.0f} img/s" for what, rate, _ in rows), {
+            "rows": rows, "first_step_seconds": first, "settings": document["settings"]}
+
+    # ------------------------------------------------------------------ all
+    def run_all(self) -> None:
+        self.run("data", self.make_data)
+        self.run("extraction: bf16 vs fp32", self.bf16_vs_fp32, needs=("data",))
+        self.run("extraction: --gpu-decode vs PIL", self.gpu_decode_vs_pil, needs=("data",))
+        self.run("extraction: SIGKILL and resume", self.extraction_resume, needs=("data",))
+        self.run("linear run for LinearInit", self.shapes_linear_run, needs=("data",))
+        self.run("stage two: GPU vs CPU", self.linear_gpu_vs_cpu, needs_cuda=True,
+                 needs=("linear run for LinearInit",))
+        self.run("fine-tune: LinearInit first eval", self.linearinit_first_eval,
+                 needs=("linear run for LinearInit",))
+        self.run("fine-tune: bf16 epoch", self.finetune_bf16, needs_cuda=True,
+                 needs=("linear run for LinearInit",))
+        self.run("fine-tune: SIGKILL and resume", self.finetune_resume,
+                 needs=("linear run for LinearInit",))
+        self.run("fine-tune: torchrun", self.finetune_torchrun, needs_cuda=True,
+                 needs=("fine-tune: SIGKILL and resume",))
+        self.run("benchmark: extraction", self.bench_extract, needs_cuda=True, takes=60)
+        self.run("benchmark: fine-tuning", self.bench_finetune, needs_cuda=True, takes=60)
+        # last: the longest (inductor compiling ResNet-50 on a GPU takes minutes)
+        self.run("fine-tune: --compile", self.finetune_compile, needs_cuda=True,
+                 needs=("linear run for LinearInit",), takes=150)
+
+    def report(self) -> dict:
+        from benchmarks._common import machine
+
+        failed = [r.name for r in self.results if r.status == "fail"]
+        return {
+            "check": "gpu-check", "cuda": self.cuda, "machine": machine(self.device),
+            "seconds": time.perf_counter() - self.started, "passed": not failed, "failed": failed,
+            "tolerances": {"bf16_vs_fp32": TOL_BF16, "decode_pixels": TOL_DECODE_PIXELS,
+                           "decode_features": TOL_DECODE, "linear_map_points": TOL_LINEAR_MAP,
+                           "linearinit_probability": TOL_LINEARINIT},
+            "sizes": self.sizes.__dict__,
+            "results": [r.__dict__ for r in self.results],
+        }
+
+
+def read_features(path: Path) -> dict[str, np.ndarray]:
+    with h5py.File(path, "r") as h5:
+        return {split: h5[f"{split}/features"][()] for split in ("train", "test")}
+
+
+def relative_errors(a: dict, b: dict) -> np.ndarray:
+    """Per row, ||b - a|| / ||a|| over every split."""
+    x = np.concatenate([a["train"], a["test"]]).astype(np.float64)
+    y = np.concatenate([b["train"], b["test"]]).astype(np.float64)
+    return np.linalg.norm(y - x, axis=1) / np.maximum(np.linalg.norm(x, axis=1), 1e-12)
+
+
+def strip_timings(document: dict) -> tuple:
+    """(per-configuration records without timings, selection): what must match exactly."""
+    configs = json.loads(json.dumps(document["configs"]))
+    for config in configs:
+        config.pop("seconds", None)
+        for epoch in config["epochs"]:
+            for key in ("train_seconds", "eval_seconds", "images_per_second"):
+                epoch.pop(key, None)
+    return configs, document["selection"]
+
+
+def markdown(report: dict) -> str:
+    """The summary: one line per check, then the benchmark table."""
+    from featcache.tables import Table
+
+    machine = report["machine"]
+    lines = [f"# gpu-check: {'PASSED' if report['passed'] else 'FAILED'}", "",
+             f"{machine.get('gpu', 'no GPU (CPU-able parts only)')}, torch {machine['torch']}, "
+             f"{machine['date']}, {report['seconds']:.0f} s; {machine['load']}", ""]
+    table = Table(["check", "status", "seconds", "detail"])
+    for r in report["results"]:
+        table.add(r["name"], r["status"], r["seconds"], r["detail"])
+    lines += [table.markdown(), ""]
+    bench = Table(["benchmark", "what", "images/s", "vs baseline"],
+                  title="Images/s against the plain-loop baselines (same run)")
+    for r in report["results"]:
+        if r["name"].startswith("benchmark") and r["status"] == "pass":
+            for what, rate, ratio in r["numbers"]["rows"]:
+                bench.add(r["name"].split(": ")[1], what, rate, ratio)
+    if bench.rows:
+        lines += [bench.markdown(), ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu_check", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="cache/gpu-check", help="report folder (default cache/gpu-check)")
+    parser.add_argument("--keep", action="store_true", help="keep the generated data and runs")
+    parser.add_argument("--cpu-only", action="store_true",
+                        help="run only the parts that need no GPU, even on a GPU machine (CI)")
+    parser.add_argument("--budget", type=float, default=540,
+                        help="seconds: a long check is not started when it could overrun them "
+                             "(it is reported as failed, not run); default 540")
+    args = parser.parse_args(argv)
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    cuda = torch.cuda.is_available() and not args.cpu_only
+    if not cuda:
+        why = "--cpu-only" if args.cpu_only else "no CUDA GPU on this machine"
+        print(f"gpu-check: {why}; running only the parts that need none (tiny sizes on the CPU)",
+              flush=True)
+    from featcache.fileio import write_json_atomic, write_text_atomic
+
+    def write_report() -> dict:
+        report = check.report()
+        write_json_atomic(out / "gpu-check.json", report)
+        write_text_atomic(out / "gpu-check.md", markdown(report))
+        return report
+
+    check = GpuCheck(out, cuda, say=lambda line: print(line, flush=True), budget=args.budget,
+                     on_result=write_report)
+    try:
+        check.run_all()
+    finally:
+        report = write_report()
+        if not args.keep:
+            for leftover in ("cache", "resume-cache", "photos", "bench"):
+                shutil.rmtree(out / leftover, ignore_errors=True)
+    print(markdown(report), flush=True)
+    print(f"report: {out / 'gpu-check.json'}, {out / 'gpu-check.md'}", flush=True)
+    return 0 if report["passed"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
