@@ -166,6 +166,7 @@ def describe_features(path: Path) -> str:
         for split in OFFICIAL_SPLITS:
             shape = h5[split]["features"].shape
             rows.add(split, shape[0], shape[1], int(h5[split]["bad"][()].sum()))
+        extras = {key: h5[key].shape for key in ("text/embeddings", "train/crops") if key in h5}
     beside = path.parent / "labels.h5"
     expected = str(attrs.get("labels_sha256", ""))
     if beside.exists():
@@ -178,6 +179,20 @@ def describe_features(path: Path) -> str:
     table.add("feature dim", attrs.get("feature_dim"))
     table.add("dtype", attrs.get("dtype"))
     table.add("weights", attrs.get("weights"))
+    if attrs.get("library"):
+        table.add("library", f"{attrs['library']} {attrs.get('library_model', '')} "
+                             f"{attrs.get('library_version', '')}".strip())
+    if attrs.get("pooling"):
+        table.add("pooling", attrs["pooling"])
+    if "text/embeddings" in extras:
+        text = attrs.get("text") or {}
+        how = ", ".join(f"{k}={v}" for k, v in text.items())
+        table.add("text embeddings", f"{extras['text/embeddings'][0]} classes x "
+                                     f"{extras['text/embeddings'][1]} ({how})")
+    if "train/crops" in extras:
+        grid = attrs.get("crops_grid")
+        table.add("crop embeddings", f"{grid}x{grid} tiles of each training image, "
+                                     f"{extras['train/crops']}")
     if attrs.get("weights_sha256"):
         table.add("weights sha256", str(attrs["weights_sha256"])[:12])
     table.add("labels sha256", expected[:12])

@@ -25,6 +25,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Sampler
 
 from featcache.backbones.inputs import ImageRows, loader_prefetch, uint8_batch_bytes, worker_init
+from featcache.backbones.preprocess import PROTOCOL, Preprocess
 from featcache.data.images import image_problem, image_root
 from featcache.data.labelfile import LabelSet, load_labels
 from featcache.data.negatives import observed_with_negatives
@@ -206,12 +207,14 @@ def shard_range(num_rows: int, rank: int, world: int) -> range:
 class SplitImages(ImageRows):
     """Images of one split; an item is a position, or (position, flip) for training.
 
-    Yields ``(uint8 image (3, s, s), position, ok)``; the flip is applied after the resize, as
-    the protocol's transform does (Resize, then RandomHorizontalFlip).
+    Yields ``(uint8 image (3, s, s), position, ok)``; the flip is applied after the resize (and
+    crop), as the protocol's transform does (Resize, then RandomHorizontalFlip).
     """
 
-    def __init__(self, data: FinetuneData, split: ImageSplit, image_size: int):
-        super().__init__(data.root, data.relpaths, image_size, rows=split.rows)
+    def __init__(self, data: FinetuneData, split: ImageSplit, image_size: int,
+                 preprocess: Preprocess = PROTOCOL):
+        super().__init__(data.root, data.relpaths, image_size, rows=split.rows,
+                         preprocess=preprocess)
 
     def __getitem__(self, item):
         position, flip = item if isinstance(item, tuple) else (item, False)
@@ -221,13 +224,14 @@ class SplitImages(ImageRows):
 
 def make_loader(data: FinetuneData, split: ImageSplit, image_size: int, batch_sampler,
                 workers: int, device: torch.device, batch_size: int, persistent: bool = False,
-                ranks_here: int = 1) -> DataLoader:
+                ranks_here: int = 1, preprocess: Preprocess = PROTOCOL) -> DataLoader:
     """A DataLoader over ``split`` driven by ``batch_sampler`` (lists of at most ``batch_size``
     items): 4 batches in flight per worker, fewer when ``/dev/shm`` is small."""
     prefetch = loader_prefetch(uint8_batch_bytes(batch_size, image_size), workers, 4, ranks_here,
                                what=f"{split.name} batches of {batch_size} images at {image_size} px")
     return DataLoader(
-        SplitImages(data, split, image_size), batch_sampler=batch_sampler, num_workers=workers,
+        SplitImages(data, split, image_size, preprocess), batch_sampler=batch_sampler,
+        num_workers=workers,
         pin_memory=device.type == "cuda", worker_init_fn=worker_init,
         persistent_workers=persistent and workers > 0, prefetch_factor=prefetch,
     )

@@ -26,6 +26,7 @@ class FinetuneOptions:
     backbone: str | None = None
     weights: str | None = None
     image_size: int | None = None
+    preprocess: str = "native"  # --init none only; LinearInit takes its features' transform
     precision: str = "auto"
     compile: bool = False
     schedule: str = "auto"

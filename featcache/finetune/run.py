@@ -108,6 +108,7 @@ def run_settings(options: FinetuneOptions, settings: Settings, start: StartPoint
         "weights_sha256": start.weights_identity.get("weights_sha256"),
         "image_size": start.image_size, "learning_rates": list(options.learning_rates),
         "batch_sizes": list(options.batch_sizes), **settings.identity(),
+        **({"preprocess": start.preprocess} if start.preprocess != "native" else {}),
     }
 
 
