@@ -54,6 +54,9 @@ from featcache.commands.common import (
               help="With --init none: the backbone's own transform or the protocol's squash + "
                    "ImageNet normalisation (see `featcache features --help`). LinearInit uses "
                    "the transform of the run's features.")
+@click.option("--pseudo-labels", "pseudo_labels", default=None, metavar="NAME",
+              help="Pseudo-label set (`featcache pseudo-label --name`) for the losses that use "
+                   "pseudo-labels  [default: the loss's own rule's: vlpl for vlpl, aevlp for gpr].")
 @click.option("--precision", type=click.Choice(["auto", "fp32", "bf16", "fp16"]), default="auto",
               show_default=True,
               help="auto: bf16 autocast on GPUs that have it (else fp16 with a grad scaler), fp32 "
@@ -100,8 +103,8 @@ from featcache.commands.common import (
 @click.option("--quiet", is_flag=True, help="No progress bars.")
 @cache_option
 def command(dataset, loss, init, learning_rates, batch_sizes, epochs, head_lr_mult, param_pairs,
-            linear_lr, linear_batch_size, backbone, weights, image_size, preprocess, precision,
-            use_compile, deterministic, schedule, workers, eval_batch_size, val_variant, early_stop,
+            linear_lr, linear_batch_size, backbone, weights, image_size, preprocess, pseudo_labels,
+            precision, use_compile, deterministic, schedule, workers, eval_batch_size, val_variant, early_stop,
             seed, device, images_root, run_id,
             resume, overwrite, no_plots, quiet, cache):
     """Stage three: fine-tune the whole network end to end on the images.
@@ -128,7 +131,8 @@ def command(dataset, loss, init, learning_rates, batch_sizes, epochs, head_lr_mu
         batch_sizes=batch_sizes, epochs=epochs, head_lr_mult=head_lr_mult,
         params={k: v[0] for k, v in params.items()}, linear_lr=linear_lr,
         linear_batch_size=linear_batch_size, backbone=backbone, weights=weights,
-        image_size=image_size, preprocess=preprocess, precision=precision, compile=use_compile,
+        image_size=image_size, preprocess=preprocess, pseudo_labels=pseudo_labels,
+        precision=precision, compile=use_compile,
         deterministic=deterministic, schedule=schedule, workers=workers,
         eval_batch_size=eval_batch_size, val_variant=val_variant, early_stop=early_stop, seed=seed,
         device=device, images_root=images_root, run_id=run_id, resume=resume, overwrite=overwrite,

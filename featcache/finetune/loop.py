@@ -198,6 +198,7 @@ class ConfigTrainer:
         train = data.train
         self.observed = train.observed.to(device)
         self.clean = None if train.clean is None else train.clean.to(device)
+        self.pseudo = None if train.pseudo is None else train.pseudo.to(device)
         generator = torch.Generator().manual_seed(
             derive_seed(settings.seed, "state", config.batch_size))
         state = self.loss.init_state(self.observed, self.clean, generator=generator,
@@ -251,7 +252,9 @@ class ConfigTrainer:
         """
         with self.autocast():
             logits = self.model(self.to_input(images))
-        targets = Targets(self.observed[index], index, None if self.clean is None else self.clean[index])
+        targets = Targets(self.observed[index], index,
+                          None if self.clean is None else self.clean[index],
+                          None if self.pseudo is None else self.pseudo[index])
         loss = self.loss.forward(logits.float().unsqueeze(0), targets, self.state, epoch)[0]
         self.optimizer.zero_grad(set_to_none=True)
         self.scaler.scale(loss).backward()

@@ -98,7 +98,7 @@ def resolve_start(options: FinetuneOptions, data: FinetuneData, job: Ranks | Non
                 lr=lr, batch_size=batch_size, params=dict(options.params), seed=options.seed,
                 val_variant=options.val_variant,
                 device=str(job.device) if job is not None else "cpu", cache=options.cache,
-                progress=options.progress)
+                progress=options.progress, pseudo_labels=options.pseudo_labels)
             run_dir = on_main(job, lambda: linear_phase(request))
         start = linear_start(Path(run_dir), options, data)
         start.record["ran_linear_phase"] = ran

@@ -7,7 +7,7 @@ per-example DataLoader is involved.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +17,7 @@ from torch import Tensor
 from featcache.data.featurefile import FeatureSet, load_features
 from featcache.data.labelfile import LabelSet, SplitLabels, load_labels
 from featcache.data.negatives import observed_with_negatives
+from featcache.data.pseudofile import PseudoLabels, load_pseudo_labels, pseudo_labels_path
 from featcache.errors import InputError
 from featcache.losses import DataFacts
 from featcache.protocol.loss_choice import training_facts
@@ -36,6 +37,7 @@ class SplitTensors:
     clean: Tensor | None
     rows: np.ndarray  # rows of the labels file's official split, for provenance
     images: np.ndarray
+    pseudo: Tensor | None = None  # (n, L) pseudo-labels 1 / 0 / -1 (losses that need them)
 
     def __len__(self) -> int:
         return self.features.shape[0]
@@ -54,6 +56,8 @@ class LinearData:
     labels: LabelSet
     features: FeatureSet
     notes: list[str] = field(default_factory=list)
+    pseudo_choice: str | None = None  # --pseudo-labels NAME
+    pseudo_labels: PseudoLabels | None = None  # the set attached to train.pseudo
 
     @property
     def num_classes(self) -> int:
@@ -67,7 +71,7 @@ class LinearData:
     def facts(self) -> DataFacts:
         """What a loss may ask of the training split (full labels, negatives, k)."""
         return training_facts(self.labels, self.train.observed.cpu().numpy(),
-                              self.train.clean is not None)
+                              self.train.clean is not None, self.pseudo_choice)
 
     def with_observed_negatives(self, num_neg: int) -> LinearData:
         """A copy whose training observations also hold ``num_neg`` negatives per row
@@ -75,10 +79,18 @@ class LinearData:
         drawn, note = observed_with_negatives(self.labels, self.train.rows,
                                               self.train.observed.cpu().numpy(), num_neg)
         derived = torch.as_tensor(drawn, dtype=torch.float32, device=self.train.observed.device)
-        train = SplitTensors(self.train.features, derived, self.train.clean, self.train.rows,
-                             self.train.images)
-        return LinearData(self.dataset, self.classes, train, self.val, self.test, self.k,
-                          self.labels, self.features, self.notes + [note])
+        return replace(self, train=replace(self.train, observed=derived), notes=self.notes + [note])
+
+    def with_pseudo_labels(self, name: str) -> LinearData:
+        """A copy whose training rows carry pseudo-label set ``name`` (``train.pseudo``)."""
+        if self.pseudo_labels is not None and self.pseudo_labels.name == name:
+            return self
+        found = load_pseudo_labels(pseudo_labels_path(self.labels.path, name), self.labels)
+        pseudo = torch.as_tensor(found.matrix[self.train.rows], dtype=torch.float32,
+                                 device=self.train.observed.device)
+        note = f"pseudo-labels {name!r} ({found.attrs.get('rule')} rule) from {found.path}"
+        return replace(self, train=replace(self.train, pseudo=pseudo), pseudo_labels=found,
+                       notes=self.notes + [note])
 
     @classmethod
     def from_arrays(cls, train: ArraySplit, val: ArraySplit, test: ArraySplit | None = None, *,
@@ -137,8 +149,11 @@ class LinearData:
 
 
 def load_linear_data(labels_path: str | Path, features_path: str | Path,
-                     device: torch.device | str = "cpu") -> LinearData:
-    """Load and check a labels file and its features file; drop rows flagged bad (and say so)."""
+                     device: torch.device | str = "cpu",
+                     pseudo_choice: str | None = None) -> LinearData:
+    """Load and check a labels file and its features file; drop rows flagged bad (and say so).
+    ``pseudo_choice`` names the pseudo-label set the losses that need one use (default: each
+    loss's own rule's)."""
     labels = load_labels(labels_path)
     features = load_features(features_path, labels)
     notes: list[str] = []
@@ -175,5 +190,5 @@ def load_linear_data(labels_path: str | Path, features_path: str | Path,
     return LinearData(
         dataset=labels.dataset, classes=list(labels.classes), train=splits["train"],
         val=splits["val"], test=splits["test"], k=labels.k, labels=labels, features=features,
-        notes=notes,
+        notes=notes, pseudo_choice=pseudo_choice,
     )
