@@ -182,6 +182,10 @@ def test_pseudo_label_command_applies_the_rule_to_the_cached_similarities(clip_c
 
     again = invoke("pseudo-label", "--dataset", "toy", "--rule", "aevlp", "--cache", clip_cache)
     assert again.exit_code != 0 and "--overwrite" in again.output
+    shown = invoke("info", clip_cache / "toy")
+    assert shown.exit_code == 0, shown.output
+    assert "| rule " in shown.output and "aevlp" in shown.output
+    assert "crop embeddings" in shown.output and "text embeddings" in shown.output
 
 
 def test_pseudo_label_command_errors(clip_cache, tmp_path):

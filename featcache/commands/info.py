@@ -15,18 +15,21 @@ import click
 def command(path: Path, show_classes: bool) -> None:
     """Show what PATH holds, as tables.
 
-    PATH is a labels file (labels.h5), a features file (features-<backbone>.h5) or a dataset
-    folder such as cache/voc (its labels file and every features file in it). For labels:
+    PATH is a labels file (labels.h5), a features file (features-<backbone>.h5), a pseudo-label
+    file (pseudo-labels-<name>.h5) or a dataset folder such as cache/voc (its labels file and
+    every features and pseudo-label file in it). For labels:
     split sizes, positives per class and per image, observed labels, k and the provenance
     (source files with sha256, seeds, dropped rows, missing images, featcache version). For
     features: backbone, width, dtype, rows and bad rows per split, the weights, and whether
-    the labels file beside it is the one the features were built from.
+    the labels file beside it is the one the features were built from (and class-prompt or
+    tile embeddings when present). For pseudo-labels: the rule, its parameters, the features
+    file they came from, counts and precision/recall.
     """
     from featcache.errors import InputError
 
     if path.is_dir():
         files = [path / "labels.h5"] if (path / "labels.h5").exists() else []
-        files += sorted(path.glob("features-*.h5"))
+        files += sorted(path.glob("features-*.h5")) + sorted(path.glob("pseudo-labels-*.h5"))
         if not files:
             raise InputError(f"{path} holds neither labels.h5 nor features-*.h5; run "
                              "`featcache prepare` (and `featcache features`) first")
@@ -42,6 +45,8 @@ def command(path: Path, show_classes: bool) -> None:
             blocks.append(describe_labels(file, show_classes))
         elif kind == "featcache-features":
             blocks.append(describe_features(file))
+        elif kind == "featcache-pseudo-labels":
+            blocks.append(describe_pseudo_labels(file))
         else:
             raise InputError(f"{file} is not a featcache labels or features file (its 'format' "
                              f"attribute is {kind!r})")
@@ -206,6 +211,28 @@ def describe_features(path: Path) -> str:
                 value = ", ".join(f"{k}={v}" for k, v in value.items())
             table.add(key.replace("_", " "), str(value)[:12] if key.endswith("sha256") else value)
     return "\n".join([f"# {path}", "", table.markdown(), "", rows.markdown()])
+
+
+def describe_pseudo_labels(path: Path) -> str:
+    """Markdown table for one pseudo-label file."""
+    import h5py
+
+    from featcache.data.pseudofile import read_pseudo_attrs
+    from featcache.tables import Table
+
+    attrs = read_pseudo_attrs(path)
+    with h5py.File(path, "r") as h5:
+        shape = h5["train/pseudo"].shape
+    table = Table(["pseudo-labels", "value"], title="Pseudo-labels")
+    table.add("rule", attrs.get("rule"))
+    table.add("parameters", ", ".join(f"{k}={v}" for k, v in (attrs.get("params") or {}).items()))
+    table.add("rows x classes", f"{shape[0]} x {shape[1]} (official training rows)")
+    table.add("from", f"{attrs.get('features_path')} (sha256 {str(attrs.get('features_sha256'))[:12]})")
+    table.add("labels sha256", str(attrs.get("labels_sha256", ""))[:12])
+    for key, value in (attrs.get("stats") or {}).items():
+        table.add(key.replace("_", " "), "-" if value is None else value)
+    table.add("created", attrs.get("created"))
+    return "\n".join([f"# {path}", "", table.markdown()])
 
 
 def _size(path: Path) -> str:
