@@ -149,6 +149,19 @@ def test_clip_trunk_is_encode_image_and_its_map_the_projected_patch_tokens():
     torch.testing.assert_close(spatial.flatten(2).transpose(1, 2), tokens @ model.visual.proj)
 
 
+@pytest.mark.parametrize("name", ["test-vit", "test-clip"])
+def test_transformer_towers_attend_through_sdpa(name):
+    from torch.profiler import ProfilerActivity, profile
+
+    trunk = create_backbone(name, "random", image_size=32)
+    with torch.inference_mode(), profile(activities=[ProfilerActivity.CPU]) as trace:
+        trunk(torch.randn(2, 3, 32, 32))
+    ops = {event.key for event in trace.key_averages()}
+    assert "aten::scaled_dot_product_attention" in ops
+    assert "aten::_native_multi_head_attention" not in ops
+    assert torch.backends.mha.get_fastpath_enabled()  # restored after the forward pass
+
+
 def test_random_towers_are_seeded_and_sized():
     a = create_backbone("test-vit", "random", seed=0, image_size=32)
     b = create_backbone("test-vit", "random", seed=0, image_size=32)

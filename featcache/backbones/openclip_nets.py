@@ -7,14 +7,18 @@ are used with open_clip's ``-quickgelu`` model names: open_clip 3 builds GELU bl
 ``ViT-B-16`` + ``openai`` and only warns.
 
 CLIP's vision transformer runs attention through ``nn.MultiheadAttention`` with
-``need_weights=False``, which calls ``F.scaled_dot_product_attention``; SigLIP's tower is a timm
-ViT (fused attention). Weights come from a file (``pretrained=PATH``: open_clip's own loader,
+``need_weights=False``. In inference PyTorch would take its "fast path" there (a fused kernel
+that, on the CPU at least, computes attention with its own softmax); :func:`sdpa_attention`
+turns it off around the towers' forward passes, so that attention always goes through
+``F.scaled_dot_product_attention`` (flash / memory-efficient kernels on a GPU). SigLIP's tower is
+a timm ViT (fused attention). Weights come from a file (``pretrained=PATH``: open_clip's own loader,
 which resizes position embeddings for another input size); nothing is downloaded.
 """
 
 from __future__ import annotations
 
 import logging
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -25,6 +29,18 @@ from featcache.errors import InputError
 
 HUB_FILES = ("open_clip_model.safetensors", "open_clip_pytorch_model.bin")
 CONFIGS = Path(__file__).with_name("configs")
+
+
+@contextmanager
+def sdpa_attention():
+    """``nn.MultiheadAttention``'s inference fast path off: attention through
+    ``F.scaled_dot_product_attention`` (the previous setting is restored)."""
+    previous = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        yield
+    finally:
+        torch.backends.mha.set_fastpath_enabled(previous)
 
 
 def _open_clip(spec):
@@ -81,10 +97,15 @@ class ClipTrunk(nn.Module):
         self.pooling = pooling
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.visual(x).float()
+        with sdpa_attention():
+            return self.visual(x).float()
 
     def feature_map(self, x: Tensor) -> Tensor:
         """(B, E, h, w): the patch tokens in the pooled feature's space."""
+        with sdpa_attention():
+            return self._feature_map(x)
+
+    def _feature_map(self, x: Tensor) -> Tensor:
         if hasattr(self.visual, "trunk"):  # a timm tower (SigLIP)
             trunk = self.visual.trunk
             tokens = trunk.forward_features(x)[:, trunk.num_prefix_tokens:]
@@ -111,7 +132,8 @@ class TextTower(nn.Module):
     @torch.inference_mode()
     def forward(self, prompts: list[str]) -> Tensor:
         device = next(self.model.parameters()).device
-        return self.model.encode_text(self.tokenizer(prompts).to(device)).float()
+        with sdpa_attention():
+            return self.model.encode_text(self.tokenizer(prompts).to(device)).float()
 
 
 def build(spec, image_size: int, path: Path | None = None, tag: str | None = None) -> ClipTrunk:

@@ -45,7 +45,8 @@ from featcache.commands.common import cache_option, device_option, overwrite_opt
               help="Also store the embeddings of a G x G grid of tiles of every training image "
                    "(AEVLP's local views, e.g. 4x4), for `featcache pseudo-label --rule aevlp`.")
 @click.option("--batch-size", type=click.IntRange(min=1), default=None,
-              help="Images per forward pass  [default: 256 on a GPU, 32 on the CPU].")
+              help="Images per forward pass  [default: 256 on a GPU, 32 on the CPU; with --crops "
+                   "GxG that many tiles per pass and 1/G^2 as many images per batch].")
 @click.option("--workers", type=click.IntRange(min=0), default=None,
               help="DataLoader processes decoding images  [default: all CPUs but one per GPU; "
                    "1 on the CPU].")

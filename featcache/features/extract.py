@@ -218,7 +218,11 @@ class Extraction:
         self.say = say
         self.device = job.device
         self.precision = resolve_precision(options.precision, self.device)
-        self.batch_size = options.batch_size or default_batch_size(self.device)
+        # With --crops every image brings G*G tiles: by default a batch holds that many fewer
+        # images (what workers keep in shared memory stays the same), and the tiles go through
+        # the network in batches of the usual size.
+        self.view_batch = options.batch_size or default_batch_size(self.device)
+        self.batch_size = options.batch_size or max(1, self.view_batch // max(1, options.crops) ** 2)
         self.chunk_rows = options.chunk_rows or default_chunk_rows(self.batch_size)
         if self.chunk_rows % self.batch_size:
             raise OptionError(f"--chunk-rows ({self.chunk_rows}) must be a multiple of the batch "
@@ -340,6 +344,7 @@ class Extraction:
         extras = {}
         if self.crops:
             identity["crops_grid"] = self.crops
+            identity["crops_batch_size"] = self.view_batch
             extras["crops"] = (self.num_train, (self.crops * self.crops, self.spec.dim))
         store = ChunkStore(self.final, identity, len(self.images), self.chunk_rows, self.spec.dim,
                            extras=extras)
@@ -495,11 +500,11 @@ class Extraction:
             return model(images).float()
 
     def forward_views(self, model: torch.nn.Module, views: torch.Tensor) -> torch.Tensor:
-        """Tile embeddings (n * G * G, D) in batches of the batch size."""
+        """Tile embeddings (n * G * G, D), ``view_batch`` tiles per forward pass."""
         if not len(views):
             return views.new_zeros(0, self.spec.dim)
-        return torch.cat([self.forward(model, views[i:i + self.batch_size])
-                          for i in range(0, len(views), self.batch_size)])
+        return torch.cat([self.forward(model, views[i:i + self.view_batch])
+                          for i in range(0, len(views), self.view_batch)])
 
     def stop_on_bad(self, batch_rows: torch.Tensor, ok: torch.Tensor, root: Path) -> None:
         if self.options.skip_bad or bool(ok.all()):
