@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import click
 
-from featcache.commands.common import cache_option, device_option, overwrite_option
+from featcache.commands.common import (
+    cache_option,
+    device_option,
+    overwrite_option,
+    preprocess_option,
+)
 
 
 @click.command("features")
@@ -23,12 +28,11 @@ from featcache.commands.common import cache_option, device_option, overwrite_opt
 @click.option("--image-size", default=None, type=click.IntRange(min=32),
               help="Network input size SIZE x SIZE  [default: the backbone's: 448 for ResNets (the "
                    "protocol), 224 for most others, 336 for clip-vit-l14-336].")
-@click.option("--preprocess", type=click.Choice(["native", "protocol"]), default="native",
-              show_default=True,
-              help="native: the backbone's own evaluation transform (ResNets: the protocol's; CLIP: "
-                   "shorter side + centre crop, CLIP mean/std; timm: its crop_pct, ...). protocol: "
-                   "Resize((s, s)) bilinear and ImageNet mean/std, what the SPML reference code "
-                   "(and VLPL/AEVLP) feed every network; tagged -protocol in the file name.")
+@preprocess_option(
+    help="native: the backbone's own evaluation transform (ResNets: the protocol's; CLIP: shorter "
+         "side + centre crop, CLIP mean/std; timm: its crop_pct, ...). protocol: Resize((s, s)) "
+         "bilinear and ImageNet mean/std, what the SPML reference code (and VLPL/AEVLP) feed every "
+         "network; tagged -protocol in the file name.")
 @click.option("--text", is_flag=True, default=False,
               help="Also store the class-prompt text embeddings (vision-language backbones), for "
                    "`featcache pseudo-label`. Added to an up-to-date file without re-extracting.")

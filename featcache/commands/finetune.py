@@ -9,6 +9,8 @@ from featcache.commands.common import (
     cache_option,
     learning_rates_option,
     parse_params,
+    preprocess_option,
+    pseudo_labels_option,
 )
 
 
@@ -49,14 +51,11 @@ from featcache.commands.common import (
 @click.option("--image-size", type=click.IntRange(min=32), default=None,
               help="Network input size SIZE x SIZE  [default: the linear run's features' size; "
                    "with --init none the backbone's, 448 for ResNets].")
-@click.option("--preprocess", type=click.Choice(["native", "protocol"]), default="native",
-              show_default=True,
-              help="With --init none: the backbone's own transform or the protocol's squash + "
-                   "ImageNet normalisation (see `featcache features --help`). LinearInit uses "
-                   "the transform of the run's features.")
-@click.option("--pseudo-labels", "pseudo_labels", default=None, metavar="NAME",
-              help="Pseudo-label set (`featcache pseudo-label --name`) for the losses that use "
-                   "pseudo-labels  [default: the loss's own rule's: vlpl for vlpl, aevlp for gpr].")
+@preprocess_option(
+    help="With --init none: the backbone's own transform or the protocol's squash + ImageNet "
+         "normalisation (see `featcache features --help`). LinearInit uses the transform of the "
+         "run's features.")
+@pseudo_labels_option
 @click.option("--precision", type=click.Choice(["auto", "fp32", "bf16", "fp16"]), default="auto",
               show_default=True,
               help="auto: bf16 autocast on GPUs that have it (else fp16 with a grad scaler), fp32 "

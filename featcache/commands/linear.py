@@ -12,6 +12,7 @@ from featcache.commands.common import (
     overwrite_option,
     parse_number_list,
     parse_params,
+    pseudo_labels_option,
 )
 
 
@@ -36,9 +37,7 @@ from featcache.commands.common import (
               help="Optional per-head early stopping rule of Kim et al. (3-point drop) or Zhou et al. "
                    "(first non-improving epoch).")
 @click.option("--backbone", default=None, help="Which features file (default: the only one).")
-@click.option("--pseudo-labels", "pseudo_labels", default=None, metavar="NAME",
-              help="Pseudo-label set (`featcache pseudo-label --name`) for the losses that use "
-                   "pseudo-labels  [default: each loss's own rule's: vlpl for vlpl, aevlp for gpr].")
+@pseudo_labels_option
 @click.option("--run-id", default=None,
               help="Name of the run directory (default: UTC time). Re-using the id of a finished "
                    "run with the same settings skips it (resume); different settings are refused.")
