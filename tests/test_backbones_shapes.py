@@ -66,3 +66,31 @@ def test_one_epoch_of_fine_tuning_from_the_linear_run(shapes, tag, loss):
     assert document["selection"]["epoch"] == 1
     if loss == "vlpl":
         assert document["pseudo_labels"]["rule"] == "vlpl"
+    images = sorted(shapes.rglob("*.jpg"))[:3]
+    for folder in (run, shapes / "shapes" / "finetune" / loss / tag):
+        predicted = invoke("predict", "--run", folder, *map(str, images), "--workers", "0",
+                           "--device", "cpu", "--format", "jsonl")
+        assert predicted.exit_code == 0, predicted.output
+        assert predicted.output.count('"probabilities"') == 3  # one JSON row per image
+        drawn = invoke("cam", "--run", folder, str(images[0]), "--out", shapes / f"{tag}.png",
+                       "--device", "cpu", "--overwrite")
+        assert drawn.exit_code == 0, drawn.output
+        assert (shapes / f"{tag}.png").stat().st_size > 0
+
+
+def test_class_maps_cover_the_part_of_the_image_the_backbone_saw():
+    import torch
+
+    from featcache.api.cam import seen_box, upsample_maps
+    from featcache.backbones import PROTOCOL, resolve_preprocess
+
+    clip = resolve_preprocess("clip-vit-b16")  # shorter side to s, centre crop s x s
+    # 100 x 200 image, s = 50: resized to 50 x 100, crop columns 25..75 -> original 50..150
+    assert seen_box((100, 200), 50, clip) == (0, 50, 100, 100)
+    assert seen_box((200, 100), 50, clip) == (50, 0, 100, 100)
+    assert seen_box((100, 200), 50, PROTOCOL) == (0, 0, 100, 200)
+    maps = torch.arange(4.0).view(1, 2, 2)
+    out = upsample_maps(maps, (100, 200), 50, clip)
+    assert out.shape == (1, 100, 200)
+    assert (out[0, :, :50] == out[0].min()).all() and (out[0, :, 150:] == out[0].min()).all()
+    assert out[0, 99, 149] > out[0, 0, 50]
