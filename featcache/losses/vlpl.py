@@ -46,6 +46,9 @@ class VisionLanguagePseudoLabels(SPMLLoss):
     name = "vlpl"
     summary = "VLPL: EM on unknowns plus smoothed CLIP pseudo-positives (weight beta, target 0.9)."
     reference = VLPL_REFERENCE
+    paper = ("VLPL: Vision Language Pseudo Labels for Multi-label Learning with Single Positive "
+             "Labels (arXiv 2310.15985)")
+    year = 2024
     params = {
         "alpha": ALPHA,
         "beta": non_negative(0.7, "weight of the pseudo-positive terms (the reference's beta_pos)"),
