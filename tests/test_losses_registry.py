@@ -13,7 +13,7 @@ from featcache.losses import Targets, create_loss, loss_class, loss_names
 EXPECTED_NAMES = [
     "bce", "bce-ls", "iun", "iu", "an", "an-ls", "n-ls", "wan", "epr", "role", "pr",
     "em", "em-apl", "entmin", "ll-r", "ll-ct", "ll-cp", "ll-r-abs", "ll-ct-abs", "ll-cp-abs",
-    "opml", "opml-sp", "zlpr", "focal", "asl", "dw", "l1r", "l2r", "gr", "hill", "splc", "vlpl",
+    "opml", "opml-sp", "zlpr", "focal", "asl", "dw", "l1r", "l2r", "gr", "hill", "splc", "vlpl", "gpr",
 ]
 DATA_PARAMS = {"k": 1.5}  # what the trainer supplies from the labels file
 
@@ -39,7 +39,7 @@ def test_needs_are_declared_for_the_losses_that_need_more_data():
     needs = {name: {need.key for need in loss_class(name).needs} for name in EXPECTED_NAMES}
     assert needs.pop("bce") == needs.pop("bce-ls") == needs.pop("iun") == {"full_labels"}
     assert needs.pop("iu") == {"observed_negatives"}
-    assert needs.pop("vlpl") == {"pseudo_labels"}
+    assert needs.pop("vlpl") == needs.pop("gpr") == {"pseudo_labels"}
     assert all(not value for value in needs.values())
 
 
@@ -66,7 +66,7 @@ def test_k_must_come_from_the_data():
 
     data_decided = {name for name in EXPECTED_NAMES
                     if any(p.from_data is not None for p in loss_class(name).params.values())}
-    assert data_decided == {"epr", "role"}
+    assert data_decided == {"epr", "role", "gpr"}  # GPR adds EPR, k from the labels file
     assert loss_class("role").default_values("coco")["k"] is None
     with pytest.raises(OptionError, match="--param k=VALUE"):
         create_loss("epr", 3)
