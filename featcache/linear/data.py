@@ -6,6 +6,7 @@ per-example DataLoader is involved.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -70,8 +71,11 @@ class LinearData:
     @property
     def facts(self) -> DataFacts:
         """What a loss may ask of the training split (full labels, negatives, k)."""
-        return training_facts(self.labels, self.train.observed.cpu().numpy(),
-                              self.train.clean is not None, self.pseudo_choice)
+        facts = training_facts(self.labels, self.train.observed.cpu().numpy(),
+                               self.train.clean is not None, self.pseudo_choice)
+        if self.pseudo_labels is not None and self.pseudo_labels.name not in facts.pseudo_labels:
+            facts = replace(facts, pseudo_labels=(*facts.pseudo_labels, self.pseudo_labels.name))
+        return facts
 
     def with_observed_negatives(self, num_neg: int) -> LinearData:
         """A copy whose training observations also hold ``num_neg`` negatives per row
@@ -96,7 +100,8 @@ class LinearData:
     def from_arrays(cls, train: ArraySplit, val: ArraySplit, test: ArraySplit | None = None, *,
                     classes: list[str] | None = None, k: float | None = None,
                     dataset: str = "arrays", source: str = "the arrays given",
-                    attrs: dict | None = None, device: torch.device | str = "cpu") -> LinearData:
+                    attrs: dict | None = None, device: torch.device | str = "cpu",
+                    pseudo=None) -> LinearData:
         """Stage-two data from in-memory arrays (the Python API's estimator).
 
         Each split is ``(features (n, D), observed (n, L), clean (n, L) or None)``: observed
@@ -105,7 +110,9 @@ class LinearData:
         the mean positives per image, is taken over both when both have clean labels, as
         featcache's labels files do; the ``k`` given is used only when they do not);
         ``test`` defaults to the val split. ``source`` names the labels in messages (what a
-        loss lacks). Arrays are used as given: validate them first.
+        loss lacks). ``pseudo`` (n_train, L: 1, 0, -1) are the training rows' pseudo-labels, the
+        set named ``given`` for the losses that need pseudo-labels. Arrays are used as given:
+        validate them first.
         """
         parts = {"train": train, "val": val, "test": val if test is None else test}
         tensors: dict[int, Tensor] = {}  # an array given for several splits is copied once
@@ -144,8 +151,16 @@ class LinearData:
             train=np.concatenate([np.asarray(train[0]), np.asarray(val[0])]),
             test=np.asarray(parts["test"][0]), train_bad=np.zeros(0, dtype=bool),
             test_bad=np.zeros(0, dtype=bool), attrs=dict(attrs or {"backbone": "arrays"}))
-        return cls(dataset=dataset, classes=classes, train=splits["train"], val=splits["val"],
+        data = cls(dataset=dataset, classes=classes, train=splits["train"], val=splits["val"],
                    test=splits["test"], k=labels.k, labels=labels, features=features)
+        if pseudo is None:
+            return data
+        pseudo = np.asarray(pseudo, dtype=np.int8)
+        matrix = np.concatenate([pseudo, np.zeros((len(val[0]), num_classes), np.int8)])
+        given = PseudoLabels(matrix, {"name": "given", "rule": "given"}, sha256=hashlib.sha256(
+            matrix.tobytes()).hexdigest())
+        return replace(data, train=replace(data.train, pseudo=tensor(pseudo)),
+                       pseudo_labels=given, pseudo_choice="given")
 
 
 def load_linear_data(labels_path: str | Path, features_path: str | Path,
