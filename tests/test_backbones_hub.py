@@ -222,6 +222,9 @@ def test_protocol_preprocessing_keeps_resnet50s_description_and_differs_for_clip
     assert clip["resize"] == {"shorter_side": 224} and clip["crop"] == {"center": [224, 224]}
     assert transform_description(224, "clip-vit-b16", preprocess="protocol")["normalize"] == \
         resnet["normalize"]
+    # --jpeg-draft may shrink a JPEG only down to what the resize needs before its crop
+    assert "draft(None, (248, 248))" in transform_description(224, "vit-b16", "pil-draft")["decode"]
+    assert "draft(None, (448, 448))" in transform_description(448, "resnet50", "pil-draft")["decode"]
 
 
 # ------------------------------------------------------------------------------- weights
