@@ -83,3 +83,8 @@ def test_defaults_and_needs():
     loss = create_loss("vlpl", L)
     with pytest.raises(LossStateError, match="trains on pseudo-labels"):
         loss(tensor(LOGITS), Targets(tensor(OBSERVED), torch.tensor([0, 1])))
+
+
+def test_heads_with_different_warmups():
+    stacked = run(params={"warmup": [0, 1]}, heads=2, epoch=0)
+    torch.testing.assert_close(stacked, torch.cat([run(), run(pseudo=[[0, 0, 0], [0, 0, 0]])]))

@@ -26,6 +26,7 @@ import torch
 
 from featcache.losses.base import (
     SPMLLoss,
+    device_constant,
     epoch_count,
     matrix_mean,
     non_negative,
@@ -63,8 +64,11 @@ class VisionLanguagePseudoLabels(SPMLLoss):
         f = torch.sigmoid(logits)
         z, pseudo = targets.observed, require_pseudo(self, targets)
         matrix = entropy_matrix(f, z, -self.value("alpha", logits))
-        active = torch.tensor([epoch + 1 > w for w in self.params["warmup"]], device=f.device)
-        pseudo = torch.where(active.view(-1, 1, 1), pseudo, 0.0)
+        active = [float(epoch + 1 > w) for w in self.params["warmup"]]
+        if not any(active):
+            pseudo = torch.zeros_like(pseudo)
+        elif not all(active):  # heads with different warm-ups: a per-head mask, built once
+            pseudo = pseudo * device_constant(active, f.device, f.dtype).view(-1, 1, 1)
         smoothed = self.value("beta", logits) * soft_bce(f, self.value("smoothing", logits))
         matrix = torch.where((z == 0) & (pseudo == 1), smoothed, matrix)
         return matrix_mean(torch.where((z == 0) & (pseudo == -1), 0.0, matrix))
