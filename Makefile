@@ -17,7 +17,7 @@ DEMO_TAG := resnet50$(if $(filter v1,$(WEIGHTS)),,-$(WEIGHTS))
 .PHONY: install test demo features lint bench gpu-check clean-demo real-features help
 
 help:
-	@echo "make install   create .venv and install featcache with its dev tools"
+	@echo "make install   create .venv and install featcache with its dev tools and the timm/open_clip backbones"
 	@echo "make demo      run all three stages on the embedded 'shapes' dataset (offline, a few minutes on 2 cores)"
 	@echo "make test      the architecture contracts (lint-imports), then the test suite"
 	@echo "make features DATASET=voc [FEATURES_ARGS=...]   stage one for a prepared dataset"
@@ -30,7 +30,7 @@ install: $(STAMP)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev]'
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev,backbones]'
 	touch $(STAMP)
 
 # The architecture contracts (pyproject.toml [tool.importlinter]) are part of the tests.

@@ -8,8 +8,8 @@ quality 90, 65-80 kB), resized to ``--image-size``:
 - decode only, PIL: our DataLoader (PIL decode + resize to uint8 in ``--workers`` processes),
   no model; and the cost of one PIL decode + resize per image on one core;
 - decode only, device (``--gpu-decode``): the same files decoded by nvJPEG a batch at a time;
-- forward only: normalisation + the backbone on a batch already on the device (our precision,
-  channels_last);
+- forward only: normalisation + the backbone (``--backbone``: any registered one) on a batch
+  already on the device (our precision and memory layout: channels_last for convolutional nets);
 - end to end, ours: the engine's own loader, decode path and forward
   (:class:`featcache.features.extract.Extraction`), features copied to the host per chunk;
 - end to end, baseline: the plain loop, in the same run with the same batch size and workers:
@@ -135,8 +135,8 @@ class Ours:
         self.run = Extraction(self.options, labels, single_process(device),
                               labels_path.parent / "features-bench.h5", say=lambda _: None)
         self.device = device
-        self.model = create_backbone(args.backbone, "random").to(
-            device, memory_format=torch.channels_last)
+        self.model = create_backbone(args.backbone, "random", image_size=args.image_size).to(
+            device, memory_format=layout_of(args.backbone))
         rows = list(range(len(self.run.images)))
         self.store = ChunkStore(self.run.final, {}, len(rows), self.run.chunk_rows,
                                 backbone_spec(args.backbone).dim)
@@ -151,8 +151,8 @@ class Ours:
         parts, chunk_rows = [], self.run.chunk_rows
 
         def work(batch) -> int:
-            images, rows, _ = batch
-            x = self.run.normalize(images).contiguous(memory_format=torch.channels_last)
+            images, rows, _, _ = batch
+            x = self.run.layout(self.run.normalize(images))
             parts.append(self.run.forward(self.model, x))
             if sum(len(p) for p in parts) >= chunk_rows:  # the engine's host copy per chunk
                 torch.cat(parts).cpu()
@@ -164,6 +164,11 @@ class Ours:
                                self.device)
 
 
+def layout_of(backbone: str):
+    """The engine's memory layout for ``backbone``: channels_last for convolutional nets."""
+    return torch.channels_last if backbone_spec(backbone).channels_last else torch.contiguous_format
+
+
 def cycle_batches(run: Extraction, loader):
     while True:
         yield from run.batches(loader)
@@ -172,14 +177,15 @@ def cycle_batches(run: Extraction, loader):
 def forward_only(args, device: torch.device, precision: str, batch_size: int, warmup: int,
                  timed: int) -> dict:
     """Normalisation + backbone on a uint8 batch already on the device."""
-    model = create_backbone(args.backbone, "random").to(device, memory_format=torch.channels_last)
+    model = create_backbone(args.backbone, "random", image_size=args.image_size)
+    model = model.to(device, memory_format=layout_of(args.backbone))
     normalize = Uint8Normalize(args.backbone).to(device)
     batch = torch.randint(0, 256, (batch_size, 3, args.image_size, args.image_size),
                           dtype=torch.uint8, device=device)
 
     def work(_):
         with autocast(device, precision):
-            model(normalize(batch).contiguous(memory_format=torch.channels_last)).float()
+            model(normalize(batch).contiguous(memory_format=layout_of(args.backbone))).float()
         return batch_size
 
     with torch.inference_mode():
@@ -204,7 +210,7 @@ class FolderImages(Dataset):
 def baseline(paths: list[Path], args, device: torch.device, batch_size: int, workers: int,
              warmup: int, timed: int) -> dict:
     """The plain loop: PIL + full transform in a DataLoader, fp32, NCHW, a host copy per batch."""
-    model = create_backbone(args.backbone, "random").to(device)
+    model = create_backbone(args.backbone, "random", image_size=args.image_size).to(device)
     # PyTorch's default 2 batches per worker, fewer if /dev/shm cannot hold them (float32)
     prefetch = loader_prefetch(4 * uint8_batch_bytes(batch_size, args.image_size), workers, 2)
     loader = DataLoader(FolderImages(paths, args.image_size), batch_size=batch_size,
@@ -223,7 +229,7 @@ def warm_process(args, device: torch.device, precision: str) -> None:
     """Pay the process's one-time costs (oneDNN/cuDNN kernel creation for both layouts, CUDA
     context, allocator growth) before anything is timed, so that the order of the measurements
     does not matter."""
-    model = create_backbone(args.backbone, "random").to(device)
+    model = create_backbone(args.backbone, "random", image_size=args.image_size).to(device)
     batch = torch.zeros(args.batch_size, 3, args.image_size, args.image_size, device=device)
     with torch.inference_mode():
         for layout in (torch.contiguous_format, torch.channels_last, torch.contiguous_format):
@@ -283,7 +289,8 @@ def main(argv: list[str] | None = None) -> dict:
         warm_process(args, device, precision)
         rows.append(("forward only", forward_only(args, device, precision, args.batch_size,
                                                   args.warmup, args.timed),
-                     f"{precision}, channels_last, batch already on the device"))
+                     f"{precision}, {'channels_last' if backbone_spec(args.backbone).channels_last else 'NCHW'}, "
+                     "batch already on the device"))
         variants = [("PIL", False)] + ([("--gpu-decode", True)] if args.gpu_decode else [])
         for label, gpu_decode in variants:
             ours = Ours(labels, args, device, gpu_decode)

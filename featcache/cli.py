@@ -24,6 +24,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "prepare": ("featcache.commands.prepare", "Stage zero: turn a dataset into cache/<dataset>/labels.h5."),
     "info": ("featcache.commands.info", "Show what a labels or features file holds."),
     "features": ("featcache.commands.features", "Stage one: extract backbone features once into HDF5."),
+    "backbones": ("featcache.commands.backbones", "List every backbone with its weights, width and preprocessing."),
+    "pseudo-label": ("featcache.commands.pseudolabel", "Pseudo-labels from cached vision-language similarities."),
     "losses": ("featcache.commands.losses", "List every loss with its paper, needs and parameters."),
     "estimate-k": ("featcache.commands.estimate_k", "Estimate k (positives per image) from M fully labelled images."),
     "train-linear": ("featcache.commands.linear", "Stage two: train linear heads with any loss on cached features."),

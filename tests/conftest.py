@@ -2,6 +2,9 @@
 
 Tests marked ``shared_data`` read the real data in ``../shared/data`` (or
 ``$FEATCACHE_SHARED_DATA``); they are skipped, with the reason, where it is absent.
+
+No test reaches the Hugging Face hub: ``HF_HUB_OFFLINE`` is set before anything imports
+``huggingface_hub`` (which reads it once), so a missing cached file fails at once.
 """
 
 from __future__ import annotations
@@ -9,7 +12,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import pytest
+os.environ["HF_HUB_OFFLINE"] = "1"
+
+import pytest  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("FEATCACHE_SHARED_DATA", REPO.parent / "shared" / "data"))

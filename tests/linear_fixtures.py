@@ -56,3 +56,16 @@ def synthetic_dataset(root: Path, name: str = "toy", n_train: int = 120, n_test:
     write_features(features_path, loaded, {"train": features(y_train), "test": features(y_test)},
                    {"backbone": "toy", "weights": "none"}, overwrite=True)
     return labels_path, features_path
+
+
+def pseudo_label_sets(labels_path: Path, names=("vlpl", "aevlp"), seed: int = 0) -> None:
+    """Pseudo-label files beside a labels file, one per name (no vision-language model needed):
+    a seeded mix of 1, 0 and -1, so that every term of the losses that use them is exercised."""
+    from featcache.data.pseudofile import pseudo_labels_path, write_pseudo_labels
+
+    labels = load_labels(labels_path)
+    rng = np.random.default_rng(seed)
+    for name in names:
+        matrix = rng.choice([-1, 0, 0, 1], size=(len(labels.train), labels.num_classes))
+        write_pseudo_labels(pseudo_labels_path(labels_path, name), labels, matrix.astype(np.int8),
+                            {"name": name, "rule": name}, overwrite=True)

@@ -160,7 +160,10 @@ def test_every_loss_trains_when_its_needs_are_met(arrays, name):
     X, Z, full = arrays
     y = observe_uniform(full, num_neg=1) if OBSERVED_NEGATIVES in loss_class(name).needs else Z
     clf = SPMLClassifier(loss=name, epochs=2, batch_size=16, lr=1e-2)
-    clf.fit(X, y, y_full=full)
+    pseudo = None
+    if "pseudo_labels" in {need.key for need in loss_class(name).needs}:  # vlpl, gpr
+        pseudo = np.random.default_rng(0).choice([-1, 0, 0, 1], size=full.shape)
+    clf.fit(X, y, y_full=full, y_pseudo=pseudo)
     assert np.isfinite(clf.coef_).all() and set(clf.loss_params_) == set(loss_class(name).params)
     if "k" in clf.loss_params_:
         assert clf.loss_params_["k"] == pytest.approx(full.sum(1).mean())
@@ -171,12 +174,15 @@ def test_every_loss_trains_when_its_needs_are_met(arrays, name):
     ("bce", False, "trains on full labels, but the y given to SPMLClassifier.fit holds single positives only"),
     ("iu", True, "needs observed negatives (SPMLClassifier.fit takes full labels as y_full"),
     ("epr", False, "needs k (expected positives per image"),
+    ("vlpl", True, "needs pseudo-labels 'vlpl'"),
 ])
 def test_a_loss_whose_need_is_not_met_names_it(arrays, name, y_full, message):
     X, Z, full = arrays
     with pytest.raises(LossNeedError) as caught:
         SPMLClassifier(loss=name, **FAST).fit(X, Z, y_full=full if y_full else None)
     assert message in str(caught.value)
+    if name == "vlpl":
+        assert "y_pseudo=P" in str(caught.value)
     if name == "epr":
         assert "loss_params={'k': VALUE}" in str(caught.value)
         SPMLClassifier(loss=name, loss_params={"k": 2.0}, **FAST).fit(X, Z)  # given k: fine

@@ -38,10 +38,10 @@ def reuse_model(monkeypatch, random_resnet50):
     """Building ResNet-50 takes a second; every run here gets a copy of the same seeded model."""
     real = extract_module.create_backbone
 
-    def cached(name, weights, seed=0):
+    def cached(name, weights, seed=0, image_size=None):
         if name == "resnet50" and getattr(weights, "kind", None) == "random" and seed == 0:
             return copy.deepcopy(random_resnet50)
-        return real(name, weights, seed=seed)
+        return real(name, weights, seed=seed, image_size=image_size)
 
     monkeypatch.setattr(extract_module, "create_backbone", cached)
 

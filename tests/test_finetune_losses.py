@@ -6,7 +6,8 @@ import math
 
 import pytest
 import torch
-from helpers_finetune import SIZE, fresh_setup
+from helpers_finetune import NAME, SIZE, base_cache, fresh_setup
+from linear_fixtures import pseudo_label_sets
 
 from featcache.finetune.loop import ConfigTrainer, Settings
 from featcache.finetune.run import loss_params
@@ -21,6 +22,7 @@ ACTIVE = {"em-apl": {"warmup": 1.0}, "ll-cp": {"delta_rel": 50.0}, "opml-sp": {"
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
+    pseudo_label_sets(base_cache(tmp_path_factory.getbasetemp()) / NAME / "labels.h5")  # vlpl, gpr
     return fresh_setup(tmp_path_factory.getbasetemp())
 
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers_finetune import fresh_setup
+from helpers_finetune import NAME, base_cache, fresh_setup
+from linear_fixtures import pseudo_label_sets
 from torch.overrides import TorchFunctionMode
 
 from featcache.finetune import loop
@@ -60,6 +61,7 @@ def _names_a_device(args, kwargs) -> bool:
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
+    pseudo_label_sets(base_cache(tmp_path_factory.getbasetemp()) / NAME / "labels.h5")  # vlpl, gpr
     return fresh_setup(tmp_path_factory.getbasetemp())
 
 
@@ -99,7 +101,8 @@ def test_no_loss_formula_waits_for_the_device(setup, loss):
              for k, v in state.items()}
     index = torch.arange(8)
     clean = None if data.train.clean is None else data.train.clean[index]
-    targets = Targets(data.train.observed[index], index, clean)
+    pseudo = None if data.train.pseudo is None else data.train.pseudo[index]
+    targets = Targets(data.train.observed[index], index, clean, pseudo)
     logits = torch.randn(1, 8, data.num_classes, generator=torch.Generator().manual_seed(0),
                          requires_grad=True)
     fn.begin_epoch(2, 3, state)  # once per epoch, outside the step

@@ -13,7 +13,7 @@ from featcache.losses import Targets, create_loss, loss_class, loss_names
 EXPECTED_NAMES = [
     "bce", "bce-ls", "iun", "iu", "an", "an-ls", "n-ls", "wan", "epr", "role", "pr",
     "em", "em-apl", "entmin", "ll-r", "ll-ct", "ll-cp", "ll-r-abs", "ll-ct-abs", "ll-cp-abs",
-    "opml", "opml-sp", "zlpr", "focal", "asl", "dw", "l1r", "l2r", "gr", "hill", "splc",
+    "opml", "opml-sp", "zlpr", "focal", "asl", "dw", "l1r", "l2r", "gr", "hill", "splc", "vlpl", "gpr",
 ]
 DATA_PARAMS = {"k": 1.5}  # what the trainer supplies from the labels file
 
@@ -39,6 +39,7 @@ def test_needs_are_declared_for_the_losses_that_need_more_data():
     needs = {name: {need.key for need in loss_class(name).needs} for name in EXPECTED_NAMES}
     assert needs.pop("bce") == needs.pop("bce-ls") == needs.pop("iun") == {"full_labels"}
     assert needs.pop("iu") == {"observed_negatives"}
+    assert needs.pop("vlpl") == needs.pop("gpr") == {"pseudo_labels"}
     assert all(not value for value in needs.values())
 
 
@@ -65,7 +66,7 @@ def test_k_must_come_from_the_data():
 
     data_decided = {name for name in EXPECTED_NAMES
                     if any(p.from_data is not None for p in loss_class(name).params.values())}
-    assert data_decided == {"epr", "role"}
+    assert data_decided == {"epr", "role", "gpr"}  # GPR adds EPR, k from the labels file
     assert loss_class("role").default_values("coco")["k"] is None
     with pytest.raises(OptionError, match="--param k=VALUE"):
         create_loss("epr", 3)
@@ -96,7 +97,8 @@ def test_per_head_values_must_match_the_head_count():
 
 # ------------------------------------------------------------------ every loss, generically
 def random_problem(seed: int, rows: int = 10, classes: int = 5):
-    """Clean labels, observed single positives plus one observed negative per row."""
+    """Clean labels, observed single positives plus one observed negative per row (and, for the
+    losses that use them, pseudo-labels: ``pseudo_problem``)."""
     gen = torch.Generator().manual_seed(seed)
     clean = (torch.rand(rows, classes, generator=gen) < 0.4).float()
     first = torch.randint(0, classes, (rows,), generator=gen)
@@ -111,9 +113,16 @@ def random_problem(seed: int, rows: int = 10, classes: int = 5):
     return features, observed, clean
 
 
+def pseudo_problem(seed: int, rows: int = 10, classes: int = 5) -> torch.Tensor:
+    """Seeded pseudo-labels 1 / 0 / -1."""
+    gen = torch.Generator().manual_seed(seed + 100)
+    return torch.randint(-1, 2, (rows, classes), generator=gen).float()
+
+
 def train(name, heads, params, epochs=3, batch=4, seed=0):
     """A few epochs of plain SGD on stacked linear heads; the loss values per step and state."""
     features, observed, clean = random_problem(seed)
+    pseudo = pseudo_problem(seed)
     classes = observed.shape[1]
     loss = create_loss(name, classes, heads, params=params)
     state = loss.init_state(observed, clean, generator=torch.Generator().manual_seed(1))
@@ -126,7 +135,8 @@ def train(name, heads, params, epochs=3, batch=4, seed=0):
         for start in range(0, features.shape[0] - batch + 1, batch):
             index = torch.arange(start, start + batch)
             logits = torch.einsum("bd,hdl->hbl", features[index], weight)
-            value = loss.forward(logits, Targets(observed[index], index, clean[index]), state, epoch)
+            targets = Targets(observed[index], index, clean[index], pseudo[index])
+            value = loss.forward(logits, targets, state, epoch)
             assert value.shape == (heads,)
             grads = torch.autograd.grad(value.sum(), [weight, *trainable])
             assert all(torch.isfinite(g).all() for g in grads), name

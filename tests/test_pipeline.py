@@ -81,6 +81,8 @@ def test_shipped_recipes_load(path, description):
     assert description and recipe.steps
     dry = invoke("pipeline", "run", path, "--dry-run")
     assert dry.exit_code == 0, dry.output
+    for step in recipe.steps:
+        parse_step(step.command)
 
 
 SWEEP = """
@@ -142,3 +144,30 @@ def test_each_is_checked(tmp_path):
     recipe.write_text('[vars]\nk = "1"\n[[steps]]\ncommand = ["losses"]\neach = {k = "1,2"}\n')
     with pytest.raises(Exception, match="reuses the variable name 'k'"):
         load_recipe(recipe)
+
+
+def parse_step(arguments: list[str]) -> None:
+    """Parse a step's command line with the CLI's own options (no command runs): an unknown
+    option, a bad choice or a malformed value fails here."""
+    import click
+
+    from featcache.cli import cli
+
+    command, rest, name = cli, list(arguments), "featcache"
+    while isinstance(command, click.Group):
+        name = rest[0]
+        command, rest = command.get_command(click.Context(cli), name), rest[1:]
+        assert command is not None, arguments
+    command.make_context(name, rest)
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "pipelines").glob("frozen-*.toml")), ids=lambda p: p.stem)
+def test_frozen_backbone_recipes_train_every_loss(path):
+    recipe = load_recipe(path)
+    linear = [s.command for s in recipe.steps if s.command[0] == "train-linear"]
+    assert len(linear) == 4 and all(c[c.index("--loss") + 1] == "all" for c in linear)
+    rules = [s.command[s.command.index("--rule") + 1] for s in recipe.steps
+             if s.command[0] == "pseudo-label"]
+    assert sorted(rules) == ["aevlp"] * 4 + ["vlpl"] * 4  # what vlpl and gpr train on
+    crops = [c[c.index("--crops") + 1] for c in (s.command for s in recipe.steps) if "--crops" in c]
+    assert crops == ["4x4", "4x4", "4x4", "5x5"]  # AEVLP's grid_size: 5 for CUB

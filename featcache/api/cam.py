@@ -1,12 +1,16 @@
 """Class activation maps (CAM, Zhou et al. CVPR 2016) of a run's linear head, and their figure.
 
-A trunk's pooled feature is the average over positions of its spatial map F (D x h x w)
+A ResNet's pooled feature is the average over positions of its spatial map F (D x h x w)
 (``trunk.feature_map``), and the head is linear, so the logit of class c is exactly the
 average over positions of ``W_c . F[:, i, j] + b_c``. That per-position logit is the class's
 activation map: nothing is approximated, and its mean is the logit ``featcache predict``
-gives. Maps are upsampled bilinearly to the image's own size (the backbone saw it resized to
-s x s without a crop, so positions line up), scaled to [0, 1] per map (CAM's usual display)
-and overlaid on the image. Several runs side by side (``featcache cam --run A --run B``) make
+gives. Trunks that pool otherwise (``trunk.pooling``: a ViT's class token, SigLIP's attention
+pooling, ConvNeXt's norm after the average) map the head over their patch tokens or
+normalised positions instead, MaskCLIP-style: the map shows where the head responds, and the
+logit shown is the pooled path's. Maps are upsampled bilinearly to the part of the image the
+backbone saw (all of it after a squash resize; the centre crop of a ``center`` preprocessing,
+the rest of the image left at the map's minimum), scaled to [0, 1] per map (CAM's usual
+display) and overlaid on the image. Several runs side by side (``featcache cam --run A --run B``) make
 the figure Kim et al.'s supplement uses to show what large-loss rejection changes.
 """
 
@@ -20,7 +24,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from featcache.backbones import Uint8Normalize, resize_transform
+from featcache.backbones import Preprocess, Uint8Normalize, resize_transform
 from featcache.data.images import DECODE_ERRORS, image_problem, load_rgb, require_strict_pil
 from featcache.errors import InputError, OptionError, unknown_name
 from featcache.fileio import atomic_output
@@ -69,14 +73,53 @@ def logit_maps(run, image, device: torch.device) -> tuple[torch.Tensor, np.ndarr
         raise OptionError(f"the {run.backbone} backbone exposes no spatial feature map "
                           "(feature_map), so it has no class activation maps")
     trunk = trunk.to(device)
-    batch = resize_transform(run.image_size)(image).unsqueeze(0).to(device)
-    batch = Uint8Normalize(run.backbone).to(device)(batch)
+    preprocess = run.preprocess
+    batch = resize_transform(run.image_size, preprocess)(image).unsqueeze(0).to(device)
+    batch = Uint8Normalize(run.backbone, preprocess).to(device)(batch)
     weight, bias = run.head
     with torch.inference_mode():
         spatial = trunk.feature_map(batch).float()[0].cpu()  # (D, h, w)
-        pooled = spatial.mean(dim=(1, 2), keepdim=False)[None].numpy()
+        if getattr(trunk, "pooling", "avg") == "avg":
+            pooled = spatial.mean(dim=(1, 2), keepdim=False)[None].numpy()
+        else:
+            pooled = trunk(batch).float().cpu().numpy()
     maps = torch.einsum("dhw,ld->lhw", spatial, weight) + bias[:, None, None]
     return maps, run.logits(pooled)[0]
+
+
+def seen_box(size: tuple[int, int], image_size: int, preprocess: Preprocess) -> tuple[int, int, int, int]:
+    """(top, left, height, width) of the part of an image of ``size`` (H, W) the backbone saw:
+    all of it after a squash resize, the centre crop otherwise (torchvision's Resize to the
+    shorter side, then CenterCrop's rounding)."""
+    height, width = size
+    if preprocess.resize == "squash":
+        return 0, 0, height, width
+    short = preprocess.scale_size(image_size)
+    if height <= width:
+        new_h, new_w = short, int(short * width / height)
+    else:
+        new_h, new_w = int(short * height / width), short
+    top = int(round((new_h - image_size) / 2.0))
+    left = int(round((new_w - image_size) / 2.0))
+    scale_h, scale_w = height / new_h, width / new_w
+    return (round(top * scale_h), round(left * scale_w),
+            max(1, round(image_size * scale_h)), max(1, round(image_size * scale_w)))
+
+
+def upsample_maps(maps: torch.Tensor, size: tuple[int, int], image_size: int,
+                  preprocess: Preprocess) -> np.ndarray:
+    """Maps (k, h, w) -> (k, H, W) over the image: bilinear over the part the backbone saw,
+    the map's minimum elsewhere."""
+    top, left, height, width = seen_box(size, image_size, preprocess)
+    inside = F.interpolate(maps[None], size=(height, width), mode="bilinear",
+                           align_corners=False)[0].numpy()
+    if (top, left, height, width) == (0, 0, *size):
+        return inside
+    out = np.empty((maps.shape[0], *size), dtype=inside.dtype)
+    out[:] = inside.reshape(len(inside), -1).min(axis=1)[:, None, None]
+    bottom, right = min(size[0], top + height), min(size[1], left + width)
+    out[:, top:bottom, left:right] = inside[:, :bottom - top, :right - left]
+    return out
 
 
 def class_activation_maps(run, path: str | Path, classes: Sequence[str] | None = None,
@@ -97,8 +140,7 @@ def class_activation_maps(run, path: str | Path, classes: Sequence[str] | None =
             raise OptionError(f"--top must be at least 1, got {top}")
         chosen = list(np.argsort(-probs, kind="stable")[:top])
     size = (image.height, image.width)
-    upsampled = F.interpolate(maps[chosen][None], size=size, mode="bilinear",
-                              align_corners=False)[0].numpy()
+    upsampled = upsample_maps(maps[chosen], size, run.image_size, run.preprocess)
     return RunMaps(
         label=label or (f"{run.loss}, {'fine-tuned' if run.stage == 'finetune' else 'linear'}"
                         f"\n{run.path.name}, test mAP {run.metrics['test_map']:.1f}"),

@@ -43,8 +43,8 @@ from featcache.runtime import pick_device
 #: how the estimator names its labels in messages
 SOURCE = "the y given to SPMLClassifier.fit"
 #: what a loss that needs more than single positives can be given
-NEED_HINT = ("SPMLClassifier.fit takes full labels as y_full=Y_full and observed negatives as "
-             "-1 entries of y")
+NEED_HINT = ("SPMLClassifier.fit takes full labels as y_full=Y_full, observed negatives as "
+             "-1 entries of y, and pseudo-labels (1, 0, -1) as y_pseudo=P")
 
 
 class SPMLClassifier(ClassifierMixin, BaseEstimator):
@@ -118,13 +118,14 @@ class SPMLClassifier(ClassifierMixin, BaseEstimator):
         return tags
 
     # ------------------------------------------------------------------ training
-    def fit(self, X, y, *, eval_set=None, y_full=None):
+    def fit(self, X, y, *, eval_set=None, y_full=None, y_pseudo=None):
         """Train the head on features ``X`` (n, D) and observed labels ``y`` (n, L).
 
         ``eval_set=(X_val, Y_val)`` selects the best epoch by mAP on ``Y_val`` (its 1 entries
         are the positives: clean labels, or observed ones); ``y_full`` (n, L, 0/1) gives the
         full labels that oracle losses (``bce``) train on and from which ``k`` and observed
-        negatives' availability follow.
+        negatives' availability follow; ``y_pseudo`` (n, L: 1, 0, -1) the pseudo-labels that
+        ``vlpl`` and ``gpr`` train on (e.g. a ``featcache pseudo-label`` file's ``/train/pseudo``).
         """
         names = list(y.columns) if hasattr(y, "columns") else None
         X, y = validate_data(self, X, y, multi_output=True, y_numeric=True, dtype=np.float32)
@@ -138,9 +139,13 @@ class SPMLClassifier(ClassifierMixin, BaseEstimator):
                 row, column = wrong[0]
                 raise ValueError(f"y marks row {row}, class {column} as an observed positive but "
                                  "y_full says it is negative")
+        pseudo = None
+        if y_pseudo is not None:
+            pseudo = _label_matrix(np.asarray(y_pseudo), "y_pseudo", (-1, 0, 1), rows=len(y),
+                                   classes=y.shape[1])
         self._check_options()
         self.classes_ = np.array(names if names is not None else np.arange(y.shape[1]))
-        data, variant = self._data(X, y, full, eval_set)
+        data, variant = self._data(X, y, full, eval_set, pseudo)
         self._check_needs(data)
         spec = SearchSpec(loss=self.loss, learning_rates=[float(self.lr)],
                           batch_sizes=[int(self.batch_size)], params=dict(self.loss_params or {}),
@@ -172,7 +177,7 @@ class SPMLClassifier(ClassifierMixin, BaseEstimator):
             raise OptionError(f"loss_params must be a dict or None, got "
                               f"{type(self.loss_params).__name__}")
 
-    def _data(self, X, y, full, eval_set) -> tuple[LinearData, str]:
+    def _data(self, X, y, full, eval_set, pseudo=None) -> tuple[LinearData, str]:
         """Training and validation splits, and the validation variant that selects."""
         train = (X, y, full)
         if eval_set is not None:
@@ -188,12 +193,13 @@ class SPMLClassifier(ClassifierMixin, BaseEstimator):
         elif self.validation_fraction is not None:
             kept, held = split_train_val(len(X), float(self.validation_fraction))
             train = (X[kept], y[kept], None if full is None else full[kept])
+            pseudo = None if pseudo is None else pseudo[kept]
             val = (X[held], y[held], None if full is None else full[held])
             variant = "clean" if full is not None else "observed"
         else:
             val, variant = train, LAST_EPOCH
         data = LinearData.from_arrays(train, val, classes=[str(c) for c in self.classes_],
-                                      source=SOURCE, device=self._device())
+                                      source=SOURCE, device=self._device(), pseudo=pseudo)
         return data, variant
 
     def _check_needs(self, data: LinearData) -> None:
@@ -207,7 +213,8 @@ class SPMLClassifier(ClassifierMixin, BaseEstimator):
         facts = data.facts
         for need in cls.needs:
             reason = need.unmet(facts)
-            if reason is None and need.adapt is not None and not facts.has_observed_negatives:
+            if (reason is None and need.key == "observed_negatives"
+                    and not facts.has_observed_negatives):
                 reason = f"needs {need.description}"
             if reason is not None:
                 raise LossNeedError(f"loss {self.loss!r} {reason} ({NEED_HINT})")

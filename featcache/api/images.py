@@ -20,7 +20,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
-from featcache.backbones import Uint8Normalize
+from featcache.backbones import Preprocess, Uint8Normalize, backbone_spec, resolve_preprocess
 from featcache.backbones.inputs import ImageRows, worker_init
 from featcache.data.images import image_problem, require_strict_pil
 from featcache.errors import FeatcacheWarning, InputError
@@ -58,8 +58,10 @@ def image_paths(items: Iterable[str | Path]) -> list[Path]:
 def run_on_images(paths: Sequence[Path], forward: Callable[[Tensor], Tensor], image_size: int,
                   backbone: str, device: torch.device, batch_size: int | None = None,
                   workers: int = 0, precision: str = "auto", skip_bad: bool = False,
-                  progress: bool = True, desc: str = "images") -> tuple[list[Path], np.ndarray]:
-    """``forward`` (a network on a normalised batch) on every image, batched, in order.
+                  progress: bool = True, desc: str = "images",
+                  preprocess: Preprocess | None = None) -> tuple[list[Path], np.ndarray]:
+    """``forward`` (a network on a normalised batch) on every image, batched, in order;
+    ``preprocess`` is the backbone's (default: its native one).
 
     Returns the images that were read (all of them unless ``skip_bad``) and the outputs
     (float32, one row each).
@@ -67,11 +69,13 @@ def run_on_images(paths: Sequence[Path], forward: Callable[[Tensor], Tensor], im
     require_strict_pil()
     precision = resolve_precision(precision, device)
     batch_size = batch_size or default_batch_size(device)
-    dataset = ImageRows(Path("."), [str(p) for p in paths], image_size)
+    preprocess = preprocess or resolve_preprocess(backbone)
+    layout = torch.channels_last if backbone_spec(backbone).channels_last else torch.contiguous_format
+    dataset = ImageRows(Path("."), [str(p) for p in paths], image_size, preprocess=preprocess)
     loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=workers,
                         pin_memory=device.type == "cuda", worker_init_fn=worker_init,
                         prefetch_factor=2 if workers else None)
-    normalize = Uint8Normalize(backbone).to(device)
+    normalize = Uint8Normalize(backbone, preprocess).to(device)
     kept: list[Path] = []
     outputs: list[np.ndarray] = []
     bar = tqdm(total=len(paths), unit="img", desc=desc, disable=not progress, file=sys.stderr,
@@ -86,7 +90,7 @@ def run_on_images(paths: Sequence[Path], forward: Callable[[Tensor], Tensor], im
                 warnings.warn(f"left out {paths[row]}: {reason}", FeatcacheWarning, stacklevel=2)
             if ok.any():
                 batch = normalize(images[ok].to(device, non_blocking=True))
-                batch = batch.contiguous(memory_format=torch.channels_last)
+                batch = batch.contiguous(memory_format=layout)
                 with autocast(device, precision):
                     outputs.append(forward(batch).float().cpu().numpy())
                 kept += [paths[row] for row in rows[ok].tolist()]

@@ -24,7 +24,13 @@ from torch import Tensor, nn
 from featcache.api.estimator import SPMLClassifier, linear_logits
 from featcache.api.images import image_paths, run_on_images
 from featcache.api.predict import check_input, read_features_input
-from featcache.backbones.rebuild import trunk_for_features, trunk_from_state
+from featcache.backbones import Preprocess, backbone_spec
+from featcache.backbones.rebuild import (
+    recorded_image_size,
+    recorded_preprocess,
+    trunk_for_features,
+    trunk_from_state,
+)
 from featcache.errors import InputError, OptionError
 from featcache.finetune.search import BEST, MODEL_FORMAT, MODEL_FORMAT_VERSION
 from featcache.protocol.handoff import load_head, load_saved
@@ -134,6 +140,11 @@ class TrainedRun:
         raise NotImplementedError
 
     @property
+    def preprocess(self) -> Preprocess:
+        """How images become the backbone's input, as the run's features (or network) had it."""
+        return recorded_preprocess(self.about)
+
+    @property
     def feature_dim(self) -> int:
         return int(self.head[0].shape[1])
 
@@ -174,10 +185,13 @@ class TrainedRun:
             raise InputError(f"{self.path} records no image size (its features did not come "
                              "from images): it predicts from features only")
         where = pick_device(device)
-        trunk = self.trunk().to(where, memory_format=torch.channels_last)
+        layout = (torch.channels_last if backbone_spec(self.backbone).channels_last
+                  else torch.contiguous_format)
+        trunk = self.trunk().to(where, memory_format=layout)
         return run_on_images(image_paths(paths), trunk, self.image_size, self.backbone, where,
                              batch_size=batch_size, workers=workers, precision=precision,
-                             skip_bad=skip_bad, progress=progress, desc=f"predict {self.loss}")
+                             skip_bad=skip_bad, progress=progress, desc=f"predict {self.loss}",
+                             preprocess=self.preprocess)
 
     def logits(self, features: np.ndarray) -> np.ndarray:
         weight, bias = self.head
@@ -229,10 +243,7 @@ class LinearRun(TrainedRun):
 
     @property
     def image_size(self) -> int | None:
-        size = self._head.get("image_size")
-        if size is None:
-            size = ((self._head.get("transform") or {}).get("resize") or [None])[0]
-        return None if size is None else int(size)
+        return recorded_image_size(self._head)
 
     @property
     def head(self) -> tuple[Tensor, Tensor]:
@@ -313,7 +324,8 @@ class FinetuneRun(TrainedRun):
         return model["head.weight"].float(), model["head.bias"].float()
 
     def _build_trunk(self) -> nn.Module:
-        return trunk_from_state(self.backbone, self._saved["model"], f"fine-tuned run {self.path}")
+        return trunk_from_state(self.backbone, self._saved["model"], f"fine-tuned run {self.path}",
+                                image_size=self.image_size)
 
     def logits(self, features: np.ndarray) -> np.ndarray:
         """The fine-tuned head as the network applies it (``nn.Linear`` in float32)."""

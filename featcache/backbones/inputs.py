@@ -25,6 +25,7 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
+from featcache.backbones.preprocess import PROTOCOL, Preprocess
 from featcache.backbones.registry import resize_transform
 from featcache.data.images import DECODE_ERRORS, load_rgb, require_strict_pil
 from featcache.errors import FeatcacheError
@@ -38,17 +39,19 @@ class ImageRows(Dataset):
 
     ``relpaths`` lists every image of the labels file (train then test); item ``i`` of the
     dataset is global row ``rows[i]`` and yields ``(image, row, ok)``. A bad image gives a zero
-    tensor and ``ok = False``, never an exception (see the module docstring).
+    tensor and ``ok = False``, never an exception (see the module docstring). ``preprocess``
+    says how to resize (and crop): the protocol's squash by default.
     """
 
     def __init__(self, root: str | os.PathLike, relpaths, image_size: int, rows=None,
-                 draft: bool = False):
+                 draft: bool = False, preprocess: Preprocess = PROTOCOL):
         self.root = Path(root)
         self.relpaths = relpaths
         self.rows = range(len(relpaths)) if rows is None else rows
         self.image_size = image_size
         self.draft = draft
-        self.resize = resize_transform(image_size)
+        self.preprocess = preprocess
+        self.resize = resize_transform(image_size, preprocess)
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -59,10 +62,59 @@ class ImageRows(Dataset):
     def __getitem__(self, index: int):
         row = int(self.rows[index])
         try:
-            size = (self.image_size, self.image_size) if self.draft else None
+            side = self.preprocess.draft_size(self.image_size)
+            size = (side, side) if self.draft else None
             return self.resize(load_rgb(self.path(row), draft=size)), row, True
         except DECODE_ERRORS:
             return torch.zeros(3, self.image_size, self.image_size, dtype=torch.uint8), row, False
+
+
+def grid_tiles(image: Image.Image, grid: int) -> list[Image.Image]:
+    """AEVLP's local views: ``grid`` x ``grid`` non-overlapping tiles, row-major.
+
+    Tile (row y, column x) is the box ``[x*tw, y*th, (x+1)*tw, (y+1)*th]`` with
+    ``tw = W // grid`` and ``th = H // grid`` (at least 1 pixel): the last ``W % grid`` columns
+    and ``H % grid`` rows are not in any tile, as in the reference's ``datasets.py``.
+    """
+    width, height = image.size
+    tile_w, tile_h = max(1, width // grid), max(1, height // grid)
+    return [image.crop((x * tile_w, y * tile_h, (x + 1) * tile_w, (y + 1) * tile_h))
+            for y in range(grid) for x in range(grid)]
+
+
+class CropRows(ImageRows):
+    """:class:`ImageRows` plus, for the first ``crop_rows`` rows (the official training images),
+    each tile of :func:`grid_tiles` resized like the image: ``(image, crops, row, ok)`` with
+    crops uint8 (grid*grid, 3, s, s), or (0, 3, s, s) for the other rows."""
+
+    def __init__(self, root, relpaths, image_size: int, rows=None,
+                 preprocess: Preprocess = PROTOCOL, grid: int = 4, crop_rows: int = 0):
+        super().__init__(root, relpaths, image_size, rows, preprocess=preprocess)
+        self.grid = grid
+        self.crop_rows = crop_rows
+
+    def __getitem__(self, index: int):
+        row = int(self.rows[index])
+        views = self.grid * self.grid if row < self.crop_rows else 0
+        try:
+            image = load_rgb(self.path(row))
+            crops = [self.resize(tile) for tile in grid_tiles(image, self.grid)] if views else []
+            return (self.resize(image),
+                    torch.stack(crops) if crops else self._blank(0), row, True)
+        except DECODE_ERRORS:
+            return self._blank(), self._blank(views), row, False
+
+    def _blank(self, count: int | None = None) -> torch.Tensor:
+        size = self.image_size
+        if count is None:
+            return torch.zeros(3, size, size, dtype=torch.uint8)
+        return torch.zeros(count, 3, size, size, dtype=torch.uint8)
+
+
+def collate_crop_rows(items):
+    """Collate :class:`CropRows` items: images stacked, every item's crops concatenated."""
+    images, crops, rows, ok = zip(*items, strict=True)
+    return torch.stack(images), torch.cat(crops), torch.tensor(rows), torch.tensor(ok)
 
 
 class JpegBytesRows(ImageRows):
@@ -103,13 +155,15 @@ def worker_init(_worker_id: int) -> None:
     require_strict_pil()
 
 
-def decode_on_device(payloads, is_jpeg, image_size: int, device: torch.device):
+def decode_on_device(payloads, is_jpeg, image_size: int, device: torch.device,
+                     preprocess: Preprocess = PROTOCOL):
     """Batch of :class:`JpegBytesRows` payloads -> (resized uint8 (B, 3, s, s) on ``device``,
     bool mask of the images that decoded).
 
     The batch's JPEG bytes are decoded by one ``torchvision.io.decode_jpeg`` call on the device
     (nvJPEG's batched decoder on CUDA), RGB, no EXIF rotation (as PIL); images of the same size
-    are then resized together, with antialiased bilinear interpolation. The result is close to,
+    are then resized (and cropped) together as ``preprocess`` says, antialiased (the
+    protocol's: bilinear, no crop). The result is close to,
     not bit-identical with, PIL's decode and resize. A JPEG the device decoder refuses is
     decoded with PIL instead; one that PIL cannot read either is not ok.
     """
@@ -133,18 +187,18 @@ def decode_on_device(payloads, is_jpeg, image_size: int, device: torch.device):
         position = {i: k for k, i in enumerate(jpeg_index)}
         for members in by_shape.values():
             stacked = torch.stack([decoded[position[i]] for i in members])
-            out[members] = _resize(stacked, image_size)
+            out[members] = _resize(stacked, image_size, preprocess)
     for i, flag in enumerate(is_jpeg):
         if not flag:
             out[i] = payloads[i].to(device, non_blocking=True)
     return out, ok
 
 
-def _resize(batch: torch.Tensor, image_size: int) -> torch.Tensor:
-    """uint8 (B, 3, h, w) -> (B, 3, s, s), bilinear with antialiasing (one call per batch)."""
-    from torchvision.transforms.v2 import functional as F
-
-    return F.resize(batch, [image_size, image_size], antialias=True)
+def _resize(batch: torch.Tensor, image_size: int,
+            preprocess: Preprocess = PROTOCOL) -> torch.Tensor:
+    """uint8 (B, 3, h, w) -> (B, 3, s, s) as ``preprocess`` resizes (and crops), antialiased
+    (one call per batch; the protocol's: bilinear squash)."""
+    return preprocess.resize_tensor(batch, image_size)
 
 
 class DeviceDecoder:
@@ -157,19 +211,23 @@ class DeviceDecoder:
     On the CPU the same pipeline runs without streams.
     """
 
-    def __init__(self, loader, image_size: int, device: torch.device):
+    def __init__(self, loader, image_size: int, device: torch.device,
+                 preprocess: Preprocess = PROTOCOL):
         self.loader = loader
         self.image_size = image_size
         self.device = device
+        self.preprocess = preprocess
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
 
     def _decode(self, batch):
         payloads, rows, ok, is_jpeg = batch
         if self.stream is None:
-            images, decoded = decode_on_device(payloads, is_jpeg, self.image_size, self.device)
+            images, decoded = decode_on_device(payloads, is_jpeg, self.image_size, self.device,
+                                               self.preprocess)
             return images, rows, ok & decoded, None
         with torch.cuda.stream(self.stream):
-            images, decoded = decode_on_device(payloads, is_jpeg, self.image_size, self.device)
+            images, decoded = decode_on_device(payloads, is_jpeg, self.image_size, self.device,
+                                               self.preprocess)
             ready = torch.cuda.Event()
             ready.record(self.stream)
         return images, rows, ok & decoded, ready

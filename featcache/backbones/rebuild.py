@@ -15,16 +15,26 @@ from pathlib import Path
 
 from torch import Tensor, nn
 
-from featcache.backbones.registry import backbone_spec, create_backbone, state_sha256
+from featcache.backbones.preprocess import Preprocess, described_image_size
+from featcache.backbones.registry import (
+    backbone_spec,
+    create_backbone,
+    preprocess_mode,
+    resolve_preprocess,
+    state_sha256,
+)
 from featcache.backbones.weights import describe_weights, locate_weights
 from featcache.data.featurefile import read_feature_attrs
 from featcache.errors import InputError
 
 
-def trunk_for_features(identity: Mapping, where: str, weights: str | None = None) -> nn.Module:
-    """The backbone whose features a run was trained on, in eval mode on the CPU.
+def trunk_for_features(identity: Mapping, where: str, weights: str | None = None,
+                       image_size: int | None = None) -> nn.Module:
+    """The backbone whose features a run was trained on, in eval mode on the CPU, built for
+    ``image_size`` inputs (default: the size in ``identity``'s transform, else the backbone's).
 
-    ``identity`` holds ``backbone``, ``weights`` (a torchvision name, ``random`` or ``file``),
+    ``identity`` holds ``backbone``, ``weights`` (a torchvision name, a timm/open_clip tag,
+    ``random`` or ``file``),
     ``weights_sha256`` and, for random weights, ``weights_seed`` or the ``features_path`` that
     records it. ``weights`` (``--weights``) may name the same weights another way (a file);
     anything whose sha256 differs is refused with the reason.
@@ -44,7 +54,8 @@ def trunk_for_features(identity: Mapping, where: str, weights: str | None = None
         source = locate_weights(source)
         if source.sha256 != run_sha:
             raise InputError(_weights_mismatch(where, identity, source.name, source.sha256))
-    trunk = create_backbone(spec.name, source, seed=source.seed)
+    trunk = create_backbone(spec.name, source, seed=source.seed,
+                            image_size=image_size or recorded_image_size(identity))
     if trunk.weights_identity.get("weights_sha256") != run_sha:
         raise InputError(_weights_mismatch(where, identity, source.name,
                                            trunk.weights_identity.get("weights_sha256")))
@@ -52,11 +63,15 @@ def trunk_for_features(identity: Mapping, where: str, weights: str | None = None
 
 
 def trunk_from_state(backbone: str, state: Mapping[str, Tensor], where: str,
-                     prefix: str = "trunk.") -> nn.Module:
+                     prefix: str = "trunk.", image_size: int | None = None) -> nn.Module:
     """Backbone ``backbone`` holding the ``prefix``-ed weights of a saved network (a fine-tuned
-    run's ``best.pt``), in eval mode on the CPU; refused when the weights do not fit it."""
+    run's ``best.pt``), built for ``image_size`` inputs, in eval mode on the CPU; refused when
+    the weights do not fit it."""
     spec = backbone_spec(backbone)
-    trunk = spec.trunk(spec.build())
+    if spec.library == "torchvision":
+        trunk = spec.trunk(spec.build())
+    else:  # timm / open_clip: the registry's trunk for that size (random, then overwritten)
+        trunk = create_backbone(backbone, "random", image_size=image_size)
     own = {key[len(prefix):]: value for key, value in state.items() if key.startswith(prefix)}
     try:
         trunk.load_state_dict(own)
@@ -64,7 +79,26 @@ def trunk_from_state(backbone: str, state: Mapping[str, Tensor], where: str,
         raise InputError(f"{where}: its network weights do not fit the {backbone} backbone "
                          f"({str(exc).splitlines()[0]})") from exc
     trunk.weights_identity = {"weights": "fine-tuned", "weights_sha256": state_sha256(trunk)}
+    trunk.pooling = spec.pooling
+    trunk.image_size = image_size or spec.default_image_size
     return trunk.eval()
+
+
+def recorded_image_size(identity: Mapping) -> int | None:
+    """The input size a run recorded (``image_size``, else its transform's)."""
+    if identity.get("image_size") is not None:
+        return int(identity["image_size"])
+    return described_image_size(identity.get("transform") or {})
+
+
+def recorded_preprocess(identity: Mapping) -> Preprocess:
+    """The preprocessing a run's features (or network) were made with, from its recorded
+    transform: the backbone's own, or the protocol's (``--preprocess protocol``)."""
+    backbone = str(identity.get("backbone"))
+    transform = identity.get("transform") or {}
+    size = recorded_image_size(identity)
+    mode = preprocess_mode(transform, backbone, size) if transform and size else None
+    return resolve_preprocess(backbone, mode or "native")
 
 
 def _random_seed(identity: Mapping) -> int:

@@ -1,19 +1,32 @@
 """Backbones that map a normalised image batch to pooled features, and their image transform.
 
-A small registry in the style of timm: :func:`create_backbone` builds a registered torchvision
-network with the requested weights and returns its *trunk*, everything up to and including
-global average pooling, flattened: ``(B, 3, H, W) -> (B, D)``. Stage one caches the trunk's
-output; stage three puts a linear head on the same module. Adding a backbone is one
-:class:`BackboneSpec` entry in ``_REGISTRY`` (or a :func:`register_backbone` call).
+A registry in the style of timm: :func:`create_backbone` builds a registered network with the
+requested weights and returns its *trunk*: ``(B, 3, H, W) -> (B, D)`` pooled features, plus
+``feature_map(x)``, the spatial features ``(B, D, h, w)`` the pooled output summarises. Stage
+one caches the trunk's output; stage three puts a linear head on the same module. Three
+libraries provide networks:
 
-The transform is the protocol's (PROTOCOL.md section 2; Cole et al., ``datasets.get_transforms``):
+- ``torchvision`` (ResNets: the papers' ResNet-50), always installed;
+- ``timm`` (ViT-B/16, ConvNeXt, DINOv2) and ``open_clip`` (CLIP and SigLIP image towers, with
+  their text towers), the ``backbones`` extra (``pip install featcache[backbones]``).
+
+Each :class:`BackboneSpec` declares its feature width, its preprocessing (resize policy,
+interpolation, normalisation: :mod:`featcache.backbones.preprocess`), its default input size,
+its weights (torchvision's enum, or the library's pretrained tags found in the Hugging Face
+cache: :mod:`featcache.backbones.weights`) and how its pooled feature relates to its map
+(``pooling``). Adding a backbone is one entry in ``_REGISTRY`` (or a :func:`register_backbone`
+call).
+
+The protocol's transform (PROTOCOL.md section 2; Cole et al., ``datasets.get_transforms``) is
 ``Resize((s, s))`` (no crop), a random horizontal flip only when training, ``ToTensor`` and
-ImageNet ``Normalize``.
+ImageNet ``Normalize``: the ResNets' native preprocessing, and ``--preprocess protocol`` for any
+other backbone.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -22,11 +35,22 @@ import torchvision
 from torch import Tensor, nn
 from torchvision import transforms
 
-from featcache.errors import OptionError, unknown_name
+from featcache.backbones.preprocess import (
+    CLIP_MEAN,
+    CLIP_STD,
+    HALF,
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    PREPROCESS_MODES,
+    PROTOCOL,
+    Preprocess,
+)
+from featcache.errors import InputError, OptionError, unknown_name
 
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
 DEFAULT_IMAGE_SIZE = 448
+LIBRARIES = ("torchvision", "timm", "open_clip")
+_FAMILY_MODULES = {"timm": "featcache.backbones.timm_nets",
+                   "open_clip": "featcache.backbones.openclip_nets"}
 
 
 class ResNetTrunk(nn.Module):
@@ -61,37 +85,101 @@ class ResNetTrunk(nn.Module):
 class BackboneSpec:
     """What featcache needs to know about one backbone.
 
-    ``build`` makes the torchvision network with random weights; ``trunk`` cuts it down to
-    pooled features of width ``dim``; ``weights_enum`` is torchvision's weights enum (its urls
-    name the checkpoint files); ``weights_aliases`` maps short names (``v1``) to enum members.
+    torchvision entries: ``build`` makes the network with random weights, ``trunk`` cuts it
+    down to pooled features, ``weights_enum`` is torchvision's weights enum (its urls name the
+    checkpoint files) and ``weights_aliases`` maps short names (``v1``) to its members.
+    timm and open_clip entries: ``model`` is the library's model name and ``default_weights``
+    its pretrained tag (``augreg2_in21k_ft_in1k``, ``openai``, ...; ``random`` for entries
+    without published weights); ``model_kwargs`` go to the library's constructor.
+
+    Every entry: ``dim`` (pooled width), ``preprocess`` (its evaluation transform),
+    ``default_image_size``, ``patch_size`` (0, or the patch size the input size must be a
+    multiple of), ``pooling`` (``avg``: the pooled feature is the average of
+    ``feature_map``; ``token``/``map``: a class token or attention pooling, the map being the
+    patch tokens; ``avg+norm``: a norm after the average), ``channels_last`` (whether that
+    memory layout speeds it up), ``has_text`` (a text tower for class prompts).
     """
 
     name: str
     dim: int
-    build: Callable[[], nn.Module]
-    weights_enum: type
+    build: Callable[[], nn.Module] | None = None
+    weights_enum: type | None = None
     weights_aliases: Mapping[str, str] = field(default_factory=dict)
     default_weights: str = "v1"
     trunk: Callable[[nn.Module], nn.Module] = ResNetTrunk
-    mean: tuple[float, float, float] = IMAGENET_MEAN
-    std: tuple[float, float, float] = IMAGENET_STD
+    library: str = "torchvision"
+    model: str = ""
+    preprocess: Preprocess = PROTOCOL
+    default_image_size: int = DEFAULT_IMAGE_SIZE
+    patch_size: int = 0
+    pooling: str = "avg"
+    channels_last: bool = True
+    has_text: bool = False
+    model_kwargs: Mapping[str, object] = field(default_factory=dict)
+    summary: str = ""
+    testing: bool = False
+
+    @property
+    def mean(self) -> tuple[float, float, float]:
+        return self.preprocess.mean
+
+    @property
+    def std(self) -> tuple[float, float, float]:
+        return self.preprocess.std
+
+    @property
+    def family(self):
+        """The module that builds timm or open_clip entries (imported on first use)."""
+        return importlib.import_module(_FAMILY_MODULES[self.library])
 
     def weights_member(self, alias: str):
         """The torchvision weights enum member for ``alias`` (``v1`` or a member name), or None."""
+        if self.weights_enum is None:
+            return None
         member_name = self.weights_aliases.get(alias.lower(), alias.upper())
         return getattr(self.weights_enum, member_name, None)
 
     def weights_names(self) -> list[str]:
-        """Short names and torchvision member names accepted by ``--weights``."""
+        """Names accepted by ``--weights`` besides ``random`` and a path."""
+        if self.library != "torchvision":
+            return self.family.tags(self)
         return list(self.weights_aliases) + [m for m in self.weights_aliases.values()]
+
+    def check_image_size(self, image_size: int) -> None:
+        """OptionError when this backbone cannot take ``image_size`` x ``image_size`` inputs."""
+        if self.patch_size and image_size % self.patch_size:
+            lower = image_size - image_size % self.patch_size
+            raise OptionError(f"--image-size {image_size} is not a multiple of {self.name}'s patch "
+                              f"size {self.patch_size}; use {lower} or {lower + self.patch_size}")
 
 
 def _resnet(name: str, dim: int, weights_enum: type) -> BackboneSpec:
     return BackboneSpec(
         name=name, dim=dim, build=getattr(torchvision.models, name), weights_enum=weights_enum,
         weights_aliases={"v1": "IMAGENET1K_V1", "v2": "IMAGENET1K_V2"},
+        summary="torchvision ImageNet ResNet; the protocol's transform",
     )
 
+
+def _hub(library: str, name: str, model: str, weights: str, dim: int, preprocess: Preprocess,
+         image_size: int, patch_size: int, pooling: str, summary: str, **extra) -> BackboneSpec:
+    return BackboneSpec(
+        name=name, dim=dim, library=library, model=model, default_weights=weights,
+        preprocess=preprocess, default_image_size=image_size, patch_size=patch_size,
+        pooling=pooling, channels_last=not patch_size, summary=summary, **extra,
+    )
+
+
+#: timm's evaluation transforms (``pretrained_cfg``: crop_pct, bicubic, mean/std)
+_TIMM_VIT = Preprocess("center", 0.9, "bicubic", HALF, HALF)
+_TIMM_CONVNEXT = Preprocess("center", 0.875, "bicubic", IMAGENET_MEAN, IMAGENET_STD)
+_TIMM_TEST = Preprocess("center", 0.95, "bicubic", HALF, HALF)
+#: DINOv2's linear evaluation (``make_classification_eval_transform``: resize 256, crop 224)
+_DINOV2 = Preprocess("center", 0.875, "bicubic", IMAGENET_MEAN, IMAGENET_STD)
+#: OpenAI CLIP's (and open_clip's ``openai`` tags'): shorter side to s, centre crop
+_CLIP = Preprocess("center", 1.0, "bicubic", CLIP_MEAN, CLIP_STD)
+#: SigLIP ``webli``: squash to s x s, bicubic, mean = std = 0.5
+_SIGLIP = Preprocess("squash", 1.0, "bicubic", HALF, HALF)
 
 _REGISTRY: dict[str, BackboneSpec] = {
     spec.name: spec
@@ -99,6 +187,32 @@ _REGISTRY: dict[str, BackboneSpec] = {
         _resnet("resnet50", 2048, torchvision.models.ResNet50_Weights),
         _resnet("resnet101", 2048, torchvision.models.ResNet101_Weights),
         _resnet("resnet18", 512, torchvision.models.ResNet18_Weights),
+        _hub("timm", "vit-b16", "vit_base_patch16_224", "augreg2_in21k_ft_in1k", 768, _TIMM_VIT,
+             224, 16, "token", "timm ViT-B/16, ImageNet-21k then 1k (AugReg2)"),
+        _hub("timm", "convnext-b", "convnext_base", "fb_in22k_ft_in1k", 1024, _TIMM_CONVNEXT,
+             224, 0, "avg+norm", "timm ConvNeXt-B, ImageNet-22k then 1k"),
+        _hub("timm", "dinov2-vit-b14", "vit_base_patch14_dinov2", "lvd142m", 768, _DINOV2,
+             224, 14, "token", "DINOv2 ViT-B/14 (timm), self-supervised on LVD-142M"),
+        _hub("timm", "dinov2-vit-l14", "vit_large_patch14_dinov2", "lvd142m", 1024, _DINOV2,
+             224, 14, "token", "DINOv2 ViT-L/14 (timm), self-supervised on LVD-142M"),
+        _hub("open_clip", "clip-vit-b16", "ViT-B-16-quickgelu", "openai", 512, _CLIP, 224, 16,
+             "token", "OpenAI CLIP ViT-B/16 image tower (open_clip); AEVLP's CLIP",
+             has_text=True),
+        _hub("open_clip", "clip-vit-l14", "ViT-L-14-quickgelu", "openai", 768, _CLIP, 224, 14,
+             "token", "OpenAI CLIP ViT-L/14 image tower (open_clip)", has_text=True),
+        _hub("open_clip", "clip-vit-l14-336", "ViT-L-14-336-quickgelu", "openai", 768, _CLIP, 336,
+             14, "token", "OpenAI CLIP ViT-L/14 at 336 px (open_clip); VLPL's CLIP",
+             has_text=True),
+        _hub("open_clip", "siglip-vit-b16", "ViT-B-16-SigLIP", "webli", 768, _SIGLIP, 224, 16,
+             "map", "SigLIP ViT-B/16 image tower (open_clip, WebLI)", has_text=True),
+        # Tiny random networks for tests and offline demos (like timm's own test_* models).
+        _hub("timm", "test-vit", "test_vit", "r160_in1k", 64, _TIMM_TEST, 160, 16, "token",
+             "timm's test ViT (0.3 M parameters)", testing=True),
+        _hub("timm", "test-convnext", "test_convnext", "r160_in1k", 64, _TIMM_TEST, 160, 0,
+             "avg+norm", "timm's test ConvNeXt (0.2 M parameters)", testing=True),
+        _hub("open_clip", "test-clip", "featcache-test-clip", "random", 32, _CLIP, 64, 16,
+             "token", "a tiny CLIP (2 layers, 32-d embedding; no published weights)",
+             has_text=True, testing=True),
     )
 }
 
@@ -109,9 +223,9 @@ def register_backbone(spec: BackboneSpec) -> BackboneSpec:
     return spec
 
 
-def backbone_names() -> list[str]:
-    """Names accepted by ``--backbone``."""
-    return sorted(_REGISTRY)
+def backbone_names(testing: bool = True) -> list[str]:
+    """Names accepted by ``--backbone`` (without the tiny test networks when ``testing`` is False)."""
+    return sorted(name for name, spec in _REGISTRY.items() if testing or not spec.testing)
 
 
 def backbone_spec(name: str) -> BackboneSpec:
@@ -119,35 +233,88 @@ def backbone_spec(name: str) -> BackboneSpec:
     try:
         return _REGISTRY[name]
     except KeyError:
-        raise OptionError(unknown_name("backbone", name, backbone_names(),
-                                       listing="`featcache features --help` lists them")) from None
+        raise OptionError(unknown_name("backbone", name, backbone_names(testing=False),
+                                       listing="`featcache backbones` lists them")) from None
 
 
-def create_backbone(name: str = "resnet50", weights="v1", seed: int = 0) -> nn.Module:
-    """Build backbone ``name`` with ``weights`` (``v1``, ``v2``, ``random``, a file path, or a
-    resolved :class:`~featcache.backbones.weights.WeightsSource`), in eval mode on the CPU.
+def resolve_preprocess(backbone: str = "resnet50", preprocess: str | Preprocess = "native") -> Preprocess:
+    """``native`` (the backbone's own transform), ``protocol`` (squash + ImageNet), or as given."""
+    if isinstance(preprocess, Preprocess):
+        return preprocess
+    if preprocess not in PREPROCESS_MODES:
+        raise OptionError(f"--preprocess {preprocess!r}: choose one of {', '.join(PREPROCESS_MODES)}")
+    return backbone_spec(backbone).preprocess if preprocess == "native" else PROTOCOL
 
-    The module maps a normalised batch ``(B, 3, H, W)`` to pooled features ``(B, dim)``. Its
-    attribute ``weights_identity`` says which weights it holds (recorded in features files).
-    ``seed`` fixes the initialisation of ``random`` weights.
+
+def create_backbone(name: str = "resnet50", weights=None, seed: int = 0,
+                    image_size: int | None = None) -> nn.Module:
+    """Build backbone ``name`` with ``weights`` in eval mode on the CPU.
+
+    ``weights``: ``None`` (the entry's default: ``v1`` for ResNets, the library's pretrained
+    tag otherwise), ``random``, a torchvision alias or library tag, a file path, or a resolved
+    :class:`~featcache.backbones.weights.WeightsSource`. ``image_size`` (default: the entry's)
+    matters to vision transformers, whose position embedding is built for it. The module maps
+    a normalised batch ``(B, 3, s, s)`` to pooled features ``(B, dim)``; ``feature_map(x)``
+    gives ``(B, dim, h, w)``. Attributes: ``weights_identity`` (recorded in features files),
+    ``pooling`` and ``image_size``. ``seed`` fixes the initialisation of ``random`` weights.
     """
     from featcache.backbones.weights import WeightsSource, load_state_dict, resolve_weights
 
     spec = backbone_spec(name)
+    image_size = image_size or spec.default_image_size
+    spec.check_image_size(image_size)
     source = weights if isinstance(weights, WeightsSource) else resolve_weights(spec, weights, seed)
     if source.kind == "random":
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(source.seed)
-            net = spec.build()
-        trunk = spec.trunk(net)
+            trunk = _build(spec, image_size, None, None)
         identity = dict(source.identity(), weights_sha256=state_sha256(trunk))
     else:
-        net = spec.build()
-        load_state_dict(net, source)
-        trunk = spec.trunk(net)
+        if spec.library == "torchvision":
+            net = spec.build()
+            load_state_dict(net, source)
+            trunk = spec.trunk(net)
+        else:
+            tag = source.name if source.kind == "hub" else None
+            try:
+                trunk = _build(spec, image_size, source.path, tag)
+            except (RuntimeError, KeyError, ValueError) as exc:  # the libraries' load errors
+                raise InputError(f"weights file {source.path} does not fit the {spec.name} backbone "
+                                 f"({spec.library} {spec.model}): {str(exc).splitlines()[0]}") from exc
         identity = source.identity()
     trunk.weights_identity = identity
+    trunk.pooling = getattr(trunk, "pooling", spec.pooling)
+    trunk.image_size = image_size
     return trunk.eval()
+
+
+def create_text_tower(name: str, weights=None, seed: int = 0, image_size: int | None = None) -> nn.Module:
+    """The text tower of a vision-language backbone (``has_text``), with the same weights as
+    :func:`create_backbone`'s image trunk (random weights: the same seed and ``image_size`` give
+    the text tower of the same random model): ``tower(prompts) -> (P, E)`` unnormalised."""
+    from featcache.backbones.weights import WeightsSource, resolve_weights
+
+    spec = backbone_spec(name)
+    if not spec.has_text:
+        with_text = ", ".join(n for n in backbone_names(testing=False) if _REGISTRY[n].has_text)
+        raise OptionError(f"backbone {name!r} has no text tower; class-prompt embeddings need a "
+                          f"vision-language backbone: {with_text}")
+    source = weights if isinstance(weights, WeightsSource) else resolve_weights(spec, weights, seed)
+    if source.kind == "random":
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(source.seed)
+            return spec.family.build_text(spec, None, image_size or spec.default_image_size)
+    try:
+        return spec.family.build_text(spec, source.path)
+    except (RuntimeError, KeyError, ValueError) as exc:
+        raise InputError(f"weights file {source.path} does not fit the {spec.name} backbone "
+                         f"({spec.library} {spec.model}): {str(exc).splitlines()[0]}") from exc
+
+
+def _build(spec: BackboneSpec, image_size: int, path, tag) -> nn.Module:
+    if spec.library == "torchvision":
+        return spec.trunk(spec.build())
+    return spec.family.build(spec, image_size, path, tag)
 
 
 def state_sha256(module: nn.Module) -> str:
@@ -161,23 +328,26 @@ def state_sha256(module: nn.Module) -> str:
 
 
 def image_transform(image_size: int = DEFAULT_IMAGE_SIZE, train: bool = False,
-                    backbone: str = "resnet50") -> transforms.Compose:
-    """The protocol's transform: PIL RGB image -> normalised float tensor (3, s, s)."""
-    spec = backbone_spec(backbone)
-    steps = [transforms.Resize((image_size, image_size))]
+                    backbone: str = "resnet50", preprocess: str | Preprocess = "native") -> transforms.Compose:
+    """The evaluation (or, with ``train``, training) transform: PIL RGB image -> normalised
+    float tensor (3, s, s). Training adds a random horizontal flip after the resize, as the
+    protocol's transform does."""
+    chosen = resolve_preprocess(backbone, preprocess)
+    steps = chosen.pil_steps(image_size)
     if train:
         steps.append(transforms.RandomHorizontalFlip(0.5))
-    steps += [transforms.ToTensor(), transforms.Normalize(mean=spec.mean, std=spec.std)]
+    steps += [transforms.ToTensor(), transforms.Normalize(mean=chosen.mean, std=chosen.std)]
     return transforms.Compose(steps)
 
 
-def resize_transform(image_size: int = DEFAULT_IMAGE_SIZE) -> transforms.Compose:
+def resize_transform(image_size: int = DEFAULT_IMAGE_SIZE,
+                     preprocess: Preprocess = PROTOCOL) -> transforms.Compose:
     """The CPU half of the evaluation transform: PIL image -> resized uint8 tensor (3, s, s).
 
     :class:`Uint8Normalize` finishes it on the device; together they give exactly the values of
     :func:`image_transform` while moving a quarter of the bytes between processes.
     """
-    return transforms.Compose([transforms.Resize((image_size, image_size)), transforms.PILToTensor()])
+    return transforms.Compose(preprocess.pil_steps(image_size) + [transforms.PILToTensor()])
 
 
 class Uint8Normalize(nn.Module):
@@ -187,35 +357,28 @@ class Uint8Normalize(nn.Module):
     them would make the host wait for the GPU).
     """
 
-    def __init__(self, backbone: str = "resnet50"):
+    def __init__(self, backbone: str = "resnet50", preprocess: str | Preprocess = "native"):
         super().__init__()
-        spec = backbone_spec(backbone)
-        self.register_buffer("mean", torch.tensor(spec.mean, dtype=torch.float32).view(-1, 1, 1))
-        self.register_buffer("std", torch.tensor(spec.std, dtype=torch.float32).view(-1, 1, 1))
+        chosen = resolve_preprocess(backbone, preprocess)
+        self.register_buffer("mean", torch.tensor(chosen.mean, dtype=torch.float32).view(-1, 1, 1))
+        self.register_buffer("std", torch.tensor(chosen.std, dtype=torch.float32).view(-1, 1, 1))
 
     def forward(self, batch: Tensor) -> Tensor:
         # Same operations in the same order as torchvision's to_tensor and normalize.
         return batch.to(torch.float32).div(255).sub_(self.mean).div_(self.std)
 
 
-def transform_description(image_size: int, backbone: str = "resnet50",
-                          decode: str = "pil") -> dict:
+def transform_description(image_size: int, backbone: str = "resnet50", decode: str = "pil",
+                          preprocess: str | Preprocess = "native") -> dict:
     """The evaluation transform as data, recorded in features files and compared on resume;
     ``decode`` is ``pil`` (the reference's way), ``pil-draft`` (``--jpeg-draft``) or ``device``
     (``--gpu-decode``)."""
-    spec = backbone_spec(backbone)
-    on_device = decode == "device"
-    decoders = {
-        "pil": "PIL.Image.open(path).convert('RGB')",
-        "pil-draft": (f"PIL.Image.open(path), draft(None, ({image_size}, {image_size})) for JPEGs, "
-                      ".convert('RGB')"),
-        "device": "torchvision.io.decode_jpeg on the device (PIL for other files)",
-    }
-    return {
-        "decode": decoders[decode],
-        "resize": [image_size, image_size],
-        "interpolation": "bilinear, antialiased tensor resize" if on_device else "bilinear",
-        "crop": None,
-        "to_tensor": "uint8 / 255",
-        "normalize": {"mean": list(spec.mean), "std": list(spec.std)},
-    }
+    return resolve_preprocess(backbone, preprocess).describe(image_size, decode)
+
+
+def preprocess_mode(description: dict, backbone: str, image_size: int) -> str | None:
+    """Which ``--preprocess`` mode made a recorded transform (None: neither, or another decoder)."""
+    for mode in PREPROCESS_MODES:
+        if transform_description(image_size, backbone, "pil", mode) == description:
+            return mode
+    return None

@@ -1,4 +1,4 @@
-"""Finding backbone weights offline: ``--weights v1|v2|random|PATH``.
+"""Finding backbone weights offline: ``--weights v1|v2|TAG|random|PATH``.
 
 Order of search for torchvision weights (``v1`` = ``IMAGENET1K_V1``, the papers' choice):
 
@@ -8,8 +8,15 @@ Order of search for torchvision weights (``v1`` = ``IMAGENET1K_V1``, the papers'
 3. otherwise one error naming the file, the directory to put it in, and the url.
 
 A file found by name is checked against the hash prefix in its name (as torch hub does), so a
-truncated download is caught. The identity recorded in features files is the weights name, the
-file name and its sha256; ``random`` records the seed and a digest of the initial parameters.
+truncated download is caught.
+
+timm and open_clip weights are a pretrained tag of the library (``augreg2_in21k_ft_in1k``,
+``openai``, ...), looked up the same way in the Hugging Face hub cache
+(:mod:`featcache.backbones.hub`): the cached file, else a download into that cache (not with
+``$FEATCACHE_OFFLINE``), else one error naming the file, where it goes and how to get it.
+
+The identity recorded in features files is the weights name, the file name and its sha256 (and
+the hub repository); ``random`` records the seed and a digest of the initial parameters.
 """
 
 from __future__ import annotations
@@ -23,10 +30,11 @@ from urllib.parse import urlparse
 import torch
 from torch import nn
 
+from featcache.backbones import hub
 from featcache.errors import InputError, OptionError
 from featcache.fileio import sha256_file
 
-OFFLINE_ENV = "FEATCACHE_OFFLINE"
+OFFLINE_ENV = hub.OFFLINE_ENV
 _HASH_IN_NAME = re.compile(r"-([a-f0-9]{6,})\.")
 
 
@@ -34,10 +42,11 @@ _HASH_IN_NAME = re.compile(r"-([a-f0-9]{6,})\.")
 class WeightsSource:
     """Where a backbone's weights come from.
 
-    ``kind`` is ``torchvision`` (a named torchvision checkpoint), ``file`` (any other checkpoint
-    file) or ``random``; ``name`` is the torchvision member name, ``file`` or ``random``;
-    ``tag`` is the suffix that keeps features files of different weights apart ('' for the
-    backbone's default weights).
+    ``kind`` is ``torchvision`` (a named torchvision checkpoint), ``hub`` (a timm or open_clip
+    pretrained tag, kept in the Hugging Face hub cache: ``repo`` and the file names ``files``
+    tried in order), ``file`` (any other checkpoint file) or ``random``; ``name`` is the
+    torchvision member name or library tag, ``file`` or ``random``; ``tag`` is the suffix that
+    keeps features files of different weights apart ('' for the backbone's default weights).
     """
 
     kind: str
@@ -47,6 +56,8 @@ class WeightsSource:
     url: str = ""
     sha256: str = ""
     seed: int = 0
+    repo: str = ""
+    files: tuple[str, ...] = ()
 
     @property
     def file_name(self) -> str:
@@ -59,6 +70,8 @@ class WeightsSource:
         out = {"weights": self.name, "weights_file": self.file_name, "weights_sha256": self.sha256}
         if self.url:
             out["weights_url"] = self.url
+        if self.repo:
+            out["weights_repo"] = self.repo
         if self.kind == "random":
             out["weights_seed"] = self.seed
         return out
@@ -74,18 +87,22 @@ def hub_checkpoint_dir() -> Path:
     return Path(torch.hub.get_dir()) / "checkpoints"
 
 
-def describe_weights(spec, value: str, seed: int = 0) -> WeightsSource:
-    """Parse ``--weights`` without touching the network or the hub cache.
+def describe_weights(spec, value: str | None = None, seed: int = 0) -> WeightsSource:
+    """Parse ``--weights`` (None: the backbone's default) without touching the network or the
+    hub cache.
 
     ``file`` sources are hashed here (a file that names a torchvision checkpoint and carries its
-    hash counts as those torchvision weights); torchvision sources get their sha256 from
-    :func:`locate_weights`.
+    hash counts as those torchvision weights); torchvision and hub sources get their sha256
+    from :func:`locate_weights`.
     """
-    value = str(value).strip()
+    value = spec.default_weights if value is None else str(value).strip()
     if not value:
-        raise OptionError("--weights is empty; choose v1, v2, random or a path to a checkpoint")
+        raise OptionError("--weights is empty; choose " + ", ".join(_choices(spec))
+                          + " or a path to a checkpoint")
     if value.lower() == "random":
         return WeightsSource("random", "random", "random" if seed == 0 else f"random{seed}", seed=seed)
+    if spec.library != "torchvision":
+        return _describe_hub_weights(spec, value)
     member = spec.weights_member(value)
     if member is not None and not Path(value).exists():
         return WeightsSource("torchvision", member.name, _tag(spec, member.name), url=member.url)
@@ -93,9 +110,9 @@ def describe_weights(spec, value: str, seed: int = 0) -> WeightsSource:
     if not path.exists():
         if os.sep in value or path.suffix:
             raise InputError(f"weights file {path} does not exist; give the path to a checkpoint "
-                             "(.pth) or one of " + ", ".join(spec.weights_names() + ["random"]))
+                             "(.pth) or one of " + ", ".join(_choices(spec)))
         raise OptionError(f"unknown --weights {value!r} for {spec.name}; choose "
-                          + ", ".join(spec.weights_names() + ["random"]) + " or a checkpoint path")
+                          + ", ".join(_choices(spec)) + " or a checkpoint path")
     if not path.is_file():
         raise InputError(f"weights path {path} is not a file")
     digest = sha256_file(path)
@@ -110,10 +127,12 @@ def describe_weights(spec, value: str, seed: int = 0) -> WeightsSource:
 def locate_weights(source: WeightsSource, download: bool | None = None) -> WeightsSource:
     """Return ``source`` with the checkpoint's path and sha256 filled in.
 
-    Torchvision weights are looked up in the hub cache, then downloaded there (unless
-    ``download`` is False or ``$FEATCACHE_OFFLINE`` is set); when neither works the error says
-    which file to put where.
+    Torchvision weights are looked up in the torch hub cache, timm and open_clip weights in the
+    Hugging Face hub cache, then downloaded there (unless ``download`` is False or
+    ``$FEATCACHE_OFFLINE`` is set); when neither works the error says which file to put where.
     """
+    if source.kind == "hub" and source.path is None:
+        return _locate_hub_weights(source, download)
     if source.kind != "torchvision" or source.path is not None:
         return source
     name = url_file_name(source.url)
@@ -141,7 +160,7 @@ def locate_weights(source: WeightsSource, download: bool | None = None) -> Weigh
                          sha256=digest, seed=source.seed)
 
 
-def resolve_weights(spec, value: str, seed: int = 0, download: bool | None = None) -> WeightsSource:
+def resolve_weights(spec, value: str | None = None, seed: int = 0, download: bool | None = None) -> WeightsSource:
     """:func:`describe_weights` then :func:`locate_weights`: a source ready to load."""
     return locate_weights(describe_weights(spec, value, seed), download=download)
 
@@ -175,6 +194,64 @@ def load_state_dict(net: nn.Module, source: WeightsSource) -> None:
             problems.append(f"{len(extra)} unexpected keys (first: {', '.join(extra[:3])})")
         raise InputError(f"weights file {path} does not fit the {type(net).__name__} backbone: "
                          + "; ".join(problems))
+
+
+def _choices(spec) -> list[str]:
+    if spec.library == "torchvision":
+        return spec.weights_names() + ["random"]
+    return [spec.default_weights, "random", "another pretrained tag of the library"]
+
+
+def _describe_hub_weights(spec, value: str) -> WeightsSource:
+    """A timm/open_clip pretrained tag, or a checkpoint file."""
+    path = Path(value).expanduser()
+    if path.is_file():
+        stem = re.sub(r"[^A-Za-z0-9._-]+", "_", path.stem).strip("_") or "file"
+        return WeightsSource("file", "file", stem, path=path, sha256=sha256_file(path))
+    if os.sep in value or path.suffix in (".pt", ".pth", ".bin", ".safetensors", ".npz"):
+        raise InputError(f"weights file {path} does not exist; give the path to a checkpoint or "
+                         f"one of {spec.name}'s pretrained tags (default {spec.default_weights})")
+    known = spec.weights_names()
+    if value not in known:
+        shown = ", ".join(known[:12]) + (", ..." if len(known) > 12 else "")
+        raise OptionError(f"unknown --weights {value!r} for {spec.name} ({spec.library} "
+                          f"{spec.model}); choose random, a checkpoint path or a pretrained tag: "
+                          f"{shown or 'none published'}")
+    repo, files = spec.family.hub_files(spec, value)
+    tag = "" if value == spec.default_weights else re.sub(r"[^A-Za-z0-9._-]+", "_", value)
+    return WeightsSource("hub", value, tag, url=hub.hub_url(repo, files[0]), repo=repo,
+                         files=tuple(files))
+
+
+def _locate_hub_weights(source: WeightsSource, download: bool | None) -> WeightsSource:
+    """The hub cache's file for a pretrained tag (downloaded there when allowed)."""
+    path = hub.cached_file(source.repo, source.files)
+    offline = hub.offline_hub()
+    if download is None:
+        download = not offline
+    if path is None:
+        if not download:
+            raise _missing_hub_weights(source, f"${OFFLINE_ENV} is set" if offline
+                                       else "downloads are off")
+        try:
+            path = hub.download_file(source.repo, source.files)
+        except OSError as exc:
+            raise _missing_hub_weights(source, f"download failed: {exc}") from exc
+    return WeightsSource(source.kind, source.name, source.tag, path=path,
+                         url=hub.hub_url(source.repo, path.name), sha256=sha256_file(path),
+                         seed=source.seed, repo=source.repo, files=source.files)
+
+
+def _missing_hub_weights(source: WeightsSource, why: str) -> InputError:
+    first = source.files[0]
+    return InputError(
+        f"weights {source.name!r} ({source.repo}) are not on this machine ({why}). Put {first} of "
+        f"the Hugging Face repository {source.repo} into the hub cache, at "
+        f"{hub.cache_location(source.repo, first)} (e.g. `hf download {source.repo} {first}` on "
+        f"a machine with internet, then copy {hub.hub_cache_dir()}; $HF_HOME or $HF_HUB_CACHE "
+        f"move it), or download {hub.hub_url(source.repo, first)} and pass --weights "
+        f"/path/to/{first}"
+    )
 
 
 def _tag(spec, member_name: str) -> str:

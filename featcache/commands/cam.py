@@ -27,9 +27,11 @@ def command(run_paths, image, class_names, top, out, alpha, cmap, device, overwr
     """Draw class activation maps of RUN's head on IMAGE into a PNG.
 
     \b
-    The backbone's last convolutional map F (D x h x w) averages to the pooled feature the
-    linear head sees, so W_c . F at every position is the exact map of class c (its mean is
-    the class's logit). Maps are upsampled to the image, scaled to [0, 1] each, and overlaid.
+    A ResNet's last convolutional map F (D x h x w) averages to the pooled feature the linear
+    head sees, so W_c . F at every position is the exact map of class c (its mean is the
+    class's logit). Transformer and ConvNeXt trunks map the head over their patch tokens (or
+    normalised positions) instead, which shows where it responds (`docs/api.md`). Maps are
+    upsampled to the part of the image the backbone saw, scaled to [0, 1] each, and overlaid.
     Several --run give one row each: Kim et al.'s comparison figure, e.g.
       featcache cam --run cache/voc/runs/an/ID --run cache/voc/runs/ll-r/ID img.jpg \\
           --class dog --out dog.png

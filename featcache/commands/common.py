@@ -22,6 +22,19 @@ device_option = click.option(
 )
 
 
+def preprocess_option(help: str):
+    """``--preprocess native|protocol``: the backbone's own transform or the protocol's."""
+    return click.option("--preprocess", type=click.Choice(["native", "protocol"]), default="native",
+                        show_default=True, help=help)
+
+
+pseudo_labels_option = click.option(
+    "--pseudo-labels", "pseudo_labels", default=None, metavar="NAME",
+    help="Pseudo-label set (`featcache pseudo-label --name`) for the losses that use pseudo-labels "
+         "[default: each loss's own rule's: vlpl for vlpl, aevlp for gpr].",
+)
+
+
 def _numbers(kind, option: str):
     def convert(ctx, param, value):
         numbers = parse_number_list(value, option, kind=kind)

@@ -9,6 +9,8 @@ from featcache.commands.common import (
     cache_option,
     learning_rates_option,
     parse_params,
+    preprocess_option,
+    pseudo_labels_option,
 )
 
 
@@ -40,13 +42,20 @@ from featcache.commands.common import (
               help="Batch size of that linear phase  [default: an-ls 8 (16 on nuswide), role 16 "
                    "(8 on cub); required for other losses].")
 @click.option("--backbone", default=None,
-              help="Backbone for --init none  [default: resnet50; with LinearInit: the run's].")
+              help="Backbone for --init none (`featcache backbones` lists them)  [default: "
+                   "resnet50; with LinearInit: the run's].")
 @click.option("--weights", default=None,
-              help="v1, v2, random or a checkpoint path  [default: with LinearInit the run's "
-                   "weights (others are refused); with --init none v1].")
+              help="v1, v2 (ResNets), a timm/open_clip pretrained tag, random or a checkpoint path  "
+                   "[default: with LinearInit the run's weights (others are refused); with --init "
+                   "none the backbone's default, v1 for ResNets].")
 @click.option("--image-size", type=click.IntRange(min=32), default=None,
-              help="Images are resized to SIZE x SIZE  [default: the linear run's features' size; "
-                   "448 with --init none].")
+              help="Network input size SIZE x SIZE  [default: the linear run's features' size; "
+                   "with --init none the backbone's, 448 for ResNets].")
+@preprocess_option(
+    help="With --init none: the backbone's own transform or the protocol's squash + ImageNet "
+         "normalisation (see `featcache features --help`). LinearInit uses the transform of the "
+         "run's features.")
+@pseudo_labels_option
 @click.option("--precision", type=click.Choice(["auto", "fp32", "bf16", "fp16"]), default="auto",
               show_default=True,
               help="auto: bf16 autocast on GPUs that have it (else fp16 with a grad scaler), fp32 "
@@ -93,8 +102,9 @@ from featcache.commands.common import (
 @click.option("--quiet", is_flag=True, help="No progress bars.")
 @cache_option
 def command(dataset, loss, init, learning_rates, batch_sizes, epochs, head_lr_mult, param_pairs,
-            linear_lr, linear_batch_size, backbone, weights, image_size, precision, use_compile,
-            deterministic, schedule, workers, eval_batch_size, val_variant, early_stop, seed, device, images_root, run_id,
+            linear_lr, linear_batch_size, backbone, weights, image_size, preprocess, pseudo_labels,
+            precision, use_compile, deterministic, schedule, workers, eval_batch_size, val_variant, early_stop,
+            seed, device, images_root, run_id,
             resume, overwrite, no_plots, quiet, cache):
     """Stage three: fine-tune the whole network end to end on the images.
 
@@ -120,7 +130,9 @@ def command(dataset, loss, init, learning_rates, batch_sizes, epochs, head_lr_mu
         batch_sizes=batch_sizes, epochs=epochs, head_lr_mult=head_lr_mult,
         params={k: v[0] for k, v in params.items()}, linear_lr=linear_lr,
         linear_batch_size=linear_batch_size, backbone=backbone, weights=weights,
-        image_size=image_size, precision=precision, compile=use_compile, deterministic=deterministic, schedule=schedule, workers=workers,
+        image_size=image_size, preprocess=preprocess, pseudo_labels=pseudo_labels,
+        precision=precision, compile=use_compile,
+        deterministic=deterministic, schedule=schedule, workers=workers,
         eval_batch_size=eval_batch_size, val_variant=val_variant, early_stop=early_stop, seed=seed,
         device=device, images_root=images_root, run_id=run_id, resume=resume, overwrite=overwrite,
         plots=not no_plots, progress=not quiet, cache=cache,

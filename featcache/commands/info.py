@@ -15,18 +15,21 @@ import click
 def command(path: Path, show_classes: bool) -> None:
     """Show what PATH holds, as tables.
 
-    PATH is a labels file (labels.h5), a features file (features-<backbone>.h5) or a dataset
-    folder such as cache/voc (its labels file and every features file in it). For labels:
+    PATH is a labels file (labels.h5), a features file (features-<backbone>.h5), a pseudo-label
+    file (pseudo-labels-<name>.h5) or a dataset folder such as cache/voc (its labels file and
+    every features and pseudo-label file in it). For labels:
     split sizes, positives per class and per image, observed labels, k and the provenance
     (source files with sha256, seeds, dropped rows, missing images, featcache version). For
     features: backbone, width, dtype, rows and bad rows per split, the weights, and whether
-    the labels file beside it is the one the features were built from.
+    the labels file beside it is the one the features were built from (and class-prompt or
+    tile embeddings when present). For pseudo-labels: the rule, its parameters, the features
+    file they came from, counts and precision/recall.
     """
     from featcache.errors import InputError
 
     if path.is_dir():
         files = [path / "labels.h5"] if (path / "labels.h5").exists() else []
-        files += sorted(path.glob("features-*.h5"))
+        files += sorted(path.glob("features-*.h5")) + sorted(path.glob("pseudo-labels-*.h5"))
         if not files:
             raise InputError(f"{path} holds neither labels.h5 nor features-*.h5; run "
                              "`featcache prepare` (and `featcache features`) first")
@@ -42,6 +45,8 @@ def command(path: Path, show_classes: bool) -> None:
             blocks.append(describe_labels(file, show_classes))
         elif kind == "featcache-features":
             blocks.append(describe_features(file))
+        elif kind == "featcache-pseudo-labels":
+            blocks.append(describe_pseudo_labels(file))
         else:
             raise InputError(f"{file} is not a featcache labels or features file (its 'format' "
                              f"attribute is {kind!r})")
@@ -166,6 +171,7 @@ def describe_features(path: Path) -> str:
         for split in OFFICIAL_SPLITS:
             shape = h5[split]["features"].shape
             rows.add(split, shape[0], shape[1], int(h5[split]["bad"][()].sum()))
+        extras = {key: h5[key].shape for key in ("text/embeddings", "train/crops") if key in h5}
     beside = path.parent / "labels.h5"
     expected = str(attrs.get("labels_sha256", ""))
     if beside.exists():
@@ -178,6 +184,20 @@ def describe_features(path: Path) -> str:
     table.add("feature dim", attrs.get("feature_dim"))
     table.add("dtype", attrs.get("dtype"))
     table.add("weights", attrs.get("weights"))
+    if attrs.get("library"):
+        table.add("library", f"{attrs['library']} {attrs.get('library_model', '')} "
+                             f"{attrs.get('library_version', '')}".strip())
+    if attrs.get("pooling"):
+        table.add("pooling", attrs["pooling"])
+    if "text/embeddings" in extras:
+        text = attrs.get("text") or {}
+        how = ", ".join(f"{k}={v}" for k, v in text.items())
+        table.add("text embeddings", f"{extras['text/embeddings'][0]} classes x "
+                                     f"{extras['text/embeddings'][1]} ({how})")
+    if "train/crops" in extras:
+        grid = attrs.get("crops_grid")
+        table.add("crop embeddings", f"{grid}x{grid} tiles of each training image, "
+                                     f"{extras['train/crops']}")
     if attrs.get("weights_sha256"):
         table.add("weights sha256", str(attrs["weights_sha256"])[:12])
     table.add("labels sha256", expected[:12])
@@ -191,6 +211,28 @@ def describe_features(path: Path) -> str:
                 value = ", ".join(f"{k}={v}" for k, v in value.items())
             table.add(key.replace("_", " "), str(value)[:12] if key.endswith("sha256") else value)
     return "\n".join([f"# {path}", "", table.markdown(), "", rows.markdown()])
+
+
+def describe_pseudo_labels(path: Path) -> str:
+    """Markdown table for one pseudo-label file."""
+    import h5py
+
+    from featcache.data.pseudofile import read_pseudo_attrs
+    from featcache.tables import Table
+
+    attrs = read_pseudo_attrs(path)
+    with h5py.File(path, "r") as h5:
+        shape = h5["train/pseudo"].shape
+    table = Table(["pseudo-labels", "value"], title="Pseudo-labels")
+    table.add("rule", attrs.get("rule"))
+    table.add("parameters", ", ".join(f"{k}={v}" for k, v in (attrs.get("params") or {}).items()))
+    table.add("rows x classes", f"{shape[0]} x {shape[1]} (official training rows)")
+    table.add("from", f"{attrs.get('features_path')} (sha256 {str(attrs.get('features_sha256'))[:12]})")
+    table.add("labels sha256", str(attrs.get("labels_sha256", ""))[:12])
+    for key, value in (attrs.get("stats") or {}).items():
+        table.add(key.replace("_", " "), "-" if value is None else value)
+    table.add("created", attrs.get("created"))
+    return "\n".join([f"# {path}", "", table.markdown()])
 
 
 def _size(path: Path) -> str:

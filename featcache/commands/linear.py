@@ -12,6 +12,7 @@ from featcache.commands.common import (
     overwrite_option,
     parse_number_list,
     parse_params,
+    pseudo_labels_option,
 )
 
 
@@ -36,6 +37,7 @@ from featcache.commands.common import (
               help="Optional per-head early stopping rule of Kim et al. (3-point drop) or Zhou et al. "
                    "(first non-improving epoch).")
 @click.option("--backbone", default=None, help="Which features file (default: the only one).")
+@pseudo_labels_option
 @click.option("--run-id", default=None,
               help="Name of the run directory (default: UTC time). Re-using the id of a finished "
                    "run with the same settings skips it (resume); different settings are refused.")
@@ -48,8 +50,8 @@ from featcache.commands.common import (
 @cache_option
 @overwrite_option
 def command(dataset, loss_names, learning_rates, batch_sizes, epochs, param_pairs, eps_pos,
-            eps_neg, val_variant, seeds, early_stop, backbone, run_id, jobs, no_plots, quiet,
-            device, cache, overwrite):
+            eps_neg, val_variant, seeds, early_stop, backbone, pseudo_labels, run_id, jobs,
+            no_plots, quiet, device, cache, overwrite):
     """Train linear heads on cached features with the protocol's grid and selection.
 
     Every grid point sharing a batch size trains at once as stacked heads on the device; the
@@ -68,7 +70,7 @@ def command(dataset, loss_names, learning_rates, batch_sizes, epochs, param_pair
         epochs=epochs, params=params, seeds=parse_number_list(seeds, "--seeds", kind=int),
         val_variant=val_variant, early_stop=early_stop, backbone=backbone, run_id=run_id,
         jobs=jobs, plots=not no_plots, progress=not quiet, device=device, cache=cache,
-        overwrite=overwrite)
+        overwrite=overwrite, pseudo_labels=pseudo_labels)
     outcome = run_linear(options, say=lambda line: click.echo(line, err=True),
                          on_run=lambda run: click.echo(run.line()))
     if outcome.table is not None:

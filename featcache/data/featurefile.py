@@ -8,6 +8,17 @@ Layout (format ``featcache-features``, version 1)::
                               rows hold NaN, never a silent zero
     /test/...         the same for the official test split
 
+Optional (``featcache features --text`` / ``--crops GxG`` with a vision-language backbone)::
+
+    /text/embeddings  (L, E) float32, L2-normalised class-prompt embeddings, classes in the
+                      labels file's order (prompt ensemble: mean of the normalised template
+                      embeddings, normalised again)
+    /text/classes     (L,)   utf-8 class names as put in the prompts
+    /train/crops      (N, G*G, E) the backbone's output on each official training image's
+                      G x G grid of tiles (row-major; AEVLP's local views), same dtype as features
+
+and the root attributes ``text`` (JSON: templates, source, tokenizer) and ``crops_grid`` (G).
+
 Root attributes: ``format``, ``format_version``, ``complete`` (True only in a finished file),
 ``backbone``, ``feature_dim``, ``dtype``, ``weights`` and ``weights_sha256``, ``transform``
 (JSON), ``torch_version``, ``torchvision_version``, ``labels_sha256`` (the labels file it was
@@ -20,6 +31,8 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
+import shutil
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -68,12 +81,14 @@ class FeatureSet:
 
 def write_features(path: str | os.PathLike, labels: LabelSet, features: dict[str, np.ndarray],
                    attrs: dict, bad: dict[str, np.ndarray] | None = None,
-                   overwrite: bool = False, dtype: str = "float32") -> Path:
+                   overwrite: bool = False, dtype: str = "float32",
+                   extra: Mapping[str, np.ndarray] | None = None) -> Path:
     """Write a complete features file atomically.
 
     ``features`` maps ``train`` and ``test`` to arrays whose rows follow ``labels``; ``bad``
     optionally flags unreadable rows (which must hold NaN). ``attrs`` must name at least the
     ``backbone``. The labels file's sha256 is recorded so that stage two can refuse a mismatch.
+    ``extra`` maps HDF5 paths (``text/embeddings``, ``train/crops``) to further arrays.
     """
     path = Path(path)
     if "backbone" not in attrs:
@@ -112,8 +127,67 @@ def write_features(path: str | os.PathLike, labels: LabelSet, features: dict[str
             group.create_dataset("images", data=np.asarray(part.images, dtype=object), dtype=text)
             flags = np.zeros(len(array), dtype=np.uint8) if name not in bad else bad[name].astype(np.uint8)
             group.create_dataset("bad", data=flags)
+        write_extra(h5, extra or {})
         h5.attrs["complete"] = True
     return path
+
+
+def write_extra(h5: h5py.File, extra: Mapping[str, np.ndarray]) -> None:
+    """Write (or replace) arrays at HDF5 paths; string arrays as utf-8."""
+    for key, array in extra.items():
+        if key in h5:
+            del h5[key]
+        array = np.asarray(array)
+        if array.dtype.kind in "OUS":
+            h5.create_dataset(key, data=array.astype(object), dtype=h5py.string_dtype("utf-8"))
+        elif array.ndim >= 2 and array.shape[0]:
+            h5.create_dataset(key, data=array, chunks=(min(len(array), 256), *array.shape[1:]))
+        else:
+            h5.create_dataset(key, data=array)
+
+
+def add_text_embeddings(path: str | os.PathLike, embeddings: np.ndarray, classes,
+                        text_attrs: dict) -> Path:
+    """Add (or replace) a finished features file's class-prompt embeddings, atomically: the
+    file is copied to a temporary name beside it, completed and renamed over the original."""
+    path = Path(path)
+    read_feature_attrs(path)
+    with atomic_output(path, overwrite=True) as tmp:
+        shutil.copyfile(path, tmp)
+        with h5py.File(tmp, "r+") as h5:
+            write_extra(h5, {"text/embeddings": np.asarray(embeddings, dtype=np.float32),
+                             "text/classes": np.asarray(list(classes), dtype=object)})
+            h5.attrs["text"] = encode_attr(text_attrs)
+    return path
+
+
+@dataclass
+class TextEmbeddings:
+    """A features file's class-prompt embeddings: (L, E) float32, L2-normalised."""
+
+    embeddings: np.ndarray
+    classes: list[str]
+    attrs: dict
+
+
+def read_text_embeddings(path: str | os.PathLike) -> TextEmbeddings | None:
+    """The class-prompt embeddings of a finished features file, or None when it has none."""
+    path = Path(path)
+    attrs = read_feature_attrs(path)
+    with h5py.File(path, "r") as h5:
+        if "text/embeddings" not in h5:
+            return None
+        return TextEmbeddings(h5["text/embeddings"][()].astype(np.float32),
+                              list(h5["text/classes"].asstr()[()]), dict(attrs.get("text") or {}))
+
+
+def read_train_rows(path: str | os.PathLike, key: str, start: int, stop: int) -> np.ndarray:
+    """Rows ``[start, stop)`` of ``/train/<key>`` (``features`` or ``crops``) as float32."""
+    with h5py.File(path, "r") as h5:
+        if f"train/{key}" not in h5:
+            raise InputError(f"{path} has no /train/{key}; extract it with `featcache features "
+                             + ("--crops GxG`" if key == "crops" else "`"))
+        return h5[f"train/{key}"][start:stop].astype(np.float32)
 
 
 def read_feature_attrs(path: str | os.PathLike) -> dict:

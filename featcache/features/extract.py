@@ -9,10 +9,15 @@ does not depend on interruptions, nor on the number of ranks under ``torchrun``.
 
 GPU runs use autocast (bf16, or fp16 where bf16 is missing; ``fp32`` for exact fidelity, with
 TF32 off), pinned memory and DataLoader workers that decode and resize with PIL (normalisation
-happens on the device, on a quarter of the bytes); every run uses channels_last. ``gpu_decode`` decodes JPEGs
-on the device instead, a batch at a time and one batch ahead of the forward pass (close to,
-not identical with, PIL); ``jpeg_draft`` lets PIL decode large JPEGs at a reduced scale
-(opt-in: the reference decodes full size).
+happens on the device, on a quarter of the bytes); convolutional backbones use channels_last,
+transformers ``F.scaled_dot_product_attention``. ``gpu_decode`` decodes JPEGs on the device
+instead, a batch at a time and one batch ahead of the forward pass (close to, not identical
+with, PIL); ``jpeg_draft`` lets PIL decode large JPEGs at a reduced scale (opt-in: the
+reference decodes full size).
+
+Vision-language backbones add, on request, the class-prompt text embeddings (``text``,
+:mod:`featcache.features.text`) and the embeddings of a G x G grid of tiles of every official
+training image (``crops``, AEVLP's local views), saved with each chunk like the features.
 """
 
 from __future__ import annotations
@@ -31,17 +36,27 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from featcache.backbones import (
+    PROTOCOL,
     Uint8Normalize,
     backbone_spec,
     create_backbone,
     inputs,
+    resolve_preprocess,
     transform_description,
 )
+from featcache.backbones.hub import library_version
+from featcache.backbones.preprocess import PREPROCESS_MODES
+from featcache.backbones.registry import create_text_tower
 from featcache.backbones.weights import WeightsSource, describe_weights, locate_weights
-from featcache.data.featurefile import read_feature_attrs, write_features
+from featcache.data.featurefile import (
+    add_text_embeddings,
+    read_feature_attrs,
+    write_features,
+)
 from featcache.data.images import image_problem, image_root
 from featcache.data.labelfile import LabelSet, load_labels
 from featcache.errors import FeatcacheError, InputError, OptionError, OutputExistsError
+from featcache.features import text as prompts
 from featcache.features.shards import ChunkStore
 from featcache.paths import existing_labels, features_path
 from featcache.protocol.runs import describe_differences
@@ -67,8 +82,9 @@ class ExtractOptions:
     """Settings of one extraction; ``None`` means "chosen for the device"."""
 
     backbone: str = "resnet50"
-    weights: str = "v1"
-    image_size: int = 448
+    weights: str | None = None  # the backbone's default (v1 for ResNets)
+    image_size: int | None = None  # the backbone's default (448 for ResNets, the protocol's)
+    preprocess: str = "native"
     batch_size: int | None = None
     workers: int | None = None
     precision: str = "auto"
@@ -83,11 +99,30 @@ class ExtractOptions:
     chunk_rows: int | None = None
     seed: int = 0
     download: bool | None = None
+    text: bool = False
+    prompts: tuple[str, ...] = ()
+    class_names: str | None = None
+    text_embeddings: str | None = None
+    crops: int = 0
 
     def validate(self) -> None:
-        """OptionError naming the first option that cannot be used."""
+        """OptionError naming the first option that cannot be used (fills in the image size)."""
+        spec = backbone_spec(self.backbone)
+        self.image_size = self.image_size or spec.default_image_size
         checks = [
             (self.image_size >= 32, f"--image-size must be at least 32, got {self.image_size}"),
+            (self.preprocess in PREPROCESS_MODES,
+             f"--preprocess {self.preprocess!r}: choose one of {', '.join(PREPROCESS_MODES)}"),
+            (self.crops >= 0, f"--crops must be GxG with G >= 1, got {self.crops}"),
+            (not (self.crops and (self.gpu_decode or self.jpeg_draft)),
+             "--crops decodes and cuts the full-size images with PIL; drop --gpu-decode and "
+             "--jpeg-draft"),
+            (self.text or (self.class_names is None and self.text_embeddings is None
+                           and not self.prompts),
+             "--prompt, --class-names and --text-embeddings go with --text"),
+            (not self.text or self.text_embeddings is not None or spec.has_text,
+             f"--text: {self.backbone} has no text tower; use a vision-language backbone (clip-*, "
+             "siglip-*) or give the class embeddings with --text-embeddings FILE.npy"),
             (self.batch_size is None or self.batch_size >= 1,
              f"--batch-size must be at least 1, got {self.batch_size}"),
             (self.workers is None or self.workers >= 0, f"--workers must be >= 0, got {self.workers}"),
@@ -100,7 +135,16 @@ class ExtractOptions:
         for ok, message in checks:
             if not ok:
                 raise OptionError(message)
-        backbone_spec(self.backbone)
+        spec.check_image_size(self.image_size)
+        self.prompts = prompts.check_templates(self.prompts) if self.text else ()
+
+    def file_tag(self, source: WeightsSource) -> str:
+        """``<backbone>[-<weights>][-protocol]``: the features file's tag."""
+        spec = backbone_spec(self.backbone)
+        tag = spec.name + (f"-{source.tag}" if source.tag else "")
+        if self.preprocess == "protocol" and spec.preprocess != PROTOCOL:
+            tag += "-protocol"
+        return tag
 
 
 @dataclass
@@ -149,8 +193,7 @@ def extract_features(dataset: str, options: ExtractOptions | None = None,
     spec = backbone_spec(options.backbone)
     labels = load_labels(existing_labels(dataset, options.cache))
     source = describe_weights(spec, options.weights, options.seed)
-    tag = spec.name + (f"-{source.tag}" if source.tag else "")
-    final = features_path(dataset, tag, options.cache)
+    final = features_path(dataset, options.file_tag(source), options.cache)
     with ranks(options.device) as job:
         say = say if job.is_main else _quiet
         run = Extraction(options, labels, job, final, say)
@@ -175,7 +218,11 @@ class Extraction:
         self.say = say
         self.device = job.device
         self.precision = resolve_precision(options.precision, self.device)
-        self.batch_size = options.batch_size or default_batch_size(self.device)
+        # With --crops every image brings G*G tiles: by default a batch holds that many fewer
+        # images (what workers keep in shared memory stays the same), and the tiles go through
+        # the network in batches of the usual size.
+        self.view_batch = options.batch_size or default_batch_size(self.device)
+        self.batch_size = options.batch_size or max(1, self.view_batch // max(1, options.crops) ** 2)
         self.chunk_rows = options.chunk_rows or default_chunk_rows(self.batch_size)
         if self.chunk_rows % self.batch_size:
             raise OptionError(f"--chunk-rows ({self.chunk_rows}) must be a multiple of the batch "
@@ -184,10 +231,14 @@ class Extraction:
             raise OptionError("--jpeg-draft is a PIL option; --gpu-decode decodes on the device: "
                               "choose one")
         self.decode = "device" if options.gpu_decode else "pil-draft" if options.jpeg_draft else "pil"
-        self.transform = transform_description(options.image_size, options.backbone, self.decode)
+        self.spec = backbone_spec(options.backbone)
+        self.preprocess = resolve_preprocess(options.backbone, options.preprocess)
+        self.transform = transform_description(options.image_size, options.backbone, self.decode,
+                                               self.preprocess)
         self.images = np.concatenate([labels.train.images, labels.test.images])
         self.num_train = len(labels.train)
-        self.normalize = Uint8Normalize(options.backbone).to(self.device)
+        self.normalize = Uint8Normalize(options.backbone, self.preprocess).to(self.device)
+        self.crops = options.crops
 
     # -- finished file --------------------------------------------------------------------
     def wanted(self, source: WeightsSource) -> dict:
@@ -203,7 +254,27 @@ class Extraction:
             out["weights_seed"] = source.seed
         if self.options.precision != "auto":
             out["precision"] = self.precision
+        if self.crops:
+            out["crops_grid"] = self.crops
         return out
+
+    def text_attrs(self, source: str, sha256: str = "") -> dict:
+        """The ``text`` attribute: how the class embeddings were made."""
+        out = {"source": source, "classes_from": self.options.class_names or "labels file"}
+        if source == "prompts":
+            out["templates"] = list(self.options.prompts)
+            out["ensemble"] = "mean of L2-normalised template embeddings, normalised"
+        else:
+            out["sha256"] = sha256
+        return out
+
+    def wanted_text(self) -> dict | None:
+        if not self.options.text:
+            return None
+        if self.options.text_embeddings is not None:
+            return {"source": f"file {self.options.text_embeddings}"}
+        return {"source": "prompts", "templates": list(self.options.prompts),
+                "classes_from": self.options.class_names or "labels file"}
 
     def check_finished(self, source: WeightsSource) -> ExtractResult:
         try:
@@ -219,10 +290,40 @@ class Extraction:
                 f"{self.final} exists but does not match this request ({why}"
                 f"{describe_differences(old, differ)}); pass --overwrite to replace it"
             )
+        wanted_text = self.wanted_text()
+        have_text = attrs.get("text") or {}
+        if wanted_text is not None and any(have_text.get(k) != v for k, v in wanted_text.items()):
+            if not self.job.is_main:
+                return ExtractResult(self.final, "shard")
+            embeddings, text = self.text_embeddings(source)
+            add_text_embeddings(self.final, embeddings, self.prompt_names(), text)
+            self.say(f"{self.final}: class-prompt embeddings added ({len(embeddings)} classes); the "
+                     "image features were up to date")
+            return ExtractResult(self.final, "text-added", device=str(attrs.get("device", "")),
+                                 precision=str(attrs.get("precision", "")))
         self.say(f"{self.final} is up to date (built from {self.labels.path}); nothing to do "
                  "(pass --overwrite to re-extract)")
         return ExtractResult(self.final, "up-to-date", device=str(attrs.get("device", "")),
                              precision=str(attrs.get("precision", "")))
+
+    # -- text -----------------------------------------------------------------------------
+    def prompt_names(self) -> list[str]:
+        return prompts.prompt_class_names(self.labels.classes, self.options.class_names)
+
+    def text_embeddings(self, source: WeightsSource) -> tuple[np.ndarray, dict]:
+        """(L, E) normalised class embeddings and the ``text`` attribute describing them."""
+        if self.options.text_embeddings is not None:
+            array, digest = prompts.load_given_embeddings(
+                self.options.text_embeddings, self.labels.num_classes, self.spec.dim)
+            text = self.text_attrs(f"file {self.options.text_embeddings}", digest)
+            return array, text
+        if source.kind not in ("random",) and source.path is None:
+            source = locate_weights(source, self.options.download)
+        tower = create_text_tower(self.options.backbone, source, seed=self.options.seed,
+                                  image_size=self.options.image_size)
+        array = prompts.encode_classes(tower, self.prompt_names(), self.options.prompts, self.device)
+        del tower
+        return array, self.text_attrs("prompts")
 
     # -- extraction -----------------------------------------------------------------------
     def execute(self, source: WeightsSource) -> ExtractResult:
@@ -233,13 +334,20 @@ class Extraction:
             lambda: locate_weights(source, self.options.download) if self.job.is_main else source)
         if not self.job.is_main:
             source = locate_weights(source, download=False)
-        model = create_backbone(self.options.backbone, source, seed=self.options.seed)
-        attrs = self.attributes(model.weights_identity)
+        text = self.text_embeddings(source) if self.options.text and self.job.is_main else None
+        model = create_backbone(self.options.backbone, source, seed=self.options.seed,
+                                image_size=self.options.image_size)
+        attrs = self.attributes(model)
         identity = dict(attrs, labels_sha256=self.labels.sha256, dtype=self.options.dtype)
         if self.device.type == "cpu":
             identity["cpu_threads"] = cpu_threads()
-        spec = backbone_spec(self.options.backbone)
-        store = ChunkStore(self.final, identity, len(self.images), self.chunk_rows, spec.dim)
+        extras = {}
+        if self.crops:
+            identity["crops_grid"] = self.crops
+            identity["crops_batch_size"] = self.view_batch
+            extras["crops"] = (self.num_train, (self.crops * self.crops, self.spec.dim))
+        store = ChunkStore(self.final, identity, len(self.images), self.chunk_rows, self.spec.dim,
+                           extras=extras)
         try:
             self.job.together(lambda: store.open(self.say) if self.job.is_main else None)
             mine = [c for c in range(store.num_chunks) if c % self.job.world == self.job.rank]
@@ -264,7 +372,7 @@ class Extraction:
             _, total = self.job.agree(False, count)
             if not self.job.is_main:
                 return ExtractResult(self.final, "shard", images=count)
-            bad = self.assemble(store, attrs)
+            bad = self.assemble(store, attrs, text)
             store.remove()
         finally:
             store.close()
@@ -277,12 +385,12 @@ class Extraction:
             resumed_chunks=resumed, bad=bad,
         )
 
-    def attributes(self, weights_identity: dict) -> dict:
+    def attributes(self, model: torch.nn.Module) -> dict:
         """Provenance recorded in the features file (and, with the labels sha256, the manifest)."""
-        return {
+        out = {
             "backbone": self.options.backbone,
             "backbone_tag": self.final.stem.removeprefix("features-"),
-            **weights_identity,
+            **model.weights_identity,
             "image_size": self.options.image_size,
             "transform": self.transform,
             "precision": self.precision,
@@ -293,6 +401,15 @@ class Extraction:
             "torchvision_version": str(torchvision.__version__),
             "pillow_version": str(PIL.__version__),
         }
+        if self.spec.library != "torchvision":
+            out.update({
+                "library": self.spec.library, "library_model": self.spec.model,
+                "library_version": library_version(self.spec.library),
+                "preprocess": self.options.preprocess, "pooling": self.spec.pooling,
+                "attention": "torch.nn.functional.scaled_dot_product_attention"
+                             if self.spec.patch_size else "none (convolutional)",
+            })
+        return out
 
     def compute(self, model: torch.nn.Module, store: ChunkStore, todo: list[int], root: Path) -> int:
         """Compute and save the chunks ``todo``; returns the number of images processed."""
@@ -301,22 +418,26 @@ class Extraction:
         rows = [row for chunk in todo for row in store.rows(chunk)]
         self.check_present(root, rows)
         loader = self.loader(root, rows, store, todo)
-        # channels_last is the layout cuDNN's and oneDNN's fast convolutions want (CPU: 1.4x)
-        model = model.to(self.device, memory_format=torch.channels_last)
+        # channels_last is the layout cuDNN's and oneDNN's fast convolutions want (ResNet-50 on
+        # the CPU: 1.4x); transformers gain nothing from it
+        layout = torch.channels_last if self.spec.channels_last else torch.contiguous_format
+        model = model.to(self.device, memory_format=layout)
         bar = tqdm(total=len(rows), unit="img", desc=f"features {self.final.stem}", smoothing=0.1,
                    dynamic_ncols=True, disable=not self.job.is_main, file=sys.stderr)
         chunks = iter(todo)
-        chunk, parts, oks = next(chunks), [], []
+        chunk, parts, oks, crops = next(chunks), [], [], []
         with bar, torch.inference_mode(), backend_flags(self.device, self.precision):
-            for images, batch_rows, ok in self.batches(loader):
-                images = self.normalize(images).contiguous(memory_format=torch.channels_last)
+            for images, batch_rows, ok, views in self.batches(loader):
+                images = self.layout(self.normalize(images))
                 self.stop_on_bad(batch_rows, ok, root)
                 parts.append(self.forward(model, images))
+                if views is not None:
+                    crops.append(self.forward_views(model, views))
                 oks.append(ok)
                 bar.update(len(batch_rows))
                 if sum(len(p) for p in parts) == len(store.rows(chunk)):
-                    self.save(store, chunk, parts, oks, root)
-                    chunk, parts, oks = next(chunks, None), [], []
+                    self.save(store, chunk, parts, oks, root, crops)
+                    chunk, parts, oks, crops = next(chunks, None), [], [], []
         return len(rows)
 
     def loader(self, root: Path, rows: list[int], store: ChunkStore, todo: list[int]) -> DataLoader:
@@ -331,12 +452,19 @@ class Extraction:
         workers = self.options.workers
         if workers is None:
             workers = default_workers(self.device, self.job.local_world)
-        if self.options.gpu_decode:
-            dataset, collate = inputs.JpegBytesRows(root, self.images, size, rows), inputs.collate_jpeg_rows
+        if self.crops:
+            dataset = inputs.CropRows(root, self.images, size, rows, preprocess=self.preprocess,
+                                      grid=self.crops, crop_rows=self.num_train)
+            collate = inputs.collate_crop_rows
+            batch_bytes = inputs.uint8_batch_bytes(self.batch_size, size) * (1 + self.crops ** 2)
+        elif self.options.gpu_decode:
+            dataset = inputs.JpegBytesRows(root, self.images, size, rows, preprocess=self.preprocess)
+            collate = inputs.collate_jpeg_rows
             batch_bytes = inputs.jpeg_batch_bytes((root / str(self.images[r]) for r in rows[:64]),
                                                   self.batch_size, size)
         else:
-            dataset = inputs.ImageRows(root, self.images, size, rows, draft=self.options.jpeg_draft)
+            dataset = inputs.ImageRows(root, self.images, size, rows, draft=self.options.jpeg_draft,
+                                       preprocess=self.preprocess)
             collate, batch_bytes = None, inputs.uint8_batch_bytes(self.batch_size, size)
         # two batches in flight per worker, fewer when /dev/shm is small (an error if none fits)
         prefetch = inputs.loader_prefetch(batch_bytes, workers, 2, self.job.local_world,
@@ -348,16 +476,35 @@ class Extraction:
         )
 
     def batches(self, loader: DataLoader):
-        """(uint8 images on the device, rows, ok flags) per batch of ``loader``."""
+        """(uint8 images on the device, rows, ok flags, normalised tiles or None) per batch."""
         if self.options.gpu_decode:
-            yield from inputs.DeviceDecoder(loader, self.options.image_size, self.device)
+            for images, batch_rows, ok in inputs.DeviceDecoder(loader, self.options.image_size,
+                                                               self.device, self.preprocess):
+                yield images, batch_rows, ok, None
+            return
+        if self.crops:
+            for images, views, batch_rows, ok in loader:
+                views = self.layout(self.normalize(views.to(self.device, non_blocking=True)))
+                yield images.to(self.device, non_blocking=True), batch_rows, ok, views
             return
         for images, batch_rows, ok in loader:
-            yield images.to(self.device, non_blocking=True), batch_rows, ok
+            yield images.to(self.device, non_blocking=True), batch_rows, ok, None
+
+    def layout(self, images: torch.Tensor) -> torch.Tensor:
+        if self.spec.channels_last:
+            return images.contiguous(memory_format=torch.channels_last)
+        return images
 
     def forward(self, model: torch.nn.Module, images: torch.Tensor) -> torch.Tensor:
         with autocast(self.device, self.precision):
             return model(images).float()
+
+    def forward_views(self, model: torch.nn.Module, views: torch.Tensor) -> torch.Tensor:
+        """Tile embeddings (n * G * G, D), ``view_batch`` tiles per forward pass."""
+        if not len(views):
+            return views.new_zeros(0, self.spec.dim)
+        return torch.cat([self.forward(model, views[i:i + self.view_batch])
+                          for i in range(0, len(views), self.view_batch)])
 
     def stop_on_bad(self, batch_rows: torch.Tensor, ok: torch.Tensor, root: Path) -> None:
         if self.options.skip_bad or bool(ok.all()):
@@ -376,7 +523,7 @@ class Extraction:
         return {"split": split, "row": index, "image": str(self.images[row]), "reason": reason,
                 "message": f"cannot read image {path} ({split} row {index} of {self.labels.path}): {reason}"}
 
-    def save(self, store: ChunkStore, chunk: int, parts, oks, root: Path) -> None:
+    def save(self, store: ChunkStore, chunk: int, parts, oks, root: Path, crops=()) -> None:
         features = torch.cat(parts).cpu().numpy().astype(self.options.dtype)
         ok = torch.cat(oks).numpy().astype(bool)
         rows = store.rows(chunk)
@@ -392,7 +539,13 @@ class Extraction:
         features[~ok] = np.nan
         reasons = {rows.start + int(i): self.bad_reason(root, rows.start + int(i))["reason"]
                    for i in np.flatnonzero(~ok)}
-        write_shard(store, chunk, features, ~ok, reasons)
+        extras = {}
+        if self.crops:
+            tiles = torch.cat(crops).cpu().numpy().astype(self.options.dtype)
+            tiles = tiles.reshape(store.extra_shape(chunk, "crops"))
+            tiles[~ok[:len(tiles)]] = np.nan
+            extras["crops"] = tiles
+        write_shard(store, chunk, features, ~ok, reasons, extras)
 
     def check_present(self, root: Path, rows: list[int]) -> None:
         """Fail early, before hours of work, when images are missing (unless ``skip_bad``)."""
@@ -407,10 +560,19 @@ class Extraction:
     def split_row(self, row: int) -> tuple[str, int]:
         return ("train", row) if row < self.num_train else ("test", row - self.num_train)
 
-    def assemble(self, store: ChunkStore, attrs: dict) -> list[dict]:
+    def assemble(self, store: ChunkStore, attrs: dict, text=None) -> list[dict]:
         """Write the features file from all shards; returns the bad images recorded."""
         n_train, n_test = len(self.labels.train), len(self.labels.test)
         features = np.empty((n_train + n_test, store.dim), dtype=self.options.dtype)
+        extra = {}
+        if self.crops:
+            crops = np.empty((n_train, self.crops * self.crops, store.dim), dtype=self.options.dtype)
+            extra["train/crops"] = crops
+            attrs = dict(attrs, crops_grid=self.crops,
+                         crops="tiles of a GxG grid of each training image (AEVLP's local views)")
+        if text is not None:
+            extra["text/embeddings"], attrs = text[0], dict(attrs, text=text[1])
+            extra["text/classes"] = np.asarray(self.prompt_names(), dtype=object)
         flags = np.zeros(n_train + n_test, dtype=bool)
         bad = []
         for chunk in range(store.num_chunks):
@@ -421,6 +583,9 @@ class Extraction:
             rows = store.rows(chunk)
             features[rows.start:rows.stop] = shard.features
             flags[rows.start:rows.stop] = shard.bad
+            if self.crops:
+                part = store.extra_rows(chunk, "crops")
+                crops[part.start:part.stop] = shard.extras["crops"]
             for row, reason in sorted(shard.reasons.items()):
                 split, index = self.split_row(row)
                 bad.append({"split": split, "row": index, "image": str(self.images[row]),
@@ -431,7 +596,7 @@ class Extraction:
                 self.final, self.labels,
                 {"train": features[:n_train], "test": features[n_train:]}, attrs,
                 bad={"train": flags[:n_train], "test": flags[n_train:]},
-                overwrite=True, dtype=self.options.dtype,
+                overwrite=True, dtype=self.options.dtype, extra=extra,
             )
         except OSError as exc:
             raise FeatcacheError(
@@ -442,9 +607,9 @@ class Extraction:
         return bad
 
 
-def write_shard(store: ChunkStore, chunk: int, features, bad, reasons) -> None:
+def write_shard(store: ChunkStore, chunk: int, features, bad, reasons, extras=None) -> None:
     """Save one finished chunk (a seam for tests that interrupt a run after a chunk)."""
-    store.write(chunk, features, bad, reasons)
+    store.write(chunk, features, bad, reasons, extras)
 
 
 def default_chunk_rows(batch_size: int) -> int:

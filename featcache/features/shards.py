@@ -6,6 +6,7 @@ sibling directory ``<cache>/<ds>/.features-<tag>.parts/``::
     manifest.json         the identity of the run (labels sha256, backbone, weights sha256,
                           transform, dtype, precision, device, batch size, chunk size, ...)
     chunk-000000.npz      rows [0, chunk_rows): features, bad flags, reasons for bad rows
+                          (and extras such as ``--crops``' tile embeddings of its training rows)
     chunk-000001.npz      ...
     lock                  held (lockf) by the process that owns the directory; holds its pid
 
@@ -45,6 +46,7 @@ class Shard:
     features: np.ndarray
     bad: np.ndarray
     reasons: dict[int, str] = field(default_factory=dict)  # global row -> why it is bad
+    extras: dict[str, np.ndarray] = field(default_factory=dict)  # name -> (rows with it, ...)
 
 
 def parts_dir(final: Path) -> Path:
@@ -53,9 +55,15 @@ def parts_dir(final: Path) -> Path:
 
 
 class ChunkStore:
-    """The shard directory of one features file, for one run identity."""
+    """The shard directory of one features file, for one run identity.
 
-    def __init__(self, final: Path, identity: dict, num_rows: int, chunk_rows: int, dim: int):
+    ``extras`` maps the name of a further per-row array to ``(rows, shape)``: the first
+    ``rows`` rows of the file carry it (``crops``: the official training rows), each of
+    trailing ``shape``.
+    """
+
+    def __init__(self, final: Path, identity: dict, num_rows: int, chunk_rows: int, dim: int,
+                 extras: dict[str, tuple[int, tuple[int, ...]]] | None = None):
         self.final = Path(final)
         self.dir = parts_dir(self.final)
         self.identity = dict(identity, shard_format=SHARD_FORMAT, num_rows=num_rows,
@@ -65,12 +73,22 @@ class ChunkStore:
         self.chunk_rows = chunk_rows
         self.dim = dim
         self.num_chunks = math.ceil(num_rows / chunk_rows)
+        self.extras = dict(extras or {})
         self._lock_fd: int | None = None
 
     # -- layout ---------------------------------------------------------------------------
     def rows(self, chunk: int) -> range:
         start = chunk * self.chunk_rows
         return range(start, min(start + self.chunk_rows, self.num_rows))
+
+    def extra_rows(self, chunk: int, name: str) -> range:
+        """Rows of ``chunk`` that carry extra ``name``."""
+        rows = self.rows(chunk)
+        limit = self.extras[name][0]
+        return range(rows.start, max(rows.start, min(rows.stop, limit)))
+
+    def extra_shape(self, chunk: int, name: str) -> tuple[int, ...]:
+        return (len(self.extra_rows(chunk, name)), *self.extras[name][1])
 
     def path(self, chunk: int) -> Path:
         return self.dir / f"chunk-{chunk:06d}.npz"
@@ -139,18 +157,25 @@ class ChunkStore:
             return None
 
     # -- shards ---------------------------------------------------------------------------
-    def write(self, chunk: int, features: np.ndarray, bad: np.ndarray, reasons: dict[int, str]) -> Path:
+    def write(self, chunk: int, features: np.ndarray, bad: np.ndarray, reasons: dict[int, str],
+              extras: dict[str, np.ndarray] | None = None) -> Path:
         """Save one finished chunk atomically."""
         rows = self.rows(chunk)
         if features.shape != (len(rows), self.dim) or bad.shape != (len(rows),):
             raise ValueError(f"chunk {chunk}: features {features.shape}, bad {bad.shape}, "
                              f"expected ({len(rows)}, {self.dim})")
+        extras = extras or {}
+        for name in self.extras:
+            if name not in extras or extras[name].shape != self.extra_shape(chunk, name):
+                got = extras[name].shape if name in extras else None
+                raise ValueError(f"chunk {chunk}: {name} {got}, expected {self.extra_shape(chunk, name)}")
         path = self.path(chunk)
         try:
             with atomic_output(path, overwrite=True) as tmp, open(tmp, "wb") as handle:
                 np.savez(handle, features=features, bad=bad.astype(np.uint8),
                          start=np.int64(rows.start), digest=np.str_(self.digest),
-                         reasons=np.str_(json.dumps({str(k): v for k, v in reasons.items()})))
+                         reasons=np.str_(json.dumps({str(k): v for k, v in reasons.items()})),
+                         **{f"extra_{name}": extras[name] for name in self.extras})
         except OSError as exc:
             raise FeatcacheError(
                 f"could not save {path}: {exc}. Chunks saved so far are kept; free space "
@@ -170,6 +195,7 @@ class ChunkStore:
                     start=int(data["start"]), features=data["features"],
                     bad=data["bad"].astype(bool),
                     reasons={int(k): v for k, v in json.loads(str(data["reasons"])).items()},
+                    extras={name: data[f"extra_{name}"] for name in self.extras},
                 )
                 digest = str(data["digest"])
         except Exception:  # zip, CRC, key and JSON errors all mean "damaged: recompute"
@@ -180,6 +206,8 @@ class ChunkStore:
             and shard.features.shape == (len(rows), self.dim) and shard.features.dtype == np.dtype(dtype)
             and shard.bad.shape == (len(rows),)
             and np.isfinite(shard.features[~shard.bad]).all()
+            and all(shard.extras[name].shape == self.extra_shape(chunk, name)
+                    and shard.extras[name].dtype == np.dtype(dtype) for name in self.extras)
         )
         if not valid:
             path.unlink(missing_ok=True)

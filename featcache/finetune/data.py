@@ -16,7 +16,7 @@ dropped (as the reference's training loader does); evaluation uses every example
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -25,9 +25,11 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Sampler
 
 from featcache.backbones.inputs import ImageRows, loader_prefetch, uint8_batch_bytes, worker_init
+from featcache.backbones.preprocess import PROTOCOL, Preprocess
 from featcache.data.images import image_problem, image_root
 from featcache.data.labelfile import LabelSet, load_labels
 from featcache.data.negatives import observed_with_negatives
+from featcache.data.pseudofile import PseudoLabels, load_pseudo_labels, pseudo_labels_path
 from featcache.errors import InputError, OptionError
 from featcache.losses import DataFacts
 from featcache.protocol.loss_choice import training_facts
@@ -43,6 +45,7 @@ class ImageSplit:
     images: np.ndarray  # paths relative to the image root
     observed: Tensor  # (n, L) float32: 1 observed positive, 0 unobserved, -1 observed negative
     clean: Tensor | None  # (n, L) float32 0/1, or None
+    pseudo: Tensor | None = None  # (n, L) float32 pseudo-labels 1 / 0 / -1, for losses that need them
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -61,6 +64,8 @@ class FinetuneData:
     val: ImageSplit
     test: ImageSplit
     notes: list[str] = field(default_factory=list)
+    pseudo_choice: str | None = None  # --pseudo-labels NAME
+    pseudo_labels: PseudoLabels | None = None  # the set attached to train.pseudo
 
     @property
     def num_classes(self) -> int:
@@ -78,24 +83,35 @@ class FinetuneData:
     @property
     def facts(self) -> DataFacts:
         """What a loss may ask of the training split (full labels, negatives, k)."""
-        return training_facts(self.labels, self.train.observed.numpy(), self.train.clean is not None)
+        return training_facts(self.labels, self.train.observed.numpy(), self.train.clean is not None,
+                              self.pseudo_choice)
 
     def with_observed_negatives(self, num_neg: int) -> FinetuneData:
         """A copy whose training observations hold ``num_neg`` negatives per row (for ``iu``)."""
         drawn, note = observed_with_negatives(self.labels, self.labels.train_index,
                                               self.train.observed.numpy(), num_neg)
         observed = torch.as_tensor(drawn, dtype=torch.float32)
-        train = ImageSplit("train", self.train.rows, self.train.images, observed, self.train.clean)
-        return FinetuneData(self.dataset, self.classes, self.labels, self.root, self.relpaths,
-                            train, self.val, self.test, self.notes + [note])
+        return replace(self, train=replace(self.train, observed=observed), notes=self.notes + [note])
+
+    def with_pseudo_labels(self, name: str) -> FinetuneData:
+        """A copy whose training rows carry pseudo-label set ``name`` (``train.pseudo``)."""
+        if self.pseudo_labels is not None and self.pseudo_labels.name == name:
+            return self
+        found = load_pseudo_labels(pseudo_labels_path(self.labels.path, name), self.labels)
+        pseudo = torch.as_tensor(found.matrix[self.train_rows], dtype=torch.float32)
+        note = f"pseudo-labels {name!r} ({found.attrs.get('rule')} rule) from {found.path}"
+        return replace(self, train=replace(self.train, pseudo=pseudo), pseudo_labels=found,
+                       notes=self.notes + [note])
 
     def split(self, name: str) -> ImageSplit:
         return {"train": self.train, "val": self.val, "test": self.test}[name]
 
 
 def load_finetune_data(labels_path: str | os.PathLike,
-                       images_root: str | os.PathLike | None = None) -> FinetuneData:
-    """Load a labels file and find its images' folder; every image must exist (checked here)."""
+                       images_root: str | os.PathLike | None = None,
+                       pseudo_choice: str | None = None) -> FinetuneData:
+    """Load a labels file and find its images' folder; every image must exist (checked here).
+    ``pseudo_choice`` names the pseudo-label set for the losses that need one."""
     labels = load_labels(labels_path)
     root = image_root(labels, images_root)
     n_train = len(labels.train)
@@ -112,7 +128,7 @@ def load_finetune_data(labels_path: str | os.PathLike,
     data = FinetuneData(
         dataset=labels.dataset, classes=list(labels.classes), labels=labels, root=root,
         relpaths=np.concatenate([labels.train.images, labels.test.images]),
-        train=splits["train"], val=splits["val"], test=splits["test"],
+        train=splits["train"], val=splits["val"], test=splits["test"], pseudo_choice=pseudo_choice,
     )
     check_images_present(data)
     return data
@@ -206,12 +222,14 @@ def shard_range(num_rows: int, rank: int, world: int) -> range:
 class SplitImages(ImageRows):
     """Images of one split; an item is a position, or (position, flip) for training.
 
-    Yields ``(uint8 image (3, s, s), position, ok)``; the flip is applied after the resize, as
-    the protocol's transform does (Resize, then RandomHorizontalFlip).
+    Yields ``(uint8 image (3, s, s), position, ok)``; the flip is applied after the resize (and
+    crop), as the protocol's transform does (Resize, then RandomHorizontalFlip).
     """
 
-    def __init__(self, data: FinetuneData, split: ImageSplit, image_size: int):
-        super().__init__(data.root, data.relpaths, image_size, rows=split.rows)
+    def __init__(self, data: FinetuneData, split: ImageSplit, image_size: int,
+                 preprocess: Preprocess = PROTOCOL):
+        super().__init__(data.root, data.relpaths, image_size, rows=split.rows,
+                         preprocess=preprocess)
 
     def __getitem__(self, item):
         position, flip = item if isinstance(item, tuple) else (item, False)
@@ -221,13 +239,14 @@ class SplitImages(ImageRows):
 
 def make_loader(data: FinetuneData, split: ImageSplit, image_size: int, batch_sampler,
                 workers: int, device: torch.device, batch_size: int, persistent: bool = False,
-                ranks_here: int = 1) -> DataLoader:
+                ranks_here: int = 1, preprocess: Preprocess = PROTOCOL) -> DataLoader:
     """A DataLoader over ``split`` driven by ``batch_sampler`` (lists of at most ``batch_size``
     items): 4 batches in flight per worker, fewer when ``/dev/shm`` is small."""
     prefetch = loader_prefetch(uint8_batch_bytes(batch_size, image_size), workers, 4, ranks_here,
                                what=f"{split.name} batches of {batch_size} images at {image_size} px")
     return DataLoader(
-        SplitImages(data, split, image_size), batch_sampler=batch_sampler, num_workers=workers,
+        SplitImages(data, split, image_size, preprocess), batch_sampler=batch_sampler,
+        num_workers=workers,
         pin_memory=device.type == "cuda", worker_init_fn=worker_init,
         persistent_workers=persistent and workers > 0, prefetch_factor=prefetch,
     )

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor, nn
 from tqdm import tqdm
 
-from featcache.backbones import Uint8Normalize, backbone_spec
+from featcache.backbones import Uint8Normalize, backbone_spec, resolve_preprocess
 from featcache.errors import FeatcacheError, OptionError
 from featcache.fileio import write_json_atomic
 from featcache.finetune.checkpoint import (
@@ -175,17 +175,20 @@ class ConfigTrainer:
         self.config, self.settings, self.data, self.job = config, settings, data, job
         self.device = device = job.device
         self.image_size = start.image_size
+        self.preprocess = resolve_preprocess(start.backbone, start.preprocess)
         num_classes = data.num_classes
-        dim = backbone_spec(start.backbone).dim
+        spec = backbone_spec(start.backbone)
+        dim = spec.dim
         if start.head_weight is not None:
             head = linear_head(dim, num_classes, start.head_weight, start.head_bias)
         else:
             generator = torch.Generator().manual_seed(
                 derive_seed(settings.seed, "finetune-head", config.name()))
             head = linear_head(dim, num_classes, generator=generator)
-        # channels_last: faster convolutions on GPUs (tensor cores) and on the CPU (oneDNN, ~10 %)
-        self.net: FinetuneNet = build_net(start.trunk, head).to(device,
-                                                                memory_format=torch.channels_last)
+        # channels_last: faster convolutions on GPUs (tensor cores) and on the CPU (oneDNN, ~10 %);
+        # transformers gain nothing from it
+        self.layout = torch.channels_last if spec.channels_last else torch.contiguous_format
+        self.net: FinetuneNet = build_net(start.trunk, head).to(device, memory_format=self.layout)
         if device.type == "cuda" and job.world > 1:
             # batch statistics of the whole global batch, as in one process (GPU only in torch)
             self.net = nn.SyncBatchNorm.convert_sync_batchnorm(self.net)
@@ -195,6 +198,7 @@ class ConfigTrainer:
         train = data.train
         self.observed = train.observed.to(device)
         self.clean = None if train.clean is None else train.clean.to(device)
+        self.pseudo = None if train.pseudo is None else train.pseudo.to(device)
         generator = torch.Generator().manual_seed(
             derive_seed(settings.seed, "state", config.batch_size))
         state = self.loss.init_state(self.observed, self.clean, generator=generator,
@@ -224,10 +228,11 @@ class ConfigTrainer:
         self.scaler = torch.amp.GradScaler(device.type, enabled=settings.precision == "fp16")
         self.sampler = EpochBatches(len(train), config.batch_size, settings.seed, flip=True,
                                     rank=job.rank, world=job.world)
-        self.normalize = Uint8Normalize(start.backbone).to(device)
+        self.normalize = Uint8Normalize(start.backbone, self.preprocess).to(device)
         self.train_loader = make_loader(data, train, self.image_size, self.sampler,
                                         settings.workers, device, config.batch_size // job.world,
-                                        persistent=True, ranks_here=job.local_world)
+                                        persistent=True, ranks_here=job.local_world,
+                                        preprocess=self.preprocess)
 
     # ------------------------------------------------------------------ steps
     def autocast(self):
@@ -235,7 +240,7 @@ class ConfigTrainer:
 
     def to_input(self, images: Tensor) -> Tensor:
         x = self.normalize(images.to(self.device, non_blocking=True))
-        return x.contiguous(memory_format=torch.channels_last)
+        return x.contiguous(memory_format=self.layout)
 
     def step(self, images: Tensor, index: Tensor, epoch: int) -> tuple[Tensor, Tensor]:
         """One optimisation step on a batch of uint8 ``images`` (host) whose training positions
@@ -247,7 +252,9 @@ class ConfigTrainer:
         """
         with self.autocast():
             logits = self.model(self.to_input(images))
-        targets = Targets(self.observed[index], index, None if self.clean is None else self.clean[index])
+        targets = Targets(self.observed[index], index,
+                          None if self.clean is None else self.clean[index],
+                          None if self.pseudo is None else self.pseudo[index])
         loss = self.loss.forward(logits.float().unsqueeze(0), targets, self.state, epoch)[0]
         self.optimizer.zero_grad(set_to_none=True)
         self.scaler.scale(loss).backward()
@@ -308,7 +315,7 @@ class ConfigTrainer:
                                self.job.world)
         loader = make_loader(self.data, split, self.image_size, batches, self.settings.workers,
                              self.device, self.settings.eval_batch_size,
-                             ranks_here=self.job.local_world)
+                             ranks_here=self.job.local_world, preprocess=self.preprocess)
         bar = self._bar(len(split), f"predict {split.name}")
         parts = [torch.zeros(0, self.data.num_classes, device=self.device)]
         for images, positions, ok in loader:

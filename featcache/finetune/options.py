@@ -26,6 +26,8 @@ class FinetuneOptions:
     backbone: str | None = None
     weights: str | None = None
     image_size: int | None = None
+    preprocess: str = "native"  # --init none only; LinearInit takes its features' transform
+    pseudo_labels: str | None = None  # the pseudo-label set for the losses that need one
     precision: str = "auto"
     compile: bool = False
     schedule: str = "auto"

@@ -51,7 +51,8 @@ def results_document(grid: GridResult, settings: Settings, start: StartPoint, da
         "images_root": str(data.root),
         "init": start.record,
         "backbone": {"name": start.backbone, **start.weights_identity,
-                     "image_size": start.image_size},
+                     "image_size": start.image_size, "preprocess": start.preprocess},
+        "pseudo_labels": None if data.pseudo_labels is None else data.pseudo_labels.identity(),
         "sizes": {"train": len(data.train), "val": len(data.val), "test": len(data.test),
                   "classes": data.num_classes},
         "protocol": {

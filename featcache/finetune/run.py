@@ -43,7 +43,7 @@ def run_finetune(options: FinetuneOptions, linear_phase: LinearPhase | None = No
         raise OptionError(f"--schedule {options.schedule!r}: choose one of {', '.join(SCHEDULES)}")
     with ranks(options.device) as job:
         data = loss.fit_data(load_finetune_data(existing_labels(options.dataset, options.cache),
-                                                options.images_root))
+                                                options.images_root, options.pseudo_labels))
         check_val_variant(options.val_variant, data.val.clean is not None, data.labels.path)
         if job.is_main:
             for note in evaluation_notes(*evaluation_coverage(data, options.val_variant)):
@@ -108,6 +108,8 @@ def run_settings(options: FinetuneOptions, settings: Settings, start: StartPoint
         "weights_sha256": start.weights_identity.get("weights_sha256"),
         "image_size": start.image_size, "learning_rates": list(options.learning_rates),
         "batch_sizes": list(options.batch_sizes), **settings.identity(),
+        **({"preprocess": start.preprocess} if start.preprocess != "native" else {}),
+        **({"pseudo_labels_sha256": data.pseudo_labels.sha256} if data.pseudo_labels else {}),
     }
 
 

@@ -178,7 +178,8 @@ def model_description(settings: Settings, start: StartPoint, data: FinetuneData)
         "loss": settings.loss,
         "params": settings.params, "classes": list(data.classes), "backbone": start.backbone,
         "weights": start.weights_identity, "image_size": start.image_size,
-        "transform": transform_description(start.image_size, start.backbone),
+        "transform": transform_description(start.image_size, start.backbone,
+                                           preprocess=start.preprocess),
         "labels_sha256": data.labels.sha256, "train_rows": data.train_rows.tolist(),
         "init": start.record.get("mode"),
     }

@@ -26,7 +26,13 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from featcache.backbones import backbone_spec, create_backbone, transform_description
+from featcache.backbones import (
+    backbone_spec,
+    create_backbone,
+    described_image_size,
+    preprocess_mode,
+    transform_description,
+)
 from featcache.backbones.rebuild import trunk_for_features
 from featcache.backbones.weights import describe_weights, locate_weights
 from featcache.data.featurefile import read_feature_attrs
@@ -43,8 +49,6 @@ from featcache.protocol.runs import best_run
 from featcache.runtime import Ranks
 
 DEFAULT_BACKBONE = "resnet50"
-DEFAULT_WEIGHTS = "v1"
-DEFAULT_IMAGE_SIZE = 448
 
 
 @dataclass
@@ -55,6 +59,7 @@ class StartPoint:
     backbone: str
     trunk: nn.Module
     image_size: int
+    preprocess: str = "native"  # the --preprocess mode of the features (see featcache features)
     head_weight: Tensor | None = None  # (L, D)
     head_bias: Tensor | None = None  # (L,)
     handoff: dict[str, Tensor] = field(default_factory=dict)  # ROLE's phi (N_train, L), logits
@@ -93,7 +98,7 @@ def resolve_start(options: FinetuneOptions, data: FinetuneData, job: Ranks | Non
                 lr=lr, batch_size=batch_size, params=dict(options.params), seed=options.seed,
                 val_variant=options.val_variant,
                 device=str(job.device) if job is not None else "cpu", cache=options.cache,
-                progress=options.progress)
+                progress=options.progress, pseudo_labels=options.pseudo_labels)
             run_dir = on_main(job, lambda: linear_phase(request))
         start = linear_start(Path(run_dir), options, data)
         start.record["ran_linear_phase"] = ran
@@ -109,12 +114,16 @@ def resolve_start(options: FinetuneOptions, data: FinetuneData, job: Ranks | Non
 
 # ---------------------------------------------------------------------------- fresh head
 def fresh_start(options: FinetuneOptions) -> StartPoint:
-    """``--init none``: ``--weights`` (default v1) and a fresh head (drawn per configuration)."""
+    """``--init none``: ``--weights`` (default: the backbone's, v1 for ResNets) and a fresh head
+    (drawn per configuration), at ``--image-size`` (default: the backbone's)."""
     backbone = options.backbone or DEFAULT_BACKBONE
-    source = describe_weights(backbone_spec(backbone), options.weights or DEFAULT_WEIGHTS)
-    trunk = create_backbone(backbone, locate_weights(source), seed=source.seed)
+    spec = backbone_spec(backbone)
+    image_size = options.image_size or spec.default_image_size
+    source = describe_weights(spec, options.weights)
+    trunk = create_backbone(backbone, locate_weights(source), seed=source.seed,
+                            image_size=image_size)
     record = {"mode": "none", "weights": trunk.weights_identity}
-    return StartPoint("none", backbone, trunk, options.image_size or DEFAULT_IMAGE_SIZE,
+    return StartPoint("none", backbone, trunk, image_size, preprocess=options.preprocess,
                       record=record)
 
 
@@ -195,9 +204,9 @@ def linear_start(run_dir: Path, options: FinetuneOptions, data: FinetuneData) ->
         raise InputError(f"{where} was trained on {backbone} features; --backbone {options.backbone} "
                          "would put its head on another network. Drop --backbone, or train a linear "
                          f"run on {options.backbone} features")
-    image_size = check_transform(head, where, options.image_size, backbone)
+    image_size, preprocess = check_transform(head, where, options.image_size, backbone)
     check_features_unchanged(head, where)
-    trunk = trunk_for_run(head, where, options)
+    trunk = trunk_for_run(head, where, options, image_size)
     same_loss = head.get("loss") == options.loss
     carried = head.get("handoff") or {}
     if not same_loss:
@@ -223,7 +232,8 @@ def linear_start(run_dir: Path, options: FinetuneOptions, data: FinetuneData) ->
         "weights": trunk.weights_identity,
     }
     return StartPoint(
-        "linear", backbone, trunk, image_size, head_weight=head["weight"].float(),
+        "linear", backbone, trunk, image_size, preprocess=preprocess,
+        head_weight=head["weight"].float(),
         head_bias=head["bias"].float(), handoff=handoff,
         params=dict(head.get("params") or {}) if same_loss else {},
         run_dir=run_dir, record=record, notes=notes,
@@ -247,11 +257,11 @@ def check_run_data(head: dict, where: str, data: FinetuneData) -> None:
                          f"{data.classes}")
 
 
-def check_transform(head: dict, where: str, image_size: int | None, backbone: str) -> int:
-    """The run's image size; refuse another ``--image-size`` or another evaluation transform."""
+def check_transform(head: dict, where: str, image_size: int | None, backbone: str) -> tuple[int, str]:
+    """The run's image size and preprocessing mode (``native`` or ``protocol``); refuse another
+    ``--image-size`` or an evaluation transform fine-tuning cannot reproduce."""
     transform = head.get("transform") or {}
-    resize = transform.get("resize") or [None]
-    run_size = resize[0]
+    run_size = described_image_size(transform)
     if run_size is None:
         raise InputError(f"{where} records no image transform (its features file predates it); "
                          "train a new linear run")
@@ -260,6 +270,9 @@ def check_transform(head: dict, where: str, image_size: int | None, backbone: st
                          f"fine-tuning at --image-size {image_size} would start from a head that "
                          f"never saw such features. Drop --image-size (it defaults to {run_size}), "
                          "or extract features at that size and train a linear run on them")
+    mode = preprocess_mode(transform, backbone, int(run_size))
+    if mode is not None:
+        return int(run_size), mode
     expected = transform_description(int(run_size), backbone)
     differ = sorted(k for k in set(expected) | set(transform) if expected.get(k) != transform.get(k))
     if differ:
@@ -268,7 +281,7 @@ def check_transform(head: dict, where: str, image_size: int | None, backbone: st
         raise InputError(f"{where} was trained on features made with another image transform "
                          f"({details}); extract features with the protocol's (PIL) transform and "
                          "train a linear run on them")
-    return int(run_size)
+    return int(run_size), "native"
 
 
 def check_features_unchanged(head: dict, where: str) -> None:
@@ -280,9 +293,11 @@ def check_features_unchanged(head: dict, where: str) -> None:
                          "(extracted again?); train a new linear run on the current features")
 
 
-def trunk_for_run(head: dict, where: str, options: FinetuneOptions) -> nn.Module:
-    """The backbone with the run's weights (or ``--weights``, which must be the same weights)."""
-    return trunk_for_features(head, where, options.weights)
+def trunk_for_run(head: dict, where: str, options: FinetuneOptions,
+                  image_size: int | None = None) -> nn.Module:
+    """The backbone with the run's weights (or ``--weights``, which must be the same weights),
+    built for ``image_size`` inputs."""
+    return trunk_for_features(head, where, options.weights, image_size=image_size)
 
 
 def check_handoff(value: Tensor, name: str, head: dict, where: str, data: FinetuneData) -> Tensor:

@@ -6,8 +6,9 @@ per-example DataLoader is involved.
 
 from __future__ import annotations
 
+import hashlib
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,7 @@ from torch import Tensor
 from featcache.data.featurefile import FeatureSet, load_features
 from featcache.data.labelfile import LabelSet, SplitLabels, load_labels
 from featcache.data.negatives import observed_with_negatives
+from featcache.data.pseudofile import PseudoLabels, load_pseudo_labels, pseudo_labels_path
 from featcache.errors import InputError
 from featcache.losses import DataFacts
 from featcache.protocol.loss_choice import training_facts
@@ -36,6 +38,7 @@ class SplitTensors:
     clean: Tensor | None
     rows: np.ndarray  # rows of the labels file's official split, for provenance
     images: np.ndarray
+    pseudo: Tensor | None = None  # (n, L) pseudo-labels 1 / 0 / -1 (losses that need them)
 
     def __len__(self) -> int:
         return self.features.shape[0]
@@ -54,6 +57,8 @@ class LinearData:
     labels: LabelSet
     features: FeatureSet
     notes: list[str] = field(default_factory=list)
+    pseudo_choice: str | None = None  # --pseudo-labels NAME
+    pseudo_labels: PseudoLabels | None = None  # the set attached to train.pseudo
 
     @property
     def num_classes(self) -> int:
@@ -66,8 +71,11 @@ class LinearData:
     @property
     def facts(self) -> DataFacts:
         """What a loss may ask of the training split (full labels, negatives, k)."""
-        return training_facts(self.labels, self.train.observed.cpu().numpy(),
-                              self.train.clean is not None)
+        facts = training_facts(self.labels, self.train.observed.cpu().numpy(),
+                               self.train.clean is not None, self.pseudo_choice)
+        if self.pseudo_labels is not None and self.pseudo_labels.name not in facts.pseudo_labels:
+            facts = replace(facts, pseudo_labels=(*facts.pseudo_labels, self.pseudo_labels.name))
+        return facts
 
     def with_observed_negatives(self, num_neg: int) -> LinearData:
         """A copy whose training observations also hold ``num_neg`` negatives per row
@@ -75,16 +83,25 @@ class LinearData:
         drawn, note = observed_with_negatives(self.labels, self.train.rows,
                                               self.train.observed.cpu().numpy(), num_neg)
         derived = torch.as_tensor(drawn, dtype=torch.float32, device=self.train.observed.device)
-        train = SplitTensors(self.train.features, derived, self.train.clean, self.train.rows,
-                             self.train.images)
-        return LinearData(self.dataset, self.classes, train, self.val, self.test, self.k,
-                          self.labels, self.features, self.notes + [note])
+        return replace(self, train=replace(self.train, observed=derived), notes=self.notes + [note])
+
+    def with_pseudo_labels(self, name: str) -> LinearData:
+        """A copy whose training rows carry pseudo-label set ``name`` (``train.pseudo``)."""
+        if self.pseudo_labels is not None and self.pseudo_labels.name == name:
+            return self
+        found = load_pseudo_labels(pseudo_labels_path(self.labels.path, name), self.labels)
+        pseudo = torch.as_tensor(found.matrix[self.train.rows], dtype=torch.float32,
+                                 device=self.train.observed.device)
+        note = f"pseudo-labels {name!r} ({found.attrs.get('rule')} rule) from {found.path}"
+        return replace(self, train=replace(self.train, pseudo=pseudo), pseudo_labels=found,
+                       notes=self.notes + [note])
 
     @classmethod
     def from_arrays(cls, train: ArraySplit, val: ArraySplit, test: ArraySplit | None = None, *,
                     classes: list[str] | None = None, k: float | None = None,
                     dataset: str = "arrays", source: str = "the arrays given",
-                    attrs: dict | None = None, device: torch.device | str = "cpu") -> LinearData:
+                    attrs: dict | None = None, device: torch.device | str = "cpu",
+                    pseudo=None) -> LinearData:
         """Stage-two data from in-memory arrays (the Python API's estimator).
 
         Each split is ``(features (n, D), observed (n, L), clean (n, L) or None)``: observed
@@ -93,7 +110,9 @@ class LinearData:
         the mean positives per image, is taken over both when both have clean labels, as
         featcache's labels files do; the ``k`` given is used only when they do not);
         ``test`` defaults to the val split. ``source`` names the labels in messages (what a
-        loss lacks). Arrays are used as given: validate them first.
+        loss lacks). ``pseudo`` (n_train, L: 1, 0, -1) are the training rows' pseudo-labels, the
+        set named ``given`` for the losses that need pseudo-labels. Arrays are used as given:
+        validate them first.
         """
         parts = {"train": train, "val": val, "test": val if test is None else test}
         tensors: dict[int, Tensor] = {}  # an array given for several splits is copied once
@@ -132,13 +151,24 @@ class LinearData:
             train=np.concatenate([np.asarray(train[0]), np.asarray(val[0])]),
             test=np.asarray(parts["test"][0]), train_bad=np.zeros(0, dtype=bool),
             test_bad=np.zeros(0, dtype=bool), attrs=dict(attrs or {"backbone": "arrays"}))
-        return cls(dataset=dataset, classes=classes, train=splits["train"], val=splits["val"],
+        data = cls(dataset=dataset, classes=classes, train=splits["train"], val=splits["val"],
                    test=splits["test"], k=labels.k, labels=labels, features=features)
+        if pseudo is None:
+            return data
+        pseudo = np.asarray(pseudo, dtype=np.int8)
+        matrix = np.concatenate([pseudo, np.zeros((len(val[0]), num_classes), np.int8)])
+        given = PseudoLabels(matrix, {"name": "given", "rule": "given"}, sha256=hashlib.sha256(
+            matrix.tobytes()).hexdigest())
+        return replace(data, train=replace(data.train, pseudo=tensor(pseudo)),
+                       pseudo_labels=given, pseudo_choice="given")
 
 
 def load_linear_data(labels_path: str | Path, features_path: str | Path,
-                     device: torch.device | str = "cpu") -> LinearData:
-    """Load and check a labels file and its features file; drop rows flagged bad (and say so)."""
+                     device: torch.device | str = "cpu",
+                     pseudo_choice: str | None = None) -> LinearData:
+    """Load and check a labels file and its features file; drop rows flagged bad (and say so).
+    ``pseudo_choice`` names the pseudo-label set the losses that need one use (default: each
+    loss's own rule's)."""
     labels = load_labels(labels_path)
     features = load_features(features_path, labels)
     notes: list[str] = []
@@ -175,5 +205,5 @@ def load_linear_data(labels_path: str | Path, features_path: str | Path,
     return LinearData(
         dataset=labels.dataset, classes=list(labels.classes), train=splits["train"],
         val=splits["val"], test=splits["test"], k=labels.k, labels=labels, features=features,
-        notes=notes,
+        notes=notes, pseudo_choice=pseudo_choice,
     )

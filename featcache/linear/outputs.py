@@ -27,8 +27,11 @@ from featcache.published import published
 
 def run_settings(result_spec, data: LinearData) -> dict:
     """The settings that decide whether a finished run can be reused (its fingerprint)."""
-    return {"stage": "linear", "dataset": data.dataset, "labels_sha256": data.labels.sha256,
-            "features_sha256": data.features.sha256, **result_spec.settings()}
+    settings = {"stage": "linear", "dataset": data.dataset, "labels_sha256": data.labels.sha256,
+                "features_sha256": data.features.sha256, **result_spec.settings()}
+    if data.pseudo_labels is not None:
+        settings["pseudo_labels_sha256"] = data.pseudo_labels.sha256
+    return settings
 
 
 def _per_class(classes, test_ap) -> dict[str, float]:
@@ -70,6 +73,7 @@ def results_document(result: SearchResult, data: LinearData, device: str) -> dic
         },
         "sizes": {"train": len(data.train), "val": len(data.val), "test": len(data.test),
                   "classes": data.num_classes},
+        "pseudo_labels": None if data.pseudo_labels is None else data.pseudo_labels.identity(),
         "protocol": {
             "optimizer": "adam", "epochs": spec.epochs, "val_variant": spec.val_variant,
             "early_stop": spec.early_stop, "train_drop_last": True, "eval_every_example": True,

@@ -20,6 +20,7 @@ from featcache.linear.data import LinearData, load_linear_data
 from featcache.linear.outputs import run_settings, write_run
 from featcache.linear.report import losses_table, run_summary
 from featcache.linear.search import SearchSpec, run_search
+from featcache.losses import loss_class
 from featcache.paths import dataset_dir, existing_labels, find_features, labels_path, runs_dir
 from featcache.protocol.coverage import evaluation_coverage, evaluation_notes
 from featcache.protocol.grid import BATCH_SIZES, LEARNING_RATES, LINEAR_EPOCHS, check_grid
@@ -53,6 +54,7 @@ class LinearOptions:
     device: str = "auto"
     cache: str | None = None
     overwrite: bool = False
+    pseudo_labels: str | None = None  # the pseudo-label set for the losses that need one
 
 
 @dataclass
@@ -114,7 +116,7 @@ def run_linear(options: LinearOptions, say: Callable[[str], None] = _stderr,
     device = pick_device(options.device)
     data = load_linear_data(existing_labels(options.dataset, options.cache),
                             find_features(options.dataset, options.backbone, options.cache),
-                            device=device)
+                            device=device, pseudo_choice=options.pseudo_labels)
     facts = data.facts
     losses, skipped = choose_losses(options.losses, facts, given=set(options.params))
     check_val_variant(options.val_variant, data.val.clean is not None, data.labels.path)
@@ -152,6 +154,7 @@ def run_linear(options: LinearOptions, say: Callable[[str], None] = _stderr,
 def train_loss(data: LinearData, spec: SearchSpec, run_dir: Path, options: LinearOptions,
                device, say: Callable[[str], None]) -> LossRun:
     """One loss's search into ``run_dir``, or the finished run there when its settings match."""
+    data = loss_class(spec.loss).fit_data(data)  # its pseudo-labels are part of its settings
     folder, reuse = open_finished_or_new(run_dir, run_settings(spec, data), options.overwrite)
     if reuse:
         say(f"{spec.loss}: run {run_dir.name} already finished with these settings; reusing it")
@@ -167,7 +170,7 @@ def train_linear_phase(request: LinearPhaseRequest) -> Path:
     """LinearInit's linear phase (one configuration, 25 epochs) as a normal stage-two run."""
     device = pick_device(request.device)
     data = load_linear_data(labels_path(request.dataset, request.cache), request.features,
-                            device=device)
+                            device=device, pseudo_choice=request.pseudo_labels)
     spec = SearchSpec(loss=request.loss, learning_rates=[request.lr],
                       batch_sizes=[request.batch_size],
                       params=resolve_params(request.loss, request.params, data.facts),

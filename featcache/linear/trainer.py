@@ -134,7 +134,7 @@ class GroupTrainer:
     def train_epoch(self, epoch: int) -> tuple[Tensor, Tensor | None]:
         """One pass in a seeded order: (per-head loss sum, running training predictions)."""
         data, train = self.data, self.data.train
-        X, Z, Y = train.features, train.observed, train.clean
+        X, Z, Y, P = train.features, train.observed, train.clean, train.pseudo
         perm = torch.randperm(len(train), generator=self.order).to(self.device)
         loss_sum = torch.zeros(len(self.configs), dtype=torch.float64, device=self.device)
         running = (torch.full((len(self.configs), len(train), data.num_classes), float("nan"),
@@ -142,7 +142,8 @@ class GroupTrainer:
         for step in range(self.steps):
             index = perm[step * self.batch_size:(step + 1) * self.batch_size]
             logits = self.head(X[index])
-            targets = Targets(Z[index], index, None if Y is None else Y[index])
+            targets = Targets(Z[index], index, None if Y is None else Y[index],
+                              None if P is None else P[index])
             per_head = self.loss.forward(logits, targets, self.state, epoch)
             grads = torch.autograd.grad(per_head.sum(), self.optim_params)
             self.adam.step(grads)

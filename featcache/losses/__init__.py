@@ -5,7 +5,9 @@ Importing this package registers all losses; use :func:`create_loss` to build on
 ``large_loss`` (Kim et al. 2022: LL-R/Ct/Cp and their absolute variants), ``opml`` (Li et al.:
 OPML, OPML-SP; ZLPR), ``baselines`` (focal, ASL, DW, L1R, L2R), ``gr`` (Chen et al. 2024: the GR
 loss, with its K/V terms and schedule as reusable functions), ``hill`` (Zhang et al.: Hill,
-SPLC). ``featcache losses`` lists them; ``docs/losses.md`` writes out every formula.
+SPLC), ``vlpl`` (Xing et al. 2024: vision-language pseudo-labels), ``gpr`` (Tran et al. 2025:
+AEVLP's GPR loss, on GR's terms). ``featcache losses`` lists them; ``docs/losses.md`` writes out
+every formula.
 """
 
 from featcache.losses.base import (  # noqa: F401
@@ -20,10 +22,11 @@ from featcache.losses.base import (  # noqa: F401
     Targets,
     TrainingData,
     neglog,
+    pseudo_labels,
 )
 from featcache.losses.registry import create_loss, loss_class, loss_names, register_loss  # noqa: F401
 
 # Registration order is the order of `featcache losses` and `--loss all`: keep it.
 # isort: off
-from featcache.losses import cole, entropy, large_loss, opml, baselines, gr, hill  # noqa: F401
+from featcache.losses import cole, entropy, large_loss, opml, baselines, gr, hill, vlpl, gpr  # noqa: F401
 # isort: on

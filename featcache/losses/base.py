@@ -12,8 +12,9 @@ OPML) say so in their docstrings.
 
 Each loss class declares, in one place, everything the stages ask of it:
 
-- ``needs``: what the training data must offer (:data:`FULL_LABELS`, :data:`OBSERVED_NEGATIVES`),
-  each a :class:`Need` that says in words why given data falls short;
+- ``needs``: what the training data must offer (:data:`FULL_LABELS`, :data:`OBSERVED_NEGATIVES`,
+  :func:`pseudo_labels` of a rule), each a :class:`Need` that says in words why given data falls
+  short;
 - ``params``: its parameters, each a :class:`Param` with its default, its valid range and, for
   a parameter the data decides (EPR's and ROLE's ``k``), how to read it from :class:`DataFacts`;
   ``dataset_defaults`` overrides defaults per protocol dataset (the reference code's values);
@@ -97,6 +98,8 @@ class DataFacts:
     #: ((positives per image, images), ...) of the official training set's clean labels (empty
     #: without them): what ``--param k=estimate:M`` draws from
     positives_histogram: tuple[tuple[int, int], ...] = ()
+    pseudo_labels: tuple[str, ...] = ()  # names of the pseudo-label sets made for these labels
+    pseudo_choice: str | None = None  # the set the user chose (--pseudo-labels), if any
 
 
 class TrainingData(Protocol):
@@ -106,6 +109,8 @@ class TrainingData(Protocol):
     def facts(self) -> DataFacts: ...
 
     def with_observed_negatives(self, num_neg: int) -> TrainingData: ...
+
+    def with_pseudo_labels(self, name: str) -> TrainingData: ...
 
 
 D = TypeVar("D", bound=TrainingData)
@@ -140,6 +145,26 @@ def _needs_negatives(facts: DataFacts) -> str | None:
 
 def _draw_negatives(data: TrainingData) -> TrainingData:
     return data if data.facts.has_observed_negatives else data.with_observed_negatives(num_neg=1)
+
+
+def pseudo_labels(rule: str) -> Need:
+    """Pseudo-labels from ``featcache pseudo-label`` (the set named ``rule`` unless the user
+    chose another with ``--pseudo-labels``), attached to the training rows as ``Targets.pseudo``."""
+
+    def unmet(facts: DataFacts) -> str | None:
+        name = facts.pseudo_choice or rule
+        if name in facts.pseudo_labels:
+            return None
+        have = f" (made so far: {', '.join(facts.pseudo_labels)})" if facts.pseudo_labels else ""
+        return (f"needs pseudo-labels {name!r}{have}; make them from a vision-language features "
+                f"file with `featcache pseudo-label --dataset {facts.dataset} --rule {rule}`"
+                + (f" --name {name}" if name != rule else ""))
+
+    def adapt(data: TrainingData) -> TrainingData:
+        return data.with_pseudo_labels(data.facts.pseudo_choice or rule)
+
+    return Need("pseudo_labels", f"pseudo-labels (`featcache pseudo-label --rule {rule}`)",
+                unmet, adapt)
 
 
 #: full (clean) training labels: the oracles bce, bce-ls and iun
@@ -269,11 +294,14 @@ class Targets:
     ``observed``: (B, L) float, 1 observed positive, 0 unobserved, -1 observed negative.
     ``index``: (B,) int64, the rows of the training split (to index per-example state).
     ``clean``: (B, L) float 0/1 full labels, or None when the data has none.
+    ``pseudo``: (B, L) float pseudo-labels (1 positive, -1 negative, 0 none), for the losses
+    that declare the :func:`pseudo_labels` need; None otherwise.
     """
 
     observed: Tensor
     index: Tensor
     clean: Tensor | None = None
+    pseudo: Tensor | None = None
 
 
 class SPMLLoss:

@@ -11,7 +11,7 @@ import math
 import torch
 from torch import Tensor
 
-from featcache.errors import InputError
+from featcache.errors import InputError, LossStateError
 from featcache.losses.base import LOG_EPSILON, Targets, device_constant, neglog
 
 
@@ -97,3 +97,11 @@ def select_per_class(scores: Tensor, available: Tensor, counts: list[int], large
     rank = torch.empty_like(order).scatter_(0, order, positions)
     limit = torch.tensor(counts, device=scores.device, dtype=rank.dtype).unsqueeze(0)
     return available & (rank < limit)
+
+
+def require_pseudo(loss, targets: Targets) -> Tensor:
+    """``targets.pseudo``, or a clear error when the caller did not attach pseudo-labels."""
+    if targets.pseudo is None:
+        raise LossStateError(f"loss {loss.name!r} trains on pseudo-labels: pass Targets(pseudo=...) "
+                             "(the stages attach the set made by `featcache pseudo-label`)")
+    return targets.pseudo

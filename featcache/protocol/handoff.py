@@ -78,6 +78,7 @@ class LinearPhaseRequest:
     device: str = "cpu"
     cache: str | None = None
     progress: bool = True
+    pseudo_labels: str | None = None
 
 
 #: what stage three calls to train the linear phase (``featcache.linear.run.train_linear_phase``)

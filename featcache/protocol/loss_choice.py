@@ -14,12 +14,16 @@ import numpy as np
 
 from featcache.data.kestimate import positive_histogram
 from featcache.data.labelfile import LabelSet
+from featcache.data.pseudofile import available_pseudo_labels
 from featcache.errors import LossNeedError, OptionError, did_you_mean
 from featcache.losses import DataFacts, ResolvedParams, loss_class, loss_names
 
 
-def training_facts(labels: LabelSet, observed: np.ndarray, has_clean: bool) -> DataFacts:
-    """What a loss may ask of a training split: its observed labels and whether full labels exist."""
+def training_facts(labels: LabelSet, observed: np.ndarray, has_clean: bool,
+                   pseudo_choice: str | None = None) -> DataFacts:
+    """What a loss may ask of a training split: its observed labels, whether full labels exist,
+    and which pseudo-label sets were made for its labels file (``pseudo_choice``: the one the
+    user chose)."""
     return DataFacts(
         dataset=labels.dataset, num_classes=labels.num_classes,
         source=str(labels.path or labels.provenance.get("source", "the labels")),
@@ -27,6 +31,7 @@ def training_facts(labels: LabelSet, observed: np.ndarray, has_clean: bool) -> D
         mean_positives=labels.k,
         positives_histogram=(positive_histogram(labels.train.clean)
                              if labels.train.clean is not None else ()),
+        pseudo_labels=tuple(available_pseudo_labels(labels)), pseudo_choice=pseudo_choice,
     )
 
 

@@ -1,0 +1,96 @@
+"""The optional libraries (timm, open_clip) and the Hugging Face hub cache their weights live in.
+
+``timm`` and ``open_clip_torch`` are the ``backbones`` extra (``pip install
+featcache[backbones]``); :func:`require` imports one or raises one error that says so.
+
+Weights of timm and open_clip models are files in Hugging Face hub repositories
+(``timm/<model>.<tag>``: ``model.safetensors``; open_clip: ``open_clip_model.safetensors``).
+:func:`cached_file` finds them in the hub cache without touching the network
+(``$HF_HUB_CACHE``, else ``$HF_HOME/hub``, else ``~/.cache/huggingface/hub``, read when called);
+:func:`download_file` fetches one into that cache with a progress bar, and is never called when
+``$FEATCACHE_OFFLINE`` is set. :func:`offline_hub` sets ``HF_HUB_OFFLINE=1`` whenever
+``$FEATCACHE_OFFLINE`` is set, so that no library call waits on retries (46 s) to learn that
+there is no network.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from pathlib import Path
+
+from featcache.errors import OptionError
+
+OFFLINE_ENV = "FEATCACHE_OFFLINE"
+EXTRA = "backbones"
+INSTALL_HINT = f"pip install 'featcache[{EXTRA}]'"
+_PACKAGES = {"timm": "timm", "open_clip": "open_clip_torch"}
+
+
+def offline_hub() -> bool:
+    """True when downloads are off (``$FEATCACHE_OFFLINE``); then ``HF_HUB_OFFLINE=1`` is set too."""
+    offline = bool(os.environ.get(OFFLINE_ENV))
+    if offline:
+        os.environ["HF_HUB_OFFLINE"] = "1"
+    return offline
+
+
+def require(library: str, backbone: str = ""):
+    """Import ``library`` (``timm`` or ``open_clip``); one OptionError naming the extra if absent."""
+    offline_hub()  # before the first import of huggingface_hub, which reads it once
+    try:
+        return importlib.import_module(library)
+    except ImportError as exc:
+        who = f"backbone {backbone!r} needs" if backbone else "this needs"
+        raise OptionError(f"{who} the {_PACKAGES.get(library, library)} package, which is not "
+                          f"installed ({exc}); install the optional backbones with: {INSTALL_HINT}") from None
+
+
+def library_version(library: str) -> str:
+    """The installed version of ``library``, or '' when it is not installed."""
+    try:
+        return str(importlib.import_module(library).__version__)
+    except ImportError:
+        return ""
+
+
+def hub_cache_dir() -> Path:
+    """The Hugging Face hub cache, from the environment at call time."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    home = os.environ.get("HF_HOME") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "huggingface")
+    return Path(home).expanduser() / "hub"
+
+
+def hub_url(repo: str, filename: str) -> str:
+    return f"https://huggingface.co/{repo}/resolve/main/{filename}"
+
+
+def cached_file(repo: str, filenames: tuple[str, ...]) -> Path | None:
+    """The first of ``filenames`` of hub repository ``repo`` present in the hub cache, or None."""
+    from huggingface_hub import try_to_load_from_cache
+
+    for filename in filenames:
+        found = try_to_load_from_cache(repo, filename, cache_dir=str(hub_cache_dir()))
+        if isinstance(found, str) and os.path.isfile(found):
+            return Path(found)
+    return None
+
+
+def download_file(repo: str, filenames: tuple[str, ...]) -> Path:
+    """Download the first of ``filenames`` that ``repo`` has into the hub cache (with progress)."""
+    from huggingface_hub import hf_hub_download
+
+    errors = []
+    for filename in filenames:
+        try:
+            return Path(hf_hub_download(repo, filename, cache_dir=str(hub_cache_dir())))
+        except Exception as exc:  # missing entry, no network, HTTP errors: try the next name
+            errors.append(f"{filename}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+    raise OSError("; ".join(errors))
+
+
+def cache_location(repo: str, filename: str) -> Path:
+    """Where the hub cache keeps ``filename`` of ``repo`` (for messages)."""
+    return hub_cache_dir() / f"models--{repo.replace('/', '--')}" / "snapshots" / "<revision>" / filename
