@@ -10,10 +10,10 @@ from sklearn.metrics import average_precision_score
 
 from featcache.linear.data import load_linear_data
 from featcache.linear.heads import StackedAdam, StackedLinear, init_linear
-from featcache.linear.search import SearchSpec, run_search
+from featcache.linear.search import SearchSpec, run_search, run_searches
 from featcache.linear.trainer import train_group
 from featcache.losses import loss_class
-from featcache.metrics import average_precision, mean_average_precision
+from featcache.metrics import RankedScores, average_precision, mean_average_precision
 from featcache.protocol.grid import GridPoint
 
 
@@ -35,6 +35,31 @@ def test_average_precision_matches_scikit_learn_to_1e6(ties):
     for head in range(3):
         expected = sklearn_ap(scores[head].numpy(), targets.numpy())
         np.testing.assert_allclose(ap[head].numpy(), expected, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
+def test_average_precision_on_logits_per_head_targets_and_any_dtype(dtype):
+    # negative scores, -0.0 tied with 0.0, ties across classes; float64 takes the generic path
+    generator = torch.Generator().manual_seed(4)
+    scores = ((torch.randn(2, 300, 4, generator=generator) * 3).round() / 2).to(dtype)
+    scores[0, :5, 0] = -0.0
+    targets = (torch.rand(2, 300, 4, generator=generator) < 0.3).float()
+    ap = average_precision(scores, targets)
+    for head in range(2):
+        expected = sklearn_ap(scores[head].double().numpy(), targets[head].numpy())
+        np.testing.assert_allclose(ap[head].numpy(), expected, atol=1e-12)
+
+
+def test_one_ranking_serves_several_label_sets():
+    generator = torch.Generator().manual_seed(5)
+    scores = torch.rand(3, 200, 5, generator=generator)
+    clean = (torch.rand(200, 5, generator=generator) < 0.3).float()
+    observed = clean * (torch.rand(200, 5, generator=generator) < 0.5)
+    ranked = RankedScores(scores)
+    for targets in (clean, observed):
+        assert torch.equal(ranked.average_precision(targets), average_precision(scores, targets))
+    with pytest.raises(ValueError, match="do not fit"):
+        ranked.average_precision(clean[:, :3])
 
 
 def test_a_class_without_positives_gets_ap_zero_as_in_the_reference():
@@ -193,3 +218,18 @@ def test_the_number_of_cpu_jobs_does_not_change_the_numbers(toy):
     two = run_search(toy, spec, progress=False, jobs=2)
     for a, b in zip(one.seeds[0].heads, two.seeds[0].heads, strict=True):
         assert torch.equal(a.weight, b.weight) and torch.equal(a.state["phi"], b.state["phi"])
+
+
+def test_several_searches_share_the_workers_and_give_each_its_own_numbers(toy):
+    specs = [SearchSpec(loss=loss, learning_rates=(1e-2, 1e-3), batch_sizes=(8, 16), epochs=2)
+             for loss in ("an", "iu")]
+    finished = []
+    together = run_searches(toy, specs, progress=False, jobs=2,
+                            on_done=lambda result: finished.append(result.spec.loss))
+    assert sorted(finished) == ["an", "iu"]
+    for spec, shared in zip(specs, together, strict=True):
+        alone = run_search(toy, spec, progress=False, jobs=1)
+        assert shared.notes == alone.notes  # iu's observed negatives, drawn for it alone
+        for a, b in zip(alone.seeds[0].heads, shared.seeds[0].heads, strict=True):
+            assert torch.equal(a.weight, b.weight)
+            assert [e.to_json() for e in a.epochs] == [e.to_json() for e in b.epochs]

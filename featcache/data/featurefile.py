@@ -24,15 +24,22 @@ Root attributes: ``format``, ``format_version``, ``complete`` (True only in a fi
 (JSON), ``torch_version``, ``torchvision_version``, ``labels_sha256`` (the labels file it was
 built from), ``featcache_version``, ``created``, and any extra provenance the writer passes.
 A file is only ever written whole through :func:`write_features` (atomic rename), so a file
-under the final name is complete; stage one keeps its in-progress work elsewhere.
+under the final name is complete; stage one keeps its in-progress work elsewhere. Features
+are stored in chunks of 1024 rows, so a block of consecutive rows is one sequential read.
+
+Readers: :func:`load_features` reads everything into a :class:`FeatureSet`;
+:func:`open_features` checks the file and returns a :class:`FeatureFile` that reads blocks of
+rows on demand (out-of-core stage two), and :func:`write_features` accepts row blocks, so
+neither side needs the whole file in memory.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import itertools
 import os
 import shutil
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -79,16 +86,18 @@ class FeatureSet:
         raise InputError(f"unknown official split {name!r}; choose train or test")
 
 
-def write_features(path: str | os.PathLike, labels: LabelSet, features: dict[str, np.ndarray],
-                   attrs: dict, bad: dict[str, np.ndarray] | None = None,
-                   overwrite: bool = False, dtype: str = "float32",
-                   extra: Mapping[str, np.ndarray] | None = None) -> Path:
+def write_features(path: str | os.PathLike, labels: LabelSet,
+                   features: Mapping[str, np.ndarray | Iterable[np.ndarray]], attrs: dict,
+                   bad: dict[str, np.ndarray] | None = None, overwrite: bool = False,
+                   dtype: str = "float32", extra: Mapping[str, np.ndarray] | None = None) -> Path:
     """Write a complete features file atomically.
 
-    ``features`` maps ``train`` and ``test`` to arrays whose rows follow ``labels``; ``bad``
-    optionally flags unreadable rows (which must hold NaN). ``attrs`` must name at least the
-    ``backbone``. The labels file's sha256 is recorded so that stage two can refuse a mismatch.
-    ``extra`` maps HDF5 paths (``text/embeddings``, ``train/crops``) to further arrays.
+    ``features`` maps ``train`` and ``test`` to arrays whose rows follow ``labels``, or to
+    iterables of row blocks (consecutive rows, written as they come: a file larger than
+    memory); ``bad`` optionally flags unreadable rows (which must hold NaN). ``attrs`` must
+    name at least the ``backbone``. The labels file's sha256 is recorded so that stage two can
+    refuse a mismatch. ``extra`` maps HDF5 paths (``text/embeddings``, ``train/crops``) to
+    further arrays.
     """
     path = Path(path)
     if "backbone" not in attrs:
@@ -96,22 +105,17 @@ def write_features(path: str | os.PathLike, labels: LabelSet, features: dict[str
     if labels.sha256 is None:
         raise ValueError("write_features needs a LabelSet loaded from disk (labels.sha256 unset)")
     bad = bad or {}
-    dims = set()
     for name in OFFICIAL_SPLITS:
         rows = len(labels.test if name == "test" else labels.train)
         array = features[name]
-        if array.ndim != 2 or array.shape[0] != rows:
+        if isinstance(array, np.ndarray) and (array.ndim != 2 or array.shape[0] != rows):
             raise InputError(f"{name} features have shape {array.shape}; the labels file has "
                              f"{rows} {name} rows")
-        dims.add(array.shape[1])
-    if len(dims) != 1:
-        raise InputError(f"train and test features differ in width: {sorted(dims)}")
     text = h5py.string_dtype("utf-8")
     now = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
     with atomic_output(path, overwrite=overwrite) as tmp, h5py.File(tmp, "w") as h5:
         h5.attrs["format"] = FORMAT
         h5.attrs["format_version"] = FORMAT_VERSION
-        h5.attrs["feature_dim"] = dims.pop()
         h5.attrs["dtype"] = dtype
         h5.attrs["labels_sha256"] = labels.sha256
         h5.attrs["labels_dataset"] = labels.dataset
@@ -119,17 +123,46 @@ def write_features(path: str | os.PathLike, labels: LabelSet, features: dict[str
         h5.attrs["created"] = now
         for key, value in attrs.items():
             h5.attrs[key] = encode_attr(value)
+        dims = []
         for name in OFFICIAL_SPLITS:
             part = labels.test if name == "test" else labels.train
             group = h5.create_group(name)
-            array = np.asarray(features[name], dtype=dtype)
-            group.create_dataset("features", data=array, chunks=(min(len(array), 1024), array.shape[1]))
+            dims.append(_write_rows(group, name, len(part.images), features[name], dtype,
+                                    dims[0] if dims else None))
             group.create_dataset("images", data=np.asarray(part.images, dtype=object), dtype=text)
-            flags = np.zeros(len(array), dtype=np.uint8) if name not in bad else bad[name].astype(np.uint8)
+            flags = (np.zeros(len(part.images), dtype=np.uint8) if name not in bad
+                     else bad[name].astype(np.uint8))
             group.create_dataset("bad", data=flags)
+        h5.attrs["feature_dim"] = dims[0]
         write_extra(h5, extra or {})
         h5.attrs["complete"] = True
     return path
+
+
+def _write_rows(group: h5py.Group, name: str, rows: int, source, dtype: str,
+                dim: int | None) -> int:
+    """Write the features of one split (an array, or row blocks); returns the width."""
+    blocks = iter([source] if isinstance(source, np.ndarray) else source)
+    first = next(blocks, None)
+    if first is None or np.ndim(first) != 2:
+        raise InputError(f"{name} features: expected rows of features (a 2-D array or 2-D blocks)")
+    width = int(first.shape[1])
+    if dim is not None and width != dim:
+        raise InputError(f"train and test features differ in width: {sorted({dim, width})}")
+    dataset = group.create_dataset("features", shape=(rows, width), dtype=dtype,
+                                   chunks=(min(rows, 1024), width))
+    filled = 0
+    for block in itertools.chain([first], blocks):
+        block = np.asarray(block, dtype=dtype)
+        if block.ndim != 2 or block.shape[1] != width or filled + len(block) > rows:
+            raise InputError(f"{name} features: a block of shape {block.shape} does not continue "
+                             f"the {rows} x {width} rows of the labels file's {name} split")
+        dataset[filled:filled + len(block)] = block
+        filled += len(block)
+    if filled != rows:
+        raise InputError(f"{name} features: the blocks hold {filled} rows; the labels file has "
+                         f"{rows} {name} rows")
+    return width
 
 
 def write_extra(h5: h5py.File, extra: Mapping[str, np.ndarray]) -> None:
@@ -208,6 +241,101 @@ def load_features(path: str | os.PathLike, labels: LabelSet | None = None) -> Fe
     Errors name the file and what is wrong: not finished, built from another labels file,
     row counts or image lists that differ, NaN or Inf in rows not flagged as bad.
     """
+    with open_features(path, labels) as file:
+        arrays = {name: file.read(name) for name in OFFICIAL_SPLITS}
+        for name in OFFICIAL_SPLITS:
+            file.check_finite(name, arrays[name])
+        return FeatureSet(
+            train=arrays["train"], test=arrays["test"], train_bad=file.bad["train"],
+            test_bad=file.bad["test"], attrs=file.attrs, path=file.path, sha256=file.sha256,
+        )
+
+
+@dataclass
+class FeatureFile:
+    """A finished features file, checked against its labels, whose rows are read on demand.
+
+    What out-of-core training uses instead of :class:`FeatureSet`: the metadata, the bad-row
+    flags and the sha256 are read when it is opened; features only by :meth:`read` (one
+    contiguous block of rows per call, a sequential read). The HDF5 handle is opened lazily
+    in each process (handles do not survive ``fork``) and closed by :meth:`close`.
+    """
+
+    path: Path
+    attrs: dict
+    sha256: str | None
+    shapes: dict[str, tuple[int, int]]
+    dtype: np.dtype
+    bad: dict[str, np.ndarray]
+    chunk_rows: int  # height of the features datasets' HDF5 chunks (a good read block)
+    _handle: h5py.File | None = field(default=None, repr=False)
+    _pid: int | None = field(default=None, repr=False)
+
+    @property
+    def dim(self) -> int:
+        return int(self.shapes["train"][1])
+
+    @property
+    def backbone(self) -> str:
+        return str(self.attrs.get("backbone", "unknown"))
+
+    def rows(self, name: str) -> int:
+        """Rows of the official split ``name``."""
+        return int(self.shapes[name][0])
+
+    def read(self, name: str, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """Rows ``start:stop`` of the official split ``name`` at the file's dtype."""
+        if name not in OFFICIAL_SPLITS:
+            raise InputError(f"unknown official split {name!r}; choose train or test")
+        try:
+            return self._h5()[name]["features"][start:stop]
+        except OSError as exc:
+            raise InputError(f"{self.path} could not be read (truncated or corrupt?): {exc}") from exc
+
+    def check_finite(self, name: str, array: np.ndarray | None = None, start: int = 0,
+                     block_rows: int = 65536) -> None:
+        """Refuse NaN or Inf in rows not flagged as bad (in ``array``, rows ``start`` on, or
+        reading the whole split block by block), naming the rows."""
+        if array is None:
+            for first in range(0, self.rows(name), block_rows):
+                self.check_finite(name, self.read(name, first, first + block_rows), first)
+            return
+        finite = np.isfinite(array).all(axis=1)
+        broken = np.flatnonzero(~finite & ~self.bad[name][start:start + len(array)]) + start
+        if broken.size:
+            shown = ", ".join(str(r) for r in broken[:5])
+            raise InputError(
+                f"{self.path}: {broken.size} {name} rows hold NaN or Inf features (rows {shown}"
+                f"{', …' if broken.size > 5 else ''}); re-extract them with `featcache features "
+                "--overwrite`"
+            )
+
+    def _h5(self) -> h5py.File:
+        if self._handle is None or self._pid != os.getpid():
+            self._handle, self._pid = h5py.File(self.path, "r"), os.getpid()
+        return self._handle
+
+    def close(self) -> None:
+        if self._handle is not None and self._pid == os.getpid():
+            self._handle.close()
+        self._handle = self._pid = None
+
+    def __enter__(self) -> FeatureFile:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __getstate__(self) -> dict:  # a handle is never pickled
+        return {**self.__dict__, "_handle": None, "_pid": None}
+
+
+def open_features(path: str | os.PathLike, labels: LabelSet | None = None) -> FeatureFile:
+    """Open and check a finished features file without reading its features.
+
+    With ``labels``, checks that it was built from them (sha256, row counts, image lists);
+    errors name the file and what is wrong.
+    """
     path = Path(path)
     if not path.exists():
         raise InputError(f"features file {path} does not exist; run `featcache features` first")
@@ -224,11 +352,14 @@ def load_features(path: str | os.PathLike, labels: LabelSet | None = None) -> Fe
                 "features were extracted. Re-run `featcache features` (or `featcache prepare "
                 "features`) for this labels file."
             )
-        arrays, flags = {}, {}
+        shapes, flags, chunk_rows, dtype = {}, {}, [], None
         try:
             for name in OFFICIAL_SPLITS:
                 group = h5[name]
-                arrays[name] = group["features"][()]
+                dataset = group["features"]
+                shapes[name] = tuple(int(v) for v in dataset.shape)
+                dtype = dataset.dtype
+                chunk_rows.append(dataset.chunks[0] if dataset.chunks else 1024)
                 flags[name] = group["bad"][()].astype(bool)
                 if labels is not None:
                     part = labels.test if name == "test" else labels.train
@@ -249,20 +380,8 @@ def load_features(path: str | os.PathLike, labels: LabelSet | None = None) -> Fe
             raise InputError(f"{path} is missing a required key: {exc}") from exc
         except OSError as exc:
             raise InputError(f"{path} could not be read (truncated or corrupt?): {exc}") from exc
-    for name in OFFICIAL_SPLITS:
-        finite = np.isfinite(arrays[name]).all(axis=1)
-        broken = np.flatnonzero(~finite & ~flags[name])
-        if broken.size:
-            shown = ", ".join(str(r) for r in broken[:5])
-            raise InputError(
-                f"{path}: {broken.size} {name} rows hold NaN or Inf features (rows {shown}"
-                f"{', …' if broken.size > 5 else ''}); re-extract them with `featcache features "
-                "--overwrite`"
-            )
-    return FeatureSet(
-        train=arrays["train"], test=arrays["test"], train_bad=flags["train"],
-        test_bad=flags["test"], attrs=attrs, path=path, sha256=sha256_file(path),
-    )
+    return FeatureFile(path=path, attrs=attrs, sha256=sha256_file(path), shapes=shapes,
+                       dtype=np.dtype(dtype), bad=flags, chunk_rows=int(max(chunk_rows)))
 
 
 def _attrs(path: Path, h5: h5py.File) -> dict:

@@ -1,7 +1,8 @@
 """The tensors stage two trains on: features and labels of the train, val and test splits.
 
 Everything lives on the training device as whole tensors; a batch is an index slice, so no
-per-example DataLoader is involved.
+per-example DataLoader is involved. Features too large for the memory budget stay in the file
+instead (:class:`featcache.linear.stream.StreamedLinearData`, the same interface).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from featcache.data.featurefile import FeatureSet, load_features
+from featcache.data.featurefile import FeatureFile, FeatureSet, open_features
 from featcache.data.labelfile import LabelSet, SplitLabels, load_labels
 from featcache.data.negatives import observed_with_negatives
 from featcache.data.pseudofile import PseudoLabels, load_pseudo_labels, pseudo_labels_path
@@ -25,6 +26,7 @@ from featcache.protocol.loss_choice import training_facts
 
 log = logging.getLogger(__name__)
 
+SPLITS = ("train", "val", "test")
 #: one split as arrays: features (n, D), observed labels (n, L), full labels (n, L) or None
 ArraySplit = tuple[np.ndarray, np.ndarray, np.ndarray | None]
 
@@ -44,29 +46,21 @@ class SplitTensors:
         return self.features.shape[0]
 
 
-@dataclass
-class LinearData:
-    """Train / val / test tensors for one labels file and one features file."""
+class TrainingSplits:
+    """What every form of stage-two data offers besides its features: classes, the facts a
+    loss asks about, observed negatives and pseudo-labels attached on demand. Subclasses are
+    dataclasses with the fields ``dataset, classes, train, val, test, k, labels, features,
+    notes, pseudo_choice, pseudo_labels``."""
 
-    dataset: str
     classes: list[str]
-    train: SplitTensors
-    val: SplitTensors
-    test: SplitTensors
-    k: float | None
     labels: LabelSet
-    features: FeatureSet
-    notes: list[str] = field(default_factory=list)
-    pseudo_choice: str | None = None  # --pseudo-labels NAME
-    pseudo_labels: PseudoLabels | None = None  # the set attached to train.pseudo
+    notes: list[str]
+    pseudo_choice: str | None
+    pseudo_labels: PseudoLabels | None
 
     @property
     def num_classes(self) -> int:
         return len(self.classes)
-
-    @property
-    def feature_dim(self) -> int:
-        return self.train.features.shape[1]
 
     @property
     def facts(self) -> DataFacts:
@@ -77,7 +71,7 @@ class LinearData:
             facts = replace(facts, pseudo_labels=(*facts.pseudo_labels, self.pseudo_labels.name))
         return facts
 
-    def with_observed_negatives(self, num_neg: int) -> LinearData:
+    def with_observed_negatives(self, num_neg: int):
         """A copy whose training observations also hold ``num_neg`` negatives per row
         (:func:`featcache.data.negatives.observed_with_negatives`)."""
         drawn, note = observed_with_negatives(self.labels, self.train.rows,
@@ -85,7 +79,7 @@ class LinearData:
         derived = torch.as_tensor(drawn, dtype=torch.float32, device=self.train.observed.device)
         return replace(self, train=replace(self.train, observed=derived), notes=self.notes + [note])
 
-    def with_pseudo_labels(self, name: str) -> LinearData:
+    def with_pseudo_labels(self, name: str):
         """A copy whose training rows carry pseudo-label set ``name`` (``train.pseudo``)."""
         if self.pseudo_labels is not None and self.pseudo_labels.name == name:
             return self
@@ -95,6 +89,27 @@ class LinearData:
         note = f"pseudo-labels {name!r} ({found.attrs.get('rule')} rule) from {found.path}"
         return replace(self, train=replace(self.train, pseudo=pseudo), pseudo_labels=found,
                        notes=self.notes + [note])
+
+
+@dataclass
+class LinearData(TrainingSplits):
+    """Train / val / test tensors for one labels file and one features file."""
+
+    dataset: str
+    classes: list[str]
+    train: SplitTensors
+    val: SplitTensors
+    test: SplitTensors
+    k: float | None
+    labels: LabelSet
+    features: FeatureSet | FeatureFile  # the features' identity (path, sha256, attrs)
+    notes: list[str] = field(default_factory=list)
+    pseudo_choice: str | None = None  # --pseudo-labels NAME
+    pseudo_labels: PseudoLabels | None = None  # the set attached to train.pseudo
+
+    @property
+    def feature_dim(self) -> int:
+        return self.train.features.shape[1]
 
     @classmethod
     def from_arrays(cls, train: ArraySplit, val: ArraySplit, test: ArraySplit | None = None, *,
@@ -163,26 +178,37 @@ class LinearData:
                        pseudo_labels=given, pseudo_choice="given")
 
 
-def load_linear_data(labels_path: str | Path, features_path: str | Path,
-                     device: torch.device | str = "cpu",
-                     pseudo_choice: str | None = None) -> LinearData:
-    """Load and check a labels file and its features file; drop rows flagged bad (and say so).
-    ``pseudo_choice`` names the pseudo-label set the losses that need one use (default: each
-    loss's own rule's)."""
-    labels = load_labels(labels_path)
-    features = load_features(features_path, labels)
-    notes: list[str] = []
+
+@dataclass
+class SplitRows:
+    """Which rows of the features file one split takes, and its labels (before placing)."""
+
+    name: str
+    official: str  # the file's split the rows come from: train or test
+    rows: np.ndarray  # sorted rows of the official split, unreadable ones dropped
+    keep: np.ndarray  # which of the split's labels rows those are
+    labels: SplitLabels
+
+    def label_tensors(self, device) -> tuple[Tensor, Tensor | None]:
+        part = self.labels
+        observed = torch.as_tensor(part.observed[self.keep], dtype=torch.float32, device=device)
+        clean = (None if part.clean is None
+                 else torch.as_tensor(part.clean[self.keep], dtype=torch.float32, device=device))
+        return observed, clean
+
+
+def split_rows(labels: LabelSet, features: FeatureFile) -> tuple[dict[str, SplitRows], list[str]]:
+    """The rows of each split, unreadable images dropped (each drop said in a note)."""
     if features.attrs.get("labels_dataset") not in (None, labels.dataset):
         raise InputError(f"{features.path} was built for dataset {features.attrs.get('labels_dataset')!r}, "
                          f"not {labels.dataset!r}")
-    splits = {}
-    for name in ("train", "val", "test"):
+    splits, notes = {}, []
+    for name in SPLITS:
         part = labels.split(name)
         official = "test" if name == "test" else "train"
         rows = (np.arange(len(labels.test)) if name == "test"
                 else labels.train_index if name == "train" else labels.val_index)
-        array, bad = features.official(official)
-        keep = ~bad[rows]
+        keep = ~features.bad[official][rows]
         if not keep.all():
             dropped = part.images[~keep]
             notes.append(f"{name}: {int((~keep).sum())} rows skipped as unreadable images "
@@ -190,20 +216,39 @@ def load_linear_data(labels_path: str | Path, features_path: str | Path,
             log.warning(notes[-1])
         if not keep.any():
             raise InputError(f"the {name} split of {labels.path} has no usable rows")
-        kept_rows = rows[keep]
-        splits[name] = SplitTensors(
-            features=torch.as_tensor(np.ascontiguousarray(array[kept_rows]), dtype=torch.float32,
-                                     device=device),
-            observed=torch.as_tensor(part.observed[keep], dtype=torch.float32, device=device),
-            clean=(None if part.clean is None
-                   else torch.as_tensor(part.clean[keep], dtype=torch.float32, device=device)),
-            rows=kept_rows,
-            images=part.images[keep],
-        )
-    if splits["val"].features.shape[0] == 0:
-        raise InputError(f"{labels.path}: the validation split is empty")
+        splits[name] = SplitRows(name, official, rows[keep], keep, part)
+    return splits, notes
+
+
+def load_linear_data(labels_path: str | Path, features_path: str | Path,
+                     device: torch.device | str = "cpu",
+                     pseudo_choice: str | None = None) -> LinearData:
+    """Load and check a labels file and its features file; drop rows flagged bad (and say so).
+    ``pseudo_choice`` names the pseudo-label set the losses that need one use (default: each
+    loss's own rule's)."""
+    labels = load_labels(labels_path)
+    return read_linear_data(labels, open_features(features_path, labels), device, pseudo_choice)
+
+
+def read_linear_data(labels: LabelSet, features: FeatureFile, device: torch.device | str = "cpu",
+                     pseudo_choice: str | None = None) -> LinearData:
+    """Every split of an opened features file as float32 tensors on ``device``."""
+    splits, notes = split_rows(labels, features)
+    tensors = {}
+    with features:
+        for official in ("train", "test"):
+            array = features.read(official)
+            features.check_finite(official, array)
+            for part in (p for p in splits.values() if p.official == official):
+                observed, clean = part.label_tensors(device)
+                tensors[part.name] = SplitTensors(
+                    features=torch.as_tensor(np.ascontiguousarray(array[part.rows]),
+                                             dtype=torch.float32, device=device),
+                    observed=observed, clean=clean, rows=part.rows,
+                    images=part.labels.images[part.keep])
+            del array
     return LinearData(
-        dataset=labels.dataset, classes=list(labels.classes), train=splits["train"],
-        val=splits["val"], test=splits["test"], k=labels.k, labels=labels, features=features,
+        dataset=labels.dataset, classes=list(labels.classes), train=tensors["train"],
+        val=tensors["val"], test=tensors["test"], k=labels.k, labels=labels, features=features,
         notes=notes, pseudo_choice=pseudo_choice,
     )

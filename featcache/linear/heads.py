@@ -3,11 +3,16 @@
 H independent linear classifiers are stored as one weight tensor (H, D, L) and one bias tensor
 (H, 1, L), so a whole grid of configurations runs as one batched matmul per step (the way
 DINOv2's linear evaluation trains many heads in one pass over the features).
+
+A training step differentiates only the loss: :meth:`StackedLinear.forward` and
+:meth:`StackedLinear.grads` are the two batched matmuls autograd would run for the layer (the
+same kernels on the same operands, so the same numbers), without its bookkeeping.
+Evaluation multiplies all heads at once as one (D, H*L) matrix where that gives the same
+numbers (:class:`SplitScorer`).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import torch
@@ -19,11 +24,11 @@ from featcache.protocol.seeds import init_linear
 class StackedLinear:
     """H linear heads: ``logits = x @ W[h] + b[h]`` for every head at once."""
 
-    def __init__(self, weight: Tensor, bias: Tensor):
+    def __init__(self, weight: Tensor, bias: Tensor, trainable: bool = True):
         if weight.dim() != 3 or bias.dim() != 3:
             raise ValueError("weight must be (H, D, L) and bias (H, 1, L)")
-        self.weight = weight.requires_grad_(True)
-        self.bias = bias.requires_grad_(True)
+        self.weight = weight.requires_grad_(True) if trainable else weight.detach()
+        self.bias = bias.requires_grad_(True) if trainable else bias.detach()
 
     @classmethod
     def create(cls, in_features: int, out_features: int, generators: Sequence[torch.Generator],
@@ -42,8 +47,47 @@ class StackedLinear:
         return [self.weight, self.bias]
 
     def __call__(self, x: Tensor) -> Tensor:
-        """Logits (H, B, L) for features ``x`` (B, D), shared by all heads."""
+        """Logits (H, B, L) for features ``x`` (B, D), shared by all heads (differentiable)."""
         return torch.matmul(x, self.weight) + self.bias
+
+    @torch.no_grad()
+    def forward(self, x: Tensor) -> Tensor:
+        """Logits (H, B, L) of a training batch, outside autograd (the kernel ``__call__`` runs)."""
+        return torch.bmm(x.expand(self.num_heads, -1, -1), self.weight) + self.bias
+
+    @torch.no_grad()
+    def grads(self, x: Tensor, grad_logits: Tensor) -> tuple[Tensor, Tensor]:
+        """Gradients of the weight and bias from the gradient of the logits (H, B, L)."""
+        weight = torch.bmm(x.expand(self.num_heads, -1, -1).transpose(1, 2), grad_logits)
+        return weight, grad_logits.sum(dim=1, keepdim=True)
+
+    @torch.no_grad()
+    def scores(self, features: Tensor) -> Tensor:
+        """Probabilities of every head on ``features`` (N, D): (H, N, L), one matmul per head
+        (the kernel training runs, so these are the numbers the protocol reports)."""
+        return torch.sigmoid(torch.matmul(features, self.weight.detach()) + self.bias.detach())
+
+    @torch.no_grad()
+    def scores_wide(self, features: Tensor, rows: int | None = None) -> Tensor:
+        """:meth:`scores` as one (N, D) x (D, H*L) matmul for all heads (per ``rows`` rows when
+        given; ``features`` of another dtype are converted block by block). Often about twice
+        as fast; whether its last bits equal :meth:`scores`' depends on the BLAS kernels the
+        shapes select (:class:`SplitScorer` checks)."""
+        heads, dim, classes = self.weight.shape
+        wide = self.weight.detach().permute(1, 0, 2).reshape(dim, heads * classes)
+        total = features.shape[0]
+        step = max(rows or total, 1)
+        out = None
+        for start in range(0, total, step):
+            chunk = features[start:start + step].to(device=wide.device, dtype=wide.dtype)
+            logits = (chunk @ wide).view(-1, heads, classes).transpose(0, 1).contiguous()
+            probs = torch.sigmoid_(logits.add_(self.bias.detach()))
+            if step >= total:
+                return probs
+            if out is None:
+                out = torch.empty(heads, total, classes, device=wide.device)
+            out[:, start:start + step] = probs
+        return out if out is not None else torch.empty(heads, 0, classes, device=wide.device)
 
     def head(self, index: int) -> tuple[Tensor, Tensor]:
         """Head ``index`` in ``nn.Linear`` layout: weight (L, D), bias (L,)."""
@@ -62,7 +106,7 @@ class StackedAdam:
     def __init__(self, params: Sequence[Tensor], lrs: Sequence[Sequence[float]] | Sequence[float],
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
                  fused: bool | None = None):
-        self.params = list(params)
+        self.params = [p.detach() for p in params]
         per_param = lrs if isinstance(lrs[0], (list, tuple)) else [lrs] * len(self.params)
         self.head_lrs = [[float(v) for v in values] for values in per_param]
         self.beta1, self.beta2 = betas
@@ -71,12 +115,40 @@ class StackedAdam:
         self.exp_avg = [torch.zeros_like(p) for p in self.params]
         self.exp_avg_sq = [torch.zeros_like(p) for p in self.params]
         self.fused = _fused_adam_available(self.params) if fused is None else fused
-        self._steps = [torch.zeros((), dtype=torch.float32, device=p.device) for p in self.params]
+        # One step counter for every tensor (all advance together); the kernel reads it.
+        self._step = torch.zeros((), dtype=torch.float32, device=self.params[0].device)
+        self._calls = self._plan_fused_calls()
 
     @property
     def lrs(self) -> list[list[float]]:
-        """Per parameter, the learning rate of each head (set an entry to 0 to freeze a head)."""
+        """Per parameter, the learning rate of each head. Change them with :meth:`set_lr`."""
         return self.head_lrs
+
+    def set_lr(self, head: int, lr: float, param: int | None = None) -> None:
+        """Set head ``head``'s learning rate (of every parameter, or of ``param`` only); 0
+        freezes the head."""
+        for index, lrs in enumerate(self.head_lrs):
+            if param is None or param == index:
+                lrs[head] = float(lr)
+        self._calls = self._plan_fused_calls()
+
+    def _plan_fused_calls(self) -> list[tuple[float, list[int], list[Tensor], list[Tensor],
+                                              list[Tensor]]]:
+        """Per head, one kernel call per distinct learning rate (the head's weight and bias
+        share one): the parameter indices and the (fixed) views of params and moments."""
+        calls = []
+        for head in range(self.params[0].shape[0]):
+            groups: dict[float, list[int]] = {}
+            for index, lrs in enumerate(self.head_lrs):
+                groups.setdefault(lrs[head], []).append(index)
+            for lr, members in groups.items():
+                if lr == 0.0:
+                    continue  # a frozen head: Adam with lr 0 leaves the parameter as it is
+                calls.append((lr, [(i, head) for i in members],
+                              [self.params[i][head] for i in members],
+                              [self.exp_avg[i][head] for i in members],
+                              [self.exp_avg_sq[i][head] for i in members]))
+        return calls
 
     @torch.no_grad()
     def step(self, grads: Sequence[Tensor]) -> None:
@@ -88,26 +160,16 @@ class StackedAdam:
             self._vectorised_step(grads)
 
     def _fused_step(self, grads: Sequence[Tensor]) -> None:
-        for step in self._steps:
-            step.fill_(float(self.step_count))
-        heads = self.params[0].shape[0]
-        for head in range(heads):
-            # One kernel call per head and learning rate (the head and its bias share one).
-            groups: dict[float, list[int]] = {}
-            for index, lrs in enumerate(self.head_lrs):
-                groups.setdefault(lrs[head], []).append(index)
-            for lr, members in groups.items():
-                torch._fused_adam_(
-                    [self.params[i][head] for i in members], [grads[i][head] for i in members],
-                    [self.exp_avg[i][head] for i in members],
-                    [self.exp_avg_sq[i][head] for i in members], [],
-                    [self._steps[i] for i in members],
-                    lr=lr, beta1=self.beta1, beta2=self.beta2, weight_decay=0.0, eps=self.eps,
-                    amsgrad=False, maximize=False)
+        self._step.fill_(float(self.step_count))
+        for lr, slots, params, exp_avg, exp_avg_sq in self._calls:
+            torch._fused_adam_(
+                params, [grads[i][head] for i, head in slots], exp_avg, exp_avg_sq, [],
+                [self._step] * len(params), lr=lr, beta1=self.beta1, beta2=self.beta2,
+                weight_decay=0.0, eps=self.eps, amsgrad=False, maximize=False)
 
     def _vectorised_step(self, grads: Sequence[Tensor]) -> None:
         bias_correction1 = 1 - self.beta1**self.step_count
-        bias_correction2_sqrt = math.sqrt(1 - self.beta2**self.step_count)
+        bias_correction2_sqrt = (1 - self.beta2**self.step_count) ** 0.5
         for param, grad, lrs, m, v in zip(self.params, grads, self.head_lrs, self.exp_avg,
                                           self.exp_avg_sq, strict=True):
             lr = torch.tensor(lrs, dtype=param.dtype, device=param.device)
@@ -119,6 +181,29 @@ class StackedAdam:
 
     def state_dict(self) -> dict:
         return {"step": self.step_count, "exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq}
+
+
+class SplitScorer:
+    """Scores one split's features for every head, by the faster all-heads matmul wherever it
+    gives exactly the per-head matmul's numbers.
+
+    The first call computes both and compares them bit for bit: a BLAS kernel's summation
+    order depends on the shapes (and threads), not on the values, so equal results on real
+    data mean the same order. Where they differ (some shapes do), every call stays on the
+    per-head kernel. Either way the numbers are :meth:`StackedLinear.scores`'.
+    """
+
+    def __init__(self, features: Tensor):
+        self.features = features
+        self.wide: bool | None = None
+
+    def __call__(self, head: StackedLinear) -> Tensor:
+        if self.wide:
+            return head.scores_wide(self.features)
+        exact = head.scores(self.features)
+        if self.wide is None:
+            self.wide = torch.equal(exact, head.scores_wide(self.features))
+        return exact
 
 
 def _fused_adam_available(params: Sequence[Tensor]) -> bool:

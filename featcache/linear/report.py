@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from featcache.linear.data import LinearData
+from featcache.linear.data import TrainingSplits
 from featcache.linear.search import SearchResult
 from featcache.protocol.coverage import evaluation_coverage, evaluation_notes
 from featcache.protocol.records import observation_line
@@ -26,7 +26,7 @@ def config_table(result: SearchResult) -> Table:
     return table
 
 
-def run_summary(result: SearchResult, data: LinearData) -> str:
+def run_summary(result: SearchResult, data: TrainingSplits) -> str:
     """The Markdown written to a run's summary.md."""
     spec = result.spec
     selected = result.selected

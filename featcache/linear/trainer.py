@@ -21,10 +21,11 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from featcache.errors import OptionError
-from featcache.linear.data import LinearData
+from featcache.linear.data import TrainingSplits
 from featcache.linear.heads import StackedAdam, StackedLinear
+from featcache.linear.rows import FeatureRows, MemoryRows
 from featcache.losses import Targets, create_loss
-from featcache.metrics import average_precision, mean_average_precision
+from featcache.metrics import RankedScores, average_precision
 from featcache.protocol.grid import GridPoint
 from featcache.protocol.records import EpochRecord
 from featcache.protocol.seeds import derive_seed
@@ -56,7 +57,7 @@ class HeadResult:
         return self.epochs[self.best_epoch]
 
 
-def train_group(data: LinearData, loss_name: str, configs: Sequence[GridPoint], epochs: int,
+def train_group(data: TrainingSplits, loss_name: str, configs: Sequence[GridPoint], epochs: int,
                 val_variant: str = "clean", early_stop: str = "none",
                 device: torch.device | str = "cpu", progress: bool = True,
                 position: int = 0) -> list[HeadResult]:
@@ -70,7 +71,7 @@ def train_group(data: LinearData, loss_name: str, configs: Sequence[GridPoint], 
 class GroupTrainer:
     """The stacked heads, loss state and optimizer of one group, and its per-head bookkeeping."""
 
-    def __init__(self, data: LinearData, loss_name: str, configs: Sequence[GridPoint],
+    def __init__(self, data: TrainingSplits, loss_name: str, configs: Sequence[GridPoint],
                  epochs: int, val_variant: str, early_stop: str, device: torch.device):
         batch_size, seed = configs[0].batch_size, configs[0].seed
         if any(c.batch_size != batch_size or c.seed != seed for c in configs):
@@ -104,6 +105,11 @@ class GroupTrainer:
         self.adam = StackedAdam(self.optim_params, [lrs, lrs] + [
             [lr * m for lr, m in zip(lrs, self.learned[name], strict=True)] for name in self.learned])
         self.order = torch.Generator().manual_seed(derive_seed(seed, "order", batch_size))
+        self.learned_tensors = [self.state[name] for name in self.learned]
+        self.rows = {name: feature_rows(getattr(data, name)) for name in ("train", "val", "test")}
+        self.val_observed = (data.val.observed == 1).float()
+        self.test_targets = (data.test.clean if data.test.clean is not None
+                             else (data.test.observed == 1).float())
 
         self.best_val = torch.full((heads,), -math.inf, dtype=torch.float64)
         self.best_epoch = [-1] * heads
@@ -131,49 +137,80 @@ class GroupTrainer:
         bar.close()
         return self.results(time.perf_counter() - started)
 
-    def train_epoch(self, epoch: int) -> tuple[Tensor, Tensor | None]:
-        """One pass in a seeded order: (per-head loss sum, running training predictions)."""
-        data, train = self.data, self.data.train
-        X, Z, Y, P = train.features, train.observed, train.clean, train.pseudo
-        perm = torch.randperm(len(train), generator=self.order).to(self.device)
+    def train_epoch(self, epoch: int) -> tuple[Tensor, TrainingPredictions | None]:
+        """One pass in a seeded order: (per-head loss sum, the predictions made while training)."""
+        train = self.data.train
         loss_sum = torch.zeros(len(self.configs), dtype=torch.float64, device=self.device)
-        running = (torch.full((len(self.configs), len(train), data.num_classes), float("nan"),
-                              device=self.device) if Y is not None else None)
-        for step in range(self.steps):
-            index = perm[step * self.batch_size:(step + 1) * self.batch_size]
-            logits = self.head(X[index])
-            targets = Targets(Z[index], index, None if Y is None else Y[index],
-                              None if P is None else P[index])
-            per_head = self.loss.forward(logits, targets, self.state, epoch)
-            grads = torch.autograd.grad(per_head.sum(), self.optim_params)
-            self.adam.step(grads)
-            loss_sum += per_head.detach()
+        running = (TrainingPredictions(len(self.configs), self.steps * self.batch_size,
+                                       self.data.num_classes, self.device)
+                   if train.clean is not None else None)
+        for step, (index, x) in enumerate(self.rows["train"].epoch(self.order, self.batch_size)):
+            per_head, logits = self.train_step(x, index, epoch)
+            loss_sum += per_head
             if running is not None:
-                running[:, index] = torch.sigmoid(logits.detach())
+                running.put(step * self.batch_size, index, logits)
         return loss_sum, running
 
-    def end_epoch(self, epoch: int, loss_sum: Tensor, running: Tensor | None) -> None:
+    def train_step(self, x: Tensor, index: Tensor, epoch: int) -> tuple[Tensor, Tensor]:
+        """One Adam step of every head on the batch ``x`` (rows ``index`` of the training split).
+
+        Autograd runs through the loss only; the heads' gradients are two batched matmuls
+        (:meth:`StackedLinear.grads`). Returns the per-head loss and the batch's logits.
+        """
+        train = self.data.train
+        targets = Targets(train.observed.index_select(0, index), index,
+                          None if train.clean is None else train.clean.index_select(0, index),
+                          None if train.pseudo is None else train.pseudo.index_select(0, index))
+        logits = self.head.forward(x).requires_grad_(True)
+        per_head = self.loss.forward(logits, targets, self.state, epoch)
+        grads = torch.autograd.grad(per_head.sum(), [logits, *self.learned_tensors])
+        self.adam.step([*self.head.grads(x, grads[0]), *grads[1:]])
+        return per_head.detach(), logits.detach()
+
+    def end_epoch(self, epoch: int, loss_sum: Tensor,
+                  running: TrainingPredictions | None) -> None:
         """The loss's end-of-epoch update, evaluation, per-head best epoch and early stopping."""
-        data = self.data
-        X = data.train.features
+        self.record(self.evaluate(self.finish_epoch(epoch, loss_sum, running)))
+
+    def finish_epoch(self, epoch: int, loss_sum: Tensor,
+                     running: TrainingPredictions | None) -> EpochState:
+        """The loss's end-of-epoch update, then what the evaluation of this epoch needs."""
         with torch.no_grad():
-            extra = self.loss.end_epoch(epoch, self.epochs, lambda: torch.sigmoid(self.head(X)),
+            extra = self.loss.end_epoch(epoch, self.epochs,
+                                        lambda: self.rows["train"].scores(self.head),
                                         self.state) or {}
-            val_probs = torch.sigmoid(self.head(data.val.features))
-            val_observed_map = _map(val_probs, (data.val.observed == 1).float())
-            val_map = _map(val_probs, data.val.clean) if data.val.clean is not None else None
-            test_targets = (data.test.clean if data.test.clean is not None
-                            else (data.test.observed == 1).float())
-            test_ap = average_precision(torch.sigmoid(self.head(data.test.features)), test_targets)
-            test_map = test_ap.mean(dim=-1).cpu() * 100.0
-            train_map = _running_map(running, data.train.clean) if running is not None else None
+        weight, bias = self.head.weight.detach(), self.head.bias.detach()
+        state = {name: self.state[name].detach() for name in self.learned}
+        return EpochState(epoch, loss_sum, running, extra, weight, bias, state)
+
+    @torch.no_grad()
+    def evaluate(self, done: EpochState) -> EpochState:
+        """Validation and test mAP (and the training mAP) of the heads at the end of
+        ``done.epoch``."""
+        data = self.data
+        head = StackedLinear(done.weight, done.bias, trainable=False)
+        val = RankedScores(self.rows["val"].scores(head))
+        done.val_map_observed = _map(val.average_precision(self.val_observed))
+        if data.val.clean is not None:
+            done.val_map = _map(val.average_precision(data.val.clean))
+        done.test_ap = average_precision(self.rows["test"].scores(head), self.test_targets)
+        if done.running is not None:
+            done.train_map = done.running.mean_average_precision(data.train.clean)
+            done.running = None
+        return done
+
+    def record(self, done: EpochState) -> None:
+        """Per-head history, best epoch (the first with the highest validation mAP) and early
+        stopping, from one evaluated epoch (epochs arrive in order)."""
+        epoch, val_map, val_observed_map = done.epoch, done.val_map, done.val_map_observed
+        test_map, train_map, extra = _map(done.test_ap), done.train_map, done.extra
         selection = selection_score(self.val_variant, val_map, val_observed_map, epoch)
         improved = (selection > self.best_val) & self.active
         for h in range(len(self.configs)):
             if not self.active[h]:
                 continue
             self.history[h].append(EpochRecord(
-                epoch=epoch, train_loss=float(loss_sum[h]) / self.steps,
+                epoch=epoch, train_loss=float(done.loss_sum[h]) / self.steps,
                 val_map=None if val_map is None else float(val_map[h]),
                 val_map_observed=float(val_observed_map[h]), test_map=float(test_map[h]),
                 train_map=None if train_map is None else float(train_map[h]),
@@ -182,24 +219,22 @@ class GroupTrainer:
             if improved[h]:
                 self.best_epoch[h] = epoch
         if improved.any():
-            self.keep_best(improved, selection, test_ap)
+            self.keep_best(improved, selection, done)
         stop = self.active & should_stop(self.early_stop, self.best_val, selection, improved)
         for h in torch.nonzero(stop).flatten().tolist():
             # A stopped head keeps its best weights and stops moving (its learning rates are 0).
             self.active[h] = False
             self.stopped_at[h] = epoch
-            for lrs in self.adam.lrs:
-                lrs[h] = 0.0
+            self.adam.set_lr(h, 0.0)
 
-    def keep_best(self, improved: Tensor, selection: Tensor, test_ap: Tensor) -> None:
+    def keep_best(self, improved: Tensor, selection: Tensor, done: EpochState) -> None:
         mask = improved.to(self.device).view(-1, 1, 1)
         self.best_val = torch.where(improved, selection, self.best_val)
-        self.best_weight = torch.where(mask, self.head.weight.detach(), self.best_weight)
-        self.best_bias = torch.where(mask, self.head.bias.detach(), self.best_bias)
+        self.best_weight = torch.where(mask, done.weight, self.best_weight)
+        self.best_bias = torch.where(mask, done.bias, self.best_bias)
         for name in self.learned:
-            self.best_state[name] = torch.where(mask, self.state[name].detach(),
-                                                self.best_state[name])
-        self.best_test_ap = torch.where(improved.view(-1, 1), test_ap.cpu(), self.best_test_ap)
+            self.best_state[name] = torch.where(mask, done.state[name], self.best_state[name])
+        self.best_test_ap = torch.where(improved.view(-1, 1), done.test_ap.cpu(), self.best_test_ap)
 
     def results(self, seconds: float) -> list[HeadResult]:
         heads = len(self.configs)
@@ -212,16 +247,52 @@ class GroupTrainer:
         ) for h, config in enumerate(self.configs)]
 
 
-def _map(probs: Tensor, targets: Tensor) -> Tensor:
-    """mAP in percent per head (CPU float64)."""
-    return mean_average_precision(probs, targets).cpu()
+@dataclass
+class EpochState:
+    """One finished epoch of a group: what its evaluation reads, then what it found."""
+
+    epoch: int
+    loss_sum: Tensor
+    running: TrainingPredictions | None
+    extra: dict
+    weight: Tensor
+    bias: Tensor
+    state: dict[str, Tensor]
+    val_map: Tensor | None = None
+    val_map_observed: Tensor | None = None
+    test_ap: Tensor | None = None
+    train_map: Tensor | None = None
 
 
-def _running_map(running: Tensor, clean: Tensor) -> Tensor:
-    """mAP of the predictions made while training (rows of dropped batches excluded).
+class TrainingPredictions:
+    """The predictions each training row got from the step that trained on it (one epoch).
 
     This is the reference code's training-set mAP (Cole et al. Table 2, "label recovery"):
-    each row's prediction from the step that trained on it, against the clean labels.
+    each row's prediction from the step that trained on it, against the clean labels; rows of
+    the dropped last batch are left out.
     """
-    seen = ~torch.isnan(running[0, :, 0])
-    return _map(running[:, seen], clean[seen])
+
+    def __init__(self, heads: int, rows: int, classes: int, device: torch.device):
+        self.probs = torch.empty(heads, rows, classes, device=device)
+        self.index = torch.empty(rows, dtype=torch.int64, device=device)
+
+    def put(self, start: int, index: Tensor, logits: Tensor) -> None:
+        stop = start + index.shape[0]
+        self.probs[:, start:stop] = torch.sigmoid(logits)
+        self.index[start:stop] = index
+
+    def mean_average_precision(self, clean: Tensor) -> Tensor:
+        """mAP in percent per head, the rows taken in split order."""
+        order = torch.argsort(self.index)
+        return _map(average_precision(self.probs[:, order], clean[self.index[order]]))
+
+
+def feature_rows(split) -> FeatureRows:
+    """The feature rows of a split: its tensor, or the streamed source it carries."""
+    rows = getattr(split, "feature_rows", None)
+    return rows if rows is not None else MemoryRows(split.features)
+
+
+def _map(ap: Tensor) -> Tensor:
+    """mAP in percent per head (CPU float64) from per-class AP (..., L)."""
+    return (ap.mean(dim=-1) * 100.0).cpu()

@@ -1,0 +1,52 @@
+"""Where a split's feature rows come from during training: what the trainer asks of them.
+
+:class:`MemoryRows` holds the split as one tensor on the device and draws each epoch as the
+protocol does: one seeded permutation of every row, cut into batches (the last partial batch
+dropped). The streamed source (:mod:`featcache.linear.stream`) offers the same two calls,
+reading the features file in chunks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+from featcache.linear.heads import SplitScorer, StackedLinear
+
+
+class FeatureRows(Protocol):
+    """A split's features as the trainer uses them."""
+
+    def __len__(self) -> int: ...
+
+    def epoch(self, order: torch.Generator, batch_size: int) -> Iterator[tuple[Tensor, Tensor]]:
+        """One training pass: (rows of the split, their float32 features) per batch, in an
+        order drawn from ``order``; ``len(self) // batch_size`` batches."""
+        ...
+
+    def scores(self, head: StackedLinear) -> Tensor:
+        """Probabilities of every head on every row, (H, N, L), rows in split order."""
+        ...
+
+
+class MemoryRows:
+    """A split's features as one (N, D) float32 tensor on the training device."""
+
+    def __init__(self, features: Tensor):
+        self.features = features
+        self.scorer = SplitScorer(features)
+
+    def __len__(self) -> int:
+        return self.features.shape[0]
+
+    def epoch(self, order: torch.Generator, batch_size: int) -> Iterator[tuple[Tensor, Tensor]]:
+        perm = torch.randperm(len(self), generator=order).to(self.features.device)
+        for step in range(len(self) // batch_size):
+            index = perm[step * batch_size:(step + 1) * batch_size]
+            yield index, self.features.index_select(0, index)
+
+    def scores(self, head: StackedLinear) -> Tensor:
+        return self.scorer(head)
