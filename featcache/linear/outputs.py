@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from featcache.fileio import write_json_atomic, write_text_atomic
-from featcache.linear.data import LinearData
+from featcache.linear.data import TrainingSplits
 from featcache.linear.search import SearchResult
 from featcache.linear.trainer import HeadResult
 from featcache.losses import loss_class
@@ -25,12 +25,19 @@ from featcache.protocol.runs import RESULTS, fingerprint
 from featcache.published import published
 
 
-def run_settings(result_spec, data: LinearData) -> dict:
-    """The settings that decide whether a finished run can be reused (its fingerprint)."""
+def run_settings(result_spec, data: TrainingSplits) -> dict:
+    """The settings that decide whether a finished run can be reused (its fingerprint).
+
+    A streamed run adds how it read the features (its shuffle differs from the protocol's);
+    an in-memory run's settings are the protocol's alone.
+    """
     settings = {"stage": "linear", "dataset": data.dataset, "labels_sha256": data.labels.sha256,
                 "features_sha256": data.features.sha256, **result_spec.settings()}
     if data.pseudo_labels is not None:
         settings["pseudo_labels_sha256"] = data.pseudo_labels.sha256
+    placement = getattr(data, "placement", None)
+    if placement is not None:
+        settings["streaming"] = placement.settings()
     return settings
 
 
@@ -55,7 +62,7 @@ def _config_record(head: HeadResult) -> dict:
     }
 
 
-def results_document(result: SearchResult, data: LinearData, device: str) -> dict:
+def results_document(result: SearchResult, data: TrainingSplits, device: str) -> dict:
     """Everything worth keeping about a search, as JSON-ready data."""
     spec = result.spec
     selected = result.selected
@@ -77,6 +84,9 @@ def results_document(result: SearchResult, data: LinearData, device: str) -> dic
         "protocol": {
             "optimizer": "adam", "epochs": spec.epochs, "val_variant": spec.val_variant,
             "early_stop": spec.early_stop, "train_drop_last": True, "eval_every_example": True,
+            "features": ("in memory, one permutation of every training row per epoch"
+                         if getattr(data, "placement", None) is None
+                         else data.placement.describe()),
         },
         "grid": {"lr": list(spec.learning_rates), "batch_size": list(spec.batch_sizes),
                  "params": spec.params.values, "params_source": spec.params.sources,
@@ -116,7 +126,7 @@ def results_document(result: SearchResult, data: LinearData, device: str) -> dic
     }
 
 
-def head_payload(result: SearchResult, data: LinearData) -> dict:
+def head_payload(result: SearchResult, data: TrainingSplits) -> dict:
     """The selected head with its loss parameters, hand-off state and input identity."""
     head = result.selected
     handoff = loss_class(result.spec.loss).handoff_state
@@ -148,7 +158,7 @@ def head_payload(result: SearchResult, data: LinearData) -> dict:
     }
 
 
-def write_run(run_dir: Path, result: SearchResult, data: LinearData, device: str,
+def write_run(run_dir: Path, result: SearchResult, data: TrainingSplits, device: str,
               summary_md: str, plot: bool = True) -> dict:
     """Write best.pt, summary.md, curves.png, then results.json last (marks the run finished)."""
     document = results_document(result, data, device)

@@ -1,0 +1,213 @@
+"""How much memory stage two may use (``--max-memory``) and what a search needs of it.
+
+The budget bounds the memory of the process and its workers (forked worker processes share
+the parent's pages: count each page once, as PSS does, not once per process). Features are held in memory (the
+protocol's exact path) when everything fits; otherwise the training split is streamed from
+the features file in blocks (:mod:`featcache.linear.stream`), the validation and test splits
+staying in memory while they fit. The estimate counts what grows with the data: features,
+labels, each concurrent group's per-example state, optimizer moments, predictions kept for
+the training mAP and evaluation buffers; the process's current resident size stands for the
+rest (the interpreter, PyTorch, the labels file).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import resource
+from dataclasses import dataclass
+from pathlib import Path
+
+from featcache.errors import OptionError
+
+#: share of the machine's memory (or of the container's limit) used when no budget is given
+DEFAULT_SHARE = 0.5
+FLOAT32 = 4
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_size(text: str | int, option: str = "--max-memory") -> int:
+    """Bytes from ``4GB``, ``512M``, ``1.5GiB`` or a plain number of bytes (K, M, G, T are
+    powers of 1024; the B / iB suffix is optional)."""
+    if isinstance(text, int):
+        value = text
+    else:
+        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*", str(text).lower())
+        if match is None:
+            raise OptionError(f"{option} {text!r}: give a size such as 4GB, 512MB or 1.5G")
+        value = int(float(match.group(1)) * _UNITS[match.group(2)])
+    if value <= 0:
+        raise OptionError(f"{option} {text!r}: the size must be positive")
+    return value
+
+
+def format_size(size: float) -> str:
+    """``3.2 GB``-style text (powers of 1024)."""
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(size) < 1024 or unit == "GB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} GB"  # pragma: no cover
+
+
+def physical_memory() -> int:
+    """The machine's memory, or the container's memory limit when that is lower."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - not POSIX
+        total = 0
+    limits = [total] if total > 0 else []
+    for limit_file in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = Path(limit_file).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit() and 0 < int(text) < (1 << 60):
+            limits.append(int(text))
+    if not limits:  # pragma: no cover - no way to know: assume a small machine
+        return 8 << 30
+    return min(limits)
+
+
+def default_budget() -> int:
+    """The budget when ``--max-memory`` is not given: half the machine's (or container's) memory."""
+    return int(DEFAULT_SHARE * physical_memory())
+
+
+def resident_memory() -> int:
+    """This process's current resident memory in bytes."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+        return pages * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):  # pragma: no cover - not Linux
+        return peak_resident_memory()
+
+
+def peak_resident_memory() -> int:
+    """This process's peak resident memory so far (``ru_maxrss``) in bytes."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if os.uname().sysname == "Darwin" else peak * 1024
+
+
+@dataclass(frozen=True)
+class SplitSizes:
+    """Rows per split, classes and feature width: what the estimate is made of."""
+
+    train: int
+    val: int
+    test: int
+    classes: int
+    dim: int
+
+    def features(self, split: str, itemsize: int = FLOAT32) -> int:
+        return getattr(self, split) * self.dim * itemsize
+
+
+@dataclass(frozen=True)
+class GroupShape:
+    """What one training group keeps besides the features (per concurrent group)."""
+
+    heads: int
+    per_example_state: int = 0  # (H, N, L) float32 tensors the loss keeps
+    learned_state: int = 0  # of which trained by Adam (with gradient and two moments)
+    train_scores: bool = False  # the loss asks for predictions on the whole training split
+    train_map: bool = True  # predictions kept for the training-set mAP
+
+    def bytes(self, sizes: SplitSizes) -> int:
+        h, n, classes, dim = self.heads, sizes.train, sizes.classes, sizes.dim
+        head = 6 * h * dim * classes * FLOAT32  # weight, grad, two moments, best copy, scores
+        per_row = h * n * classes * FLOAT32
+        state = (self.per_example_state + 3 * self.learned_state) * per_row
+        predictions = per_row * (int(self.train_map) + int(self.train_scores))
+        evaluation = 4 * h * max(sizes.val, sizes.test) * classes * FLOAT32  # scores + AP work
+        return head + state + predictions + evaluation
+
+
+def labels_bytes(sizes: SplitSizes) -> int:
+    """Observed and clean labels of the three splits as float32 tensors."""
+    return 2 * (sizes.train + sizes.val + sizes.test) * sizes.classes * FLOAT32
+
+
+#: bytes per streamed read: whole HDF5 chunks adding up to about this much
+BLOCK_BYTES = 32 << 20
+#: validation and test stay in memory only while the training shuffle window keeps this many
+#: blocks (a wider shuffle matters more than re-reading them every epoch)
+MIN_WINDOW_BLOCKS = 8
+#: what each worker process adds of its own (interpreter state it touches, allocator pools)
+WORKER_BYTES = 128 << 20
+#: share of the budget left unplanned (allocator slack, fragmentation, estimate error)
+HEADROOM = 0.1
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where each split's features live during a search, and why."""
+
+    streamed: tuple[str, ...] = ()  # splits read from the file in blocks; empty: all in memory
+    block_rows: int = 0  # file rows per read (whole HDF5 chunks)
+    window_blocks: int = 0  # blocks of the training split shuffled together
+    budget: int = 0
+    estimate: int = 0  # planned peak resident memory
+    forced: bool = False  # streaming was asked for (``--stream``), not needed
+
+    @property
+    def in_memory(self) -> bool:
+        return not self.streamed
+
+    def settings(self) -> dict:
+        """What decides a streamed run's numbers (part of its fingerprint)."""
+        return {"streamed": list(self.streamed), "block_rows": self.block_rows,
+                "window_blocks": self.window_blocks}
+
+    def describe(self) -> str:
+        budget = format_size(self.budget)
+        if self.in_memory:
+            return f"features in memory (about {format_size(self.estimate)} of the {budget} budget)"
+        why = "as asked" if self.forced else f"they do not fit the {budget} budget in memory"
+        return (f"streaming the {' and '.join(self.streamed)} features from the file ({why}): "
+                f"blocks of {self.block_rows} rows, {self.window_blocks} blocks shuffled together; "
+                f"planned peak about {format_size(self.estimate)}")
+
+
+def plan_placement(sizes: SplitSizes, itemsize: int, chunk_rows: int, group: GroupShape,
+                   concurrency: int, budget: int, resident: int,
+                   force_stream: bool = False) -> Placement:
+    """Keep every split in memory when the search fits ``budget``; else stream the training
+    split with the largest shuffle window that fits, and validation (then test) too when
+    keeping them would leave that window under :data:`MIN_WINDOW_BLOCKS` blocks."""
+    usable = int(budget * (1 - HEADROOM))
+    workers = WORKER_BYTES * (concurrency if concurrency > 1 else 0)
+    fixed = resident + labels_bytes(sizes) + concurrency * group.bytes(sizes) + workers
+    # loading reads one official split whole at the file's dtype beside the float32 tensors
+    loading = max(sizes.train + sizes.val, sizes.test) * sizes.dim * itemsize
+    everything = sum(sizes.features(s) for s in ("train", "val", "test"))
+    if not force_stream and fixed + everything + loading <= usable:
+        return Placement(budget=budget, estimate=fixed + everything + loading)
+    block_rows = chunk_rows * max(1, BLOCK_BYTES // max(chunk_rows * sizes.dim * itemsize, 1))
+    block = block_rows * sizes.dim * itemsize
+    # per concurrent group: a block being read and its float32 copy and scores
+    per_group = block + block_rows * sizes.dim * FLOAT32 + 2 * block_rows * group.heads * sizes.classes * FLOAT32
+    total_blocks = -(-(sizes.train + sizes.val) // block_rows)
+    kept = [s for s in ("test", "val")]
+    streamed = ["train"]
+    while True:
+        in_memory = sum(sizes.features(s) for s in kept)
+        room = usable - fixed - in_memory - concurrency * per_group - block
+        window = room // max(concurrency * block, 1)
+        if window >= min(MIN_WINDOW_BLOCKS, total_blocks) or not kept:
+            break
+        streamed.append(kept.pop())  # val first, then test
+    if window < 1:
+        needed = fixed + concurrency * (per_group + block) + block
+        raise_budget(budget, needed)
+    window = int(min(window, total_blocks))
+    estimate = fixed + in_memory + concurrency * (per_group + window * block) + block
+    return Placement(tuple(streamed), block_rows, window, budget, estimate, force_stream)
+
+
+def raise_budget(budget: int, needed: int) -> None:
+    raise OptionError(f"--max-memory {format_size(budget)} is too small for this search: it needs "
+                      f"about {format_size(needed / (1 - HEADROOM))} even with the features "
+                      "streamed from the file (per-example state, predictions and evaluation "
+                      "grow with the rows and classes); give a larger --max-memory or fewer "
+                      "--jobs")
