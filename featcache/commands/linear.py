@@ -42,8 +42,16 @@ from featcache.commands.common import (
               help="Name of the run directory (default: UTC time). Re-using the id of a finished "
                    "run with the same settings skips it (resume); different settings are refused.")
 @click.option("--jobs", type=click.IntRange(min=1), default=None,
-              help="CPU only: how many (seed, batch size) groups train at once, each on one core "
-                   "(default: one per core). Results do not depend on it.")
+              help="CPU only: how many (seed, batch size) groups train at once, each in its own "
+                   "worker process on one core (default: one per core; under torchrun, the "
+                   "cores shared among the ranks). Results do not depend on it.")
+@click.option("--max-memory", default=None, metavar="SIZE",
+              help="Memory budget for the features and training state, e.g. 4GB (K, M, G, T are "
+                   "powers of 1024; default: half the machine's or container's memory). "
+                   "Features that do not fit are streamed from the file in blocks (see "
+                   "docs/linear.md: the shuffle is per window of blocks, not global).")
+@click.option("--stream", is_flag=True,
+              help="Stream the training features from the file even when they fit the budget.")
 @click.option("--no-plots", is_flag=True, help="Do not draw curves.png.")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
 @device_option
@@ -51,8 +59,11 @@ from featcache.commands.common import (
 @overwrite_option
 def command(dataset, loss_names, learning_rates, batch_sizes, epochs, param_pairs, eps_pos,
             eps_neg, val_variant, seeds, early_stop, backbone, pseudo_labels, run_id, jobs,
-            no_plots, quiet, device, cache, overwrite):
+            max_memory, stream, no_plots, quiet, device, cache, overwrite):
     """Train linear heads on cached features with the protocol's grid and selection.
+
+    Under `torchrun --nproc_per_node N -m featcache train-linear ...` the groups are spread
+    over the ranks (one per GPU, or gloo processes on the CPU) with the same numbers.
 
     Every grid point sharing a batch size trains at once as stacked heads on the device; the
     best epoch and configuration are chosen by validation mAP and the test mAP at that epoch
@@ -69,8 +80,8 @@ def command(dataset, loss_names, learning_rates, batch_sizes, epochs, param_pair
         dataset=dataset, losses=loss_names, learning_rates=learning_rates, batch_sizes=batch_sizes,
         epochs=epochs, params=params, seeds=parse_number_list(seeds, "--seeds", kind=int),
         val_variant=val_variant, early_stop=early_stop, backbone=backbone, run_id=run_id,
-        jobs=jobs, plots=not no_plots, progress=not quiet, device=device, cache=cache,
-        overwrite=overwrite, pseudo_labels=pseudo_labels)
+        jobs=jobs, max_memory=max_memory, stream=stream, plots=not no_plots, progress=not quiet,
+        device=device, cache=cache, overwrite=overwrite, pseudo_labels=pseudo_labels)
     outcome = run_linear(options, say=lambda line: click.echo(line, err=True),
                          on_run=lambda run: click.echo(run.line()))
     if outcome.table is not None:

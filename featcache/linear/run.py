@@ -11,25 +11,42 @@ import json
 import sys
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from featcache.data.featurefile import open_features
+from featcache.data.labelfile import load_labels
 from featcache.errors import FeatcacheWarning
 from featcache.fileio import write_text_atomic
-from featcache.linear.data import LinearData, load_linear_data
+from featcache.linear.data import TrainingSplits, read_linear_data, split_rows
+from featcache.linear.memory import (
+    GroupShape,
+    SplitSizes,
+    default_budget,
+    parse_size,
+    plan_placement,
+    resident_memory,
+)
 from featcache.linear.outputs import run_settings, write_run
 from featcache.linear.report import losses_table, run_summary
-from featcache.linear.search import SearchSpec, run_search
-from featcache.losses import loss_class
+from featcache.linear.search import SearchResult, SearchSpec, run_search, run_searches
+from featcache.linear.stream import load_streamed_data
+from featcache.linear.workers import on_main
+from featcache.losses import SPMLLoss, loss_class
 from featcache.paths import dataset_dir, existing_labels, find_features, labels_path, runs_dir
 from featcache.protocol.coverage import evaluation_coverage, evaluation_notes
 from featcache.protocol.grid import BATCH_SIZES, LEARNING_RATES, LINEAR_EPOCHS, check_grid
 from featcache.protocol.handoff import LinearPhaseRequest
-from featcache.protocol.loss_choice import choose_losses, resolve_params, split_params
+from featcache.protocol.loss_choice import (
+    choose_losses,
+    resolve_params,
+    split_params,
+    training_facts,
+)
 from featcache.protocol.results_table import seed_choices
 from featcache.protocol.runs import new_run_id, open_finished_or_new
 from featcache.protocol.selection import check_early_stop, check_val_variant
-from featcache.runtime import describe_device, pick_device
+from featcache.runtime import Ranks, describe_device, pick_device, ranks, usable_cpus
 from featcache.tables import Table
 
 
@@ -49,6 +66,8 @@ class LinearOptions:
     backbone: str | None = None
     run_id: str | None = None
     jobs: int | None = None
+    max_memory: str | int | None = None  # budget for the features and training state
+    stream: bool = False  # stream the training features even when they fit the budget
     plots: bool = True
     progress: bool = True
     device: str = "auto"
@@ -113,64 +132,156 @@ def run_linear(options: LinearOptions, say: Callable[[str], None] = _stderr,
     """
     check_grid(options.learning_rates, options.batch_sizes)
     check_early_stop(options.early_stop)
-    device = pick_device(options.device)
-    data = load_linear_data(existing_labels(options.dataset, options.cache),
-                            find_features(options.dataset, options.backbone, options.cache),
-                            device=device, pseudo_choice=options.pseudo_labels)
-    facts = data.facts
+    budget = default_budget() if options.max_memory is None else parse_size(options.max_memory)
+    with ranks(options.device) as job:
+        if not job.is_main:  # one voice: rank 0 says what happens and writes every file
+            say, on_run = (lambda _: None), None
+        return _run_linear(options, budget, job, say, on_run)
+
+
+def _run_linear(options: LinearOptions, budget: int, job: Ranks, say: Callable[[str], None],
+                on_run: Callable[[LossRun], None] | None) -> LinearOutcome:
+    device = job.device
+    labels = load_labels(existing_labels(options.dataset, options.cache))
+    features = open_features(find_features(options.dataset, options.backbone, options.cache), labels)
+    parts, _ = split_rows(labels, features)
+    train = parts["train"]
+    facts = training_facts(labels, train.labels.observed[train.keep],
+                           labels.train.clean is not None, options.pseudo_labels)
     losses, skipped = choose_losses(options.losses, facts, given=set(options.params))
-    check_val_variant(options.val_variant, data.val.clean is not None, data.labels.path)
+    check_val_variant(options.val_variant, labels.train.clean is not None, labels.path)
     for name, reason in skipped:
         say(f"skipping {name}: {reason}")
-    for note in evaluation_notes(*evaluation_coverage(data, options.val_variant)):
-        warnings.warn(note, FeatcacheWarning, stacklevel=2)
     given = split_params(options.params, losses)
-    # Every loss's parameters are resolved (and range-checked) before any loss trains.
+    # Every loss's parameters are resolved (and range-checked) before any data is loaded.
     specs = [SearchSpec(loss=name, learning_rates=list(options.learning_rates),
                         batch_sizes=list(options.batch_sizes),
                         params=resolve_params(name, given[name], facts), seeds=list(options.seeds),
                         epochs=options.epochs, val_variant=options.val_variant,
                         early_stop=options.early_stop) for name in losses]
-    run_id = options.run_id or new_run_id()
-    runs = []
-    for spec in specs:
-        run = train_loss(data, spec, runs_dir(options.dataset, spec.loss, options.cache) / run_id,
-                         options, device, say)
-        runs.append(run)
+    jobs = options.jobs or max(1, usable_cpus() // job.local_world)
+    data = load_training_data(
+        labels, features, device, budget, options.stream,
+        [(spec.loss, len(spec.configs(0)) // len(spec.batch_sizes)) for spec in specs],
+        groups=len(options.seeds) * len(options.batch_sizes), jobs=jobs, say=say,
+        pseudo_choice=options.pseudo_labels)
+    if job.is_main:
+        for note in evaluation_notes(*evaluation_coverage(data, options.val_variant)):
+            warnings.warn(note, FeatcacheWarning, stacklevel=3)
+    run_id = on_main(job, lambda: options.run_id or new_run_id())
+    options = replace(options, jobs=jobs)
+    folders = {spec.loss: runs_dir(options.dataset, spec.loss, options.cache) / run_id
+               for spec in specs}
+    done: dict[str, LossRun] = {}
+
+    def keep(run: LossRun) -> None:
+        done[run.loss] = run
         if on_run is not None:
             on_run(run)
+
+    todo = []
+    for spec in specs:
+        reused = reuse_finished(data, spec, folders[spec.loss], options, say, job)
+        if reused is not None:
+            keep(reused)
+        else:
+            todo.append(spec)
+    run_searches(data, todo, device, options.progress, jobs, job, on_done=lambda result: keep(
+        write_loss_run(data, result, folders[result.spec.loss], options, device, job)))
+    runs = [done[spec.loss] for spec in specs]
     outcome = LinearOutcome(runs, skipped)
     if len(runs) > 1:
         outcome.table = losses_table(data.dataset, {run.loss: run.document for run in runs})
         out = dataset_dir(options.dataset, options.cache) / "runs" / f"table-{run_id}"
-        write_text_atomic(out.with_suffix(".md"), outcome.table.markdown())
-        write_text_atomic(out.with_suffix(".csv"), outcome.table.csv())
-        write_text_atomic(out.with_suffix(".json"),
-                          json.dumps(outcome.table.records(), indent=2) + "\n")
+        if job.is_main:
+            write_text_atomic(out.with_suffix(".md"), outcome.table.markdown())
+            write_text_atomic(out.with_suffix(".csv"), outcome.table.csv())
+            write_text_atomic(out.with_suffix(".json"),
+                              json.dumps(outcome.table.records(), indent=2) + "\n")
         outcome.table_path = out.with_suffix(".md")
     return outcome
 
 
-def train_loss(data: LinearData, spec: SearchSpec, run_dir: Path, options: LinearOptions,
-               device, say: Callable[[str], None]) -> LossRun:
-    """One loss's search into ``run_dir``, or the finished run there when its settings match."""
+def load_training_data(labels, features, device, budget: int, stream: bool,
+                       losses: Sequence[tuple[str, int]], groups: int, jobs: int | None,
+                       say: Callable[[str], None] = _stderr,
+                       pseudo_choice: str | None = None) -> TrainingSplits:
+    """The search's data, in memory when it fits ``budget`` (the protocol's exact path), else
+    with the training features streamed from the file (:mod:`featcache.linear.stream`).
+
+    ``losses`` lists (loss, heads per group); ``groups`` counts the (seed, batch size) groups,
+    of which ``jobs`` (default: one per core) train at once on the CPU.
+    """
+    parts, _ = split_rows(labels, features)
+    sizes = SplitSizes(len(parts["train"].rows), len(parts["val"].rows), len(parts["test"].rows),
+                       labels.num_classes, features.dim)
+    shapes = [group_shape(loss_class(name), heads, labels.train.clean is not None)
+              for name, heads in losses]
+    group = max(shapes, key=lambda shape: shape.bytes(sizes), default=GroupShape(1))
+    concurrency = 1 if device.type != "cpu" else max(1, min(jobs or usable_cpus(), groups))
+    placement = plan_placement(sizes, features.dtype.itemsize, features.chunk_rows, group,
+                               concurrency, budget, resident_memory(), force_stream=stream)
+    if placement.in_memory:
+        return read_linear_data(labels, features, device, pseudo_choice)
+    say(placement.describe())
+    return load_streamed_data(labels, features, placement, device, pseudo_choice)
+
+
+def group_shape(loss: type[SPMLLoss], heads: int, train_map: bool) -> GroupShape:
+    """What one group of ``loss`` keeps per training row, from what the loss declares."""
+    keeps_state = loss.init_state is not SPMLLoss.init_state
+    return GroupShape(heads=heads, per_example_state=2 * keeps_state + len(loss.learned_state),
+                      learned_state=len(loss.learned_state),
+                      train_scores=loss.end_epoch is not SPMLLoss.end_epoch, train_map=train_map)
+
+
+def train_loss(data: TrainingSplits, spec: SearchSpec, run_dir: Path, options: LinearOptions,
+               device, say: Callable[[str], None], job: Ranks | None = None) -> LossRun:
+    """One loss's search into ``run_dir``, or the finished run there when its settings match.
+
+    Under ``torchrun`` (``job``) the ranks share the groups; rank 0 alone touches the folder.
+    """
+    reused = reuse_finished(data, spec, run_dir, options, say, job)
+    if reused is not None:
+        return reused
+    result = run_search(data, spec, device=device, progress=options.progress, jobs=options.jobs,
+                        job=job)
+    return write_loss_run(data, result, run_dir, options, device, job)
+
+
+def reuse_finished(data: TrainingSplits, spec: SearchSpec, run_dir: Path, options: LinearOptions,
+                   say: Callable[[str], None], job: Ranks | None) -> LossRun | None:
+    """The finished run in ``run_dir`` when its settings match (else the folder is started
+    for a new run, or refused when it finished with other settings)."""
     data = loss_class(spec.loss).fit_data(data)  # its pseudo-labels are part of its settings
-    folder, reuse = open_finished_or_new(run_dir, run_settings(spec, data), options.overwrite)
-    if reuse:
-        say(f"{spec.loss}: run {run_dir.name} already finished with these settings; reusing it")
-        document = folder.results()
-        return LossRun(spec.loss, run_dir, document, True, document["timings"]["seconds"])
-    result = run_search(data, spec, device=device, progress=options.progress, jobs=options.jobs)
-    document = write_run(run_dir, result, data, describe_device(device), run_summary(result, data),
-                         plot=options.plots)
-    return LossRun(spec.loss, run_dir, document, False, result.seconds)
+    folder, reuse = on_main(job, lambda: open_finished_or_new(
+        run_dir, run_settings(spec, data), options.overwrite))
+    if not reuse:
+        return None
+    say(f"{spec.loss}: run {run_dir.name} already finished with these settings; reusing it")
+    document = folder.results()
+    return LossRun(spec.loss, run_dir, document, True, document["timings"]["seconds"])
+
+
+def write_loss_run(data: TrainingSplits, result: SearchResult, run_dir: Path,
+                   options: LinearOptions, device, job: Ranks | None) -> LossRun:
+    """Write a finished search's run folder (rank 0) and describe it (every rank)."""
+    data = loss_class(result.spec.loss).fit_data(data)
+    where = describe_device(device)
+    if job is not None and job.world > 1:
+        where += f", {job.world} ranks (torchrun)"
+    document = on_main(job, lambda: write_run(run_dir, result, data, where,
+                                              run_summary(result, data), plot=options.plots))
+    return LossRun(result.spec.loss, run_dir, document, False, result.seconds)
 
 
 def train_linear_phase(request: LinearPhaseRequest) -> Path:
     """LinearInit's linear phase (one configuration, 25 epochs) as a normal stage-two run."""
     device = pick_device(request.device)
-    data = load_linear_data(labels_path(request.dataset, request.cache), request.features,
-                            device=device, pseudo_choice=request.pseudo_labels)
+    labels = load_labels(labels_path(request.dataset, request.cache))
+    data = load_training_data(labels, open_features(request.features, labels), device,
+                              default_budget(), False, [(request.loss, 1)], groups=1, jobs=1,
+                              pseudo_choice=request.pseudo_labels)
     spec = SearchSpec(loss=request.loss, learning_rates=[request.lr],
                       batch_sizes=[request.batch_size],
                       params=resolve_params(request.loss, request.params, data.facts),

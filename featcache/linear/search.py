@@ -9,17 +9,16 @@ outer, learning rates inner).
 
 from __future__ import annotations
 
-import os
 import statistics
 import time
-from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import torch
 
-from featcache.linear.data import LinearData
+from featcache.linear.data import TrainingSplits
 from featcache.linear.trainer import HeadResult, train_group
+from featcache.linear.workers import map_groups
 from featcache.losses import DataFacts, ResolvedParams, loss_class
 from featcache.protocol.grid import (
     BATCH_SIZES,
@@ -30,7 +29,7 @@ from featcache.protocol.grid import (
     grid_points,
 )
 from featcache.protocol.selection import select_first_best
-from featcache.runtime import intraop_threads
+from featcache.runtime import Ranks, usable_cpus
 
 
 @dataclass
@@ -98,44 +97,81 @@ class SearchResult:
         return out
 
 
-def run_search(data: LinearData, spec: SearchSpec, device: torch.device | str = "cpu",
-               progress: bool = True, jobs: int | None = None) -> SearchResult:
+def run_search(data: TrainingSplits, spec: SearchSpec, device: torch.device | str = "cpu",
+               progress: bool = True, jobs: int | None = None,
+               job: Ranks | None = None) -> SearchResult:
     """Train and select every configuration of ``spec`` on ``data``.
 
-    On the CPU the groups (one per seed and batch size) run in ``jobs`` threads at once
-    (default: one per core), each with one intra-op thread: small per-step tensors gain
-    nothing from splitting across cores, and this way the numbers never depend on ``jobs``.
+    Groups (one per seed and batch size) train independently (:mod:`featcache.linear.workers`):
+    on the CPU ``jobs`` of them at once in worker processes (default: one per core), each with
+    one intra-op thread; under ``torchrun`` (``job``) spread over the ranks. The numbers never
+    depend on ``jobs`` or on the number of ranks.
     """
-    check_grid(spec.learning_rates, spec.batch_sizes)
-    data = loss_class(spec.loss).fit_data(data)
-    spec = spec.resolved(data.facts)
+    return run_searches(data, [spec], device, progress, jobs, job)[0]
+
+
+@dataclass
+class _Search:
+    """One search being run: its data (fitted to the loss), its resolved spec, its groups."""
+
+    data: TrainingSplits
+    spec: SearchSpec
+    groups: list[tuple[int, int]]
+    done: dict[tuple[int, int], list[HeadResult]] = field(default_factory=dict)
+
+    def result(self, seconds: float) -> SearchResult:
+        seeds = []
+        for seed in self.spec.seeds:
+            heads = [h for bs in self.spec.batch_sizes for h in self.done[(seed, bs)]]
+            seeds.append(SeedResult(seed=seed, heads=heads,
+                                    selected=select_first_best(heads, lambda h: h.best_val)))
+        return SearchResult(spec=self.spec, seeds=seeds, seconds=seconds,
+                            notes=list(self.data.notes))
+
+
+def run_searches(data: TrainingSplits, specs: Sequence[SearchSpec],
+                 device: torch.device | str = "cpu", progress: bool = True,
+                 jobs: int | None = None, job: Ranks | None = None,
+                 on_done: Callable[[SearchResult], None] | None = None) -> list[SearchResult]:
+    """Several searches on the same data (``--loss all``), their groups sharing the workers:
+    a worker done with one loss's group starts the next one's, so no core waits for a slow
+    group to finish. ``on_done`` sees each search as soon as all its groups are trained (in
+    the order they finish; under ``torchrun`` once every rank is done, in the order of
+    ``specs``). A search's ``seconds`` run from the start to its last group's end.
+    """
     device = torch.device(device)
-    groups = [(seed, batch_size) for seed in spec.seeds for batch_size in spec.batch_sizes]
+    searches = []
+    for spec in specs:
+        check_grid(spec.learning_rates, spec.batch_sizes)
+        fitted = loss_class(spec.loss).fit_data(data)
+        spec = spec.resolved(fitted.facts)
+        searches.append(_Search(fitted, spec, [(seed, batch_size) for seed in spec.seeds
+                                                for batch_size in spec.batch_sizes]))
+    tasks = [(i, group) for i, search in enumerate(searches) for group in search.groups]
+    jobs = max(1, jobs or usable_cpus())
+    show = progress and (job is None or job.world == 1 or job.is_main)
 
-    def train(group: tuple[int, int]) -> list[HeadResult]:
-        seed, batch_size = group
-        configs = [c for c in spec.configs(seed) if c.batch_size == batch_size]
-        return train_group(data, spec.loss, configs, spec.epochs, spec.val_variant,
-                           spec.early_stop, device=device, progress=progress,
-                           position=groups.index(group) % max(jobs or 1, 1))
+    def train(task: tuple[int, tuple[int, int]]) -> list[HeadResult]:
+        search = searches[task[0]]
+        seed, batch_size = task[1]
+        configs = [c for c in search.spec.configs(seed) if c.batch_size == batch_size]
+        return train_group(search.data, search.spec.loss, configs, search.spec.epochs,
+                           search.spec.val_variant, search.spec.early_stop, device=device,
+                           progress=show, position=tasks.index(task) % jobs)
 
+    results: list[SearchResult | None] = [None] * len(searches)
+
+    def finished(index: int, heads: list[HeadResult]) -> None:
+        number, group = tasks[index]
+        search = searches[number]
+        search.done[group] = heads
+        if len(search.done) == len(search.groups):
+            results[number] = search.result(time.perf_counter() - started)
+            if on_done is not None:
+                on_done(results[number])
+
+    # a group's cost: its steps per epoch, plus about a hundred steps' worth of evaluation
+    costs = [len(data.train) // batch_size + 100 for _, (_, batch_size) in tasks]
     started = time.perf_counter()
-    if device.type == "cpu":
-        jobs = max(1, min(jobs or os.cpu_count() or 1, len(groups)))
-        with intraop_threads(1):
-            if jobs == 1:
-                trained = [train(g) for g in groups]
-            else:
-                with ThreadPoolExecutor(max_workers=jobs) as pool:
-                    trained = list(pool.map(train, groups))
-    else:
-        jobs = 1
-        trained = [train(g) for g in groups]
-    by_group = dict(zip(groups, trained, strict=True))
-    seeds = []
-    for seed in spec.seeds:
-        heads = [head for batch_size in spec.batch_sizes for head in by_group[(seed, batch_size)]]
-        seeds.append(SeedResult(seed=seed, heads=heads,
-                                selected=select_first_best(heads, lambda h: h.best_val)))
-    return SearchResult(spec=spec, seeds=seeds, seconds=time.perf_counter() - started,
-                        notes=list(data.notes))
+    map_groups(train, tasks, costs, device, jobs, job, on_result=finished)
+    return results

@@ -1,0 +1,129 @@
+"""Who trains which group: worker processes on the CPU, ranks under ``torchrun``.
+
+A search is a list of independent groups (one per seed and batch size). Each group's numbers
+depend only on the group: it trains with one intra-op thread on the CPU, its seeds derive
+from the group, and no reduction crosses groups. So the groups can go anywhere:
+
+- on the CPU, ``jobs`` worker processes train one group each at a time. Processes, not
+  threads: a training step is many small operations, and threads would queue on Python's
+  global interpreter lock (measured: 25-40 % slower than processes on 2 cores). Workers are
+  forked, so they share the features already in memory instead of copying them;
+- under ``torchrun`` every rank (one per GPU, or CPU processes with gloo) takes its share of
+  the groups, balanced by their cost, and every rank receives every group's results;
+- otherwise (one GPU, or ``jobs=1``) the groups train one after the other.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor, as_completed
+from contextlib import nullcontext
+from typing import TypeVar
+
+import torch
+import torch.distributed as dist
+
+from featcache.runtime import Ranks, intraop_threads
+
+G = TypeVar("G")
+R = TypeVar("R")
+
+#: what forked workers read: the running search's training function, by key
+_TASKS: dict[int, Callable] = {}
+
+
+def balance(costs: Sequence[float], workers: int) -> list[list[int]]:
+    """Indices of ``costs`` for each worker: the costliest first, each to the least loaded
+    worker (longest-processing-time first; ties to the lower worker, so it is deterministic)."""
+    loads = [0.0] * workers
+    shares: list[list[int]] = [[] for _ in range(workers)]
+    for index in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):
+        worker = min(range(workers), key=lambda w: (loads[w], w))
+        shares[worker].append(index)
+        loads[worker] += costs[index]
+    return [sorted(share) for share in shares]
+
+
+def map_groups(train: Callable[[G], R], groups: Sequence[G], costs: Sequence[float],
+               device: torch.device, jobs: int, job: Ranks | None = None,
+               on_result: Callable[[int, R], None] | None = None) -> list[R]:
+    """``train(group)`` for every group wherever it runs; the results in the order of
+    ``groups``, and each passed to ``on_result(index, result)`` as soon as it is known.
+
+    Locally the groups start in their order (a free worker takes the next one). Under
+    ``torchrun`` (``job.world > 1``) this rank trains its share, balanced by ``costs``, and
+    every rank receives every result once all ranks are done (``on_result`` is then called in
+    the order of ``groups`` on every rank).
+    """
+    if job is not None and job.world > 1:
+        mine = balance(costs, job.world)[job.rank]
+        local = dict(zip(mine, _run_local(train, [groups[i] for i in mine], device, jobs),
+                         strict=True))
+        everyone: list[dict[int, R] | None] = [None] * job.world
+        dist.all_gather_object(everyone, local)
+        merged = {index: result for part in everyone for index, result in part.items()}
+        results = [merged[i] for i in range(len(groups))]
+        for index, result in enumerate(results):
+            if on_result is not None:
+                on_result(index, result)
+        return results
+    return _run_local(train, groups, device, jobs, on_result)
+
+
+def _run_local(train: Callable[[G], R], groups: Sequence[G], device: torch.device, jobs: int,
+               on_result: Callable[[int, R], None] | None = None) -> list[R]:
+    results: list[R | None] = [None] * len(groups)
+
+    def keep(index: int, result: R) -> None:
+        results[index] = result
+        if on_result is not None:
+            on_result(index, result)
+
+    jobs = max(1, min(jobs, len(groups))) if device.type == "cpu" else 1
+    with intraop_threads(1) if device.type == "cpu" else nullcontext():
+        if jobs == 1:
+            for index, group in enumerate(groups):
+                keep(index, train(group))
+        elif "fork" not in multiprocessing.get_all_start_methods():  # pragma: no cover - Windows
+            with ThreadPoolExecutor(max_workers=jobs) as pool:
+                _collect(pool, [pool.submit(train, g) for g in groups], keep)
+        else:
+            key = id(train)
+            _TASKS[key] = train
+            try:
+                with ProcessPoolExecutor(max_workers=jobs, initializer=_one_thread,
+                                         mp_context=multiprocessing.get_context("fork")) as pool:
+                    _collect(pool, [pool.submit(_run_task, key, g) for g in groups], keep)
+            finally:
+                del _TASKS[key]
+    return results
+
+
+def _collect(pool, futures: list[Future], keep: Callable[[int, R], None]) -> None:
+    """Hand each finished future's result to ``keep``; the first failure cancels the rest."""
+    index = {future: i for i, future in enumerate(futures)}
+    try:
+        for future in as_completed(futures):
+            keep(index[future], future.result())
+    except BaseException:
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+
+
+def _one_thread() -> None:
+    torch.set_num_threads(1)
+
+
+def _run_task(key: int, group):
+    return _TASKS[key](group)
+
+
+def on_main(job: Ranks | None, step: Callable[[], R]) -> R:
+    """Run ``step`` on rank 0 only and hand its result to every rank (errors stop all ranks)."""
+    if job is None or job.world == 1:
+        return step()
+    result = job.together(lambda: step() if job.is_main else None)
+    shared = [result]
+    dist.broadcast_object_list(shared, src=0)
+    return shared[0]

@@ -1,0 +1,175 @@
+"""Out-of-core stage two: the memory budget, the placement plan, streamed epochs and runs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from dataset_fixtures import invoke
+from linear_fixtures import synthetic_dataset
+
+from featcache.data.featurefile import load_features, open_features, write_features
+from featcache.data.labelfile import load_labels
+from featcache.errors import InputError, OptionError
+from featcache.linear.data import load_linear_data, split_rows
+from featcache.linear.heads import StackedLinear
+from featcache.linear.memory import (
+    GroupShape,
+    SplitSizes,
+    format_size,
+    parse_size,
+    plan_placement,
+)
+from featcache.linear.search import SearchSpec, run_search
+from featcache.linear.stream import StreamedRows, load_streamed_data
+from featcache.protocol.runs import load_results
+
+FAST = ("--epochs", "2", "--lr", "1e-2,1e-3", "--bsize", "16", "--quiet", "--no-plots")
+GB = 1 << 30
+
+
+@pytest.mark.parametrize(("text", "size"), [("4GB", 4 * GB), ("4g", 4 * GB), ("1.5GiB", 3 * GB // 2),
+                                            ("512MB", 512 << 20), ("2048", 2048), ("64 kb", 64 << 10)])
+def test_memory_sizes_are_parsed_in_powers_of_1024(text, size):
+    assert parse_size(text) == size
+
+
+@pytest.mark.parametrize("text", ["lots", "4XB", "-1G", "0"])
+def test_a_bad_memory_size_names_the_option(text):
+    with pytest.raises(OptionError, match="--max-memory"):
+        parse_size(text)
+
+
+def test_the_plan_keeps_what_fits_and_streams_train_then_val_then_test():
+    sizes = SplitSizes(train=800_000, val=200_000, test=100_000, classes=20, dim=2048)
+    group = GroupShape(heads=4)
+    roomy = plan_placement(sizes, 2, 1024, group, 2, 64 * GB, 400 << 20)
+    assert roomy.in_memory and roomy.estimate < 64 * GB * 0.9
+    tight = plan_placement(sizes, 2, 1024, group, 2, 4 * GB, 400 << 20)
+    assert tight.streamed == ("train", "val") and tight.window_blocks >= 1
+    assert tight.estimate <= 4 * GB * 0.9 and tight.block_rows % 1024 == 0
+    tighter = plan_placement(sizes, 2, 1024, group, 2, 3 * GB, 400 << 20)  # window >= 8 first
+    assert tighter.streamed == ("train", "val", "test")
+    assert "streaming" in tighter.describe() and format_size(3 * GB) in tighter.describe()
+    with pytest.raises(OptionError, match="too small.*--max-memory"):
+        plan_placement(sizes, 2, 1024, group, 2, 2 * GB, 400 << 20)
+    forced = plan_placement(sizes, 2, 1024, group, 2, 64 * GB, 400 << 20, force_stream=True)
+    assert forced.streamed == ("train",) and forced.forced and "as asked" in forced.describe()
+
+
+@pytest.fixture
+def files(tmp_path):
+    return synthetic_dataset(tmp_path, n_train=300, n_test=90, dim=12)
+
+
+def streamed_train(files, block_rows=16, window=3):
+    labels = load_labels(files[0])
+    features = open_features(files[1], labels)
+    parts, _ = split_rows(labels, features)
+    return StreamedRows(features, parts["train"], block_rows, window), parts["train"], features
+
+
+def test_a_streamed_epoch_sees_every_row_once_in_windows_of_blocks(files):
+    rows, part, features = streamed_train(files)
+    all_features = torch.from_numpy(features.read("train"))[torch.from_numpy(part.rows)]
+    batch_size = 7
+    seen, windows_per_batch = [], []
+    block_of = torch.from_numpy(part.rows // 16)
+    for index, x in rows.epoch(torch.Generator().manual_seed(0), batch_size):
+        assert x.dtype == torch.float32 and torch.equal(x, all_features[index])
+        seen.append(index)
+        windows_per_batch.append(len(set(block_of[index].tolist())))
+    seen = torch.cat(seen)
+    assert len(seen) == len(part.rows) // batch_size * batch_size  # the protocol's step count
+    assert len(set(seen.tolist())) == len(seen)  # no row twice
+    # a batch mixes rows of one window of 3 blocks (plus leftovers carried from the last one)
+    assert max(windows_per_batch) <= 6
+
+
+def test_streamed_epochs_are_seeded_and_differ_between_epochs(files):
+    rows, _, _ = streamed_train(files)
+
+    def order(generator):
+        return torch.cat([index for index, _ in rows.epoch(generator, 8)])
+
+    first = torch.Generator().manual_seed(3)
+    again = torch.Generator().manual_seed(3)
+    epoch_one = order(first)
+    assert torch.equal(epoch_one, order(again))
+    assert not torch.equal(epoch_one, order(first))  # the next epoch draws anew
+
+
+def test_streamed_scores_equal_in_memory_scores(files):
+    rows, part, features = streamed_train(files)
+    head = StackedLinear.create(12, 5, [torch.Generator().manual_seed(s) for s in (1, 2)])
+    in_memory = torch.from_numpy(features.read("train")[part.rows]).float()
+    torch.testing.assert_close(rows.scores(head), head.scores(in_memory), rtol=1e-5, atol=1e-6)
+
+
+def test_a_streamed_search_trains_close_to_the_in_memory_one(files):
+    labels = load_labels(files[0])
+    memory = load_linear_data(*files)
+    features = open_features(files[1], labels)
+    placement = plan_placement(SplitSizes(len(memory.train), len(memory.val), len(memory.test),
+                                          5, 12), 4, 16, GroupShape(2), 1, 64 * GB, 0,
+                               force_stream=True)
+    streamed = load_streamed_data(labels, features, placement)
+    assert streamed.feature_dim == 12 and len(streamed.train) == len(memory.train)
+    assert torch.equal(streamed.val.features, memory.val.features)  # val and test stay in memory
+    spec = SearchSpec(loss="an", learning_rates=(1e-2, 1e-3), batch_sizes=(8,), epochs=3)
+    a = run_search(memory, spec, progress=False).selected.best
+    b = run_search(streamed, spec, progress=False).selected.best
+    assert abs(a.test_map - b.test_map) < 5.0  # one block: a full shuffle by other draws
+
+
+def test_train_linear_stream_records_how_it_read_the_features(cache_dir):
+    synthetic_dataset(cache_dir)
+    plain = invoke("train-linear", "--dataset", "toy", "--loss", "an", "--run-id", "m", *FAST)
+    assert plain.exit_code == 0, plain.output
+    streamed = invoke("train-linear", "--dataset", "toy", "--loss", "an", "--run-id", "s",
+                      "--stream", "--max-memory", "8GB", *FAST)
+    assert streamed.exit_code == 0, streamed.output
+    assert "streaming the train features" in streamed.output
+    memory_doc = load_results(cache_dir / "toy" / "runs" / "an" / "m")
+    stream_doc = load_results(cache_dir / "toy" / "runs" / "an" / "s")
+    assert "streaming" not in memory_doc["settings"]
+    assert stream_doc["settings"]["streaming"]["streamed"] == ["train"]
+    assert memory_doc["fingerprint"] != stream_doc["fingerprint"]
+    assert stream_doc["protocol"]["features"].startswith("streaming")
+    # the same run id with in-memory settings is another run: refused, naming the difference
+    clash = invoke("train-linear", "--dataset", "toy", "--loss", "an", "--run-id", "s", *FAST)
+    assert clash.exit_code != 0 and "streaming" in clash.output
+
+
+def test_a_budget_too_small_for_any_plan_is_one_clear_error(cache_dir):
+    synthetic_dataset(cache_dir)
+    result = invoke("train-linear", "--dataset", "toy", "--loss", "an", "--max-memory", "1MB",
+                    *FAST)
+    assert result.exit_code != 0
+    assert "--max-memory 1.0 MB is too small" in result.output
+    bad = invoke("train-linear", "--dataset", "toy", "--loss", "an", "--max-memory", "lots", *FAST)
+    assert bad.exit_code != 0 and "--max-memory 'lots'" in bad.output
+
+
+def test_in_memory_data_keeps_the_files_identity_not_a_second_copy(files):
+    data = load_linear_data(*files)
+    assert data.features.sha256 and data.features.path == files[1]
+    assert not hasattr(data.features, "train")  # the arrays are read once, into the splits
+    assert np.array_equal(data.train.rows, load_labels(files[0]).train_index)
+
+
+def test_features_are_written_block_by_block_and_read_back_in_blocks(tmp_path):
+    labels_path, features_path = synthetic_dataset(tmp_path, n_train=50, n_test=20, dim=6)
+    labels = load_labels(labels_path)
+    whole = load_features(features_path, labels)
+    out = tmp_path / "blocks.h5"
+    write_features(out, labels, {"train": (whole.train[i:i + 16] for i in range(0, 50, 16)),
+                                 "test": iter([whole.test])}, {"backbone": "toy"},
+                   dtype="float16")
+    with open_features(out, labels) as file:
+        assert file.dtype == np.float16 and file.dim == 6 and file.rows("train") == 50
+        assert np.array_equal(file.read("train", 10, 20), whole.train[10:20].astype(np.float16))
+    short = {"train": (whole.train[i:i + 16] for i in range(0, 48, 16)), "test": whole.test}
+    with pytest.raises(InputError, match="the blocks hold 48 rows"):
+        write_features(out, labels, short, {"backbone": "toy"}, overwrite=True)
+    assert open_features(out, labels).rows("train") == 50  # the failed write left the file as it was
