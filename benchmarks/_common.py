@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import platform
+import resource
 import time
 from pathlib import Path
 
@@ -71,3 +72,69 @@ def load_note() -> str:
     """The machine's load when a benchmark starts (other jobs distort CPU figures)."""
     one, five, _ = os.getloadavg()
     return f"load average {one:.2f} (1 min), {five:.2f} (5 min) on {os.cpu_count()} CPUs"
+
+
+def _busy_cpu_seconds() -> float:
+    """CPU-seconds the whole machine has spent busy since boot (Linux /proc/stat)."""
+    try:
+        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except OSError:  # pragma: no cover - not Linux
+        return 0.0
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    return (sum(fields) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def _own_cpu_seconds() -> float:
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+class Busy:
+    """Wall time of a block and the CPU time other processes took meanwhile (a measurement
+    on a shared machine is only as good as that number is small)."""
+
+    def __enter__(self) -> Busy:
+        self.load = os.getloadavg()[0]
+        self._start = (time.perf_counter(), _busy_cpu_seconds(), _own_cpu_seconds())
+        return self
+
+    def __exit__(self, *exc) -> None:
+        wall, busy, own = self._start
+        self.seconds = time.perf_counter() - wall
+        self.others = max(0.0, (_busy_cpu_seconds() - busy) - (_own_cpu_seconds() - own))
+
+    def record(self) -> dict:
+        return {"seconds": self.seconds, "other_processes_cpu_seconds": round(self.others, 2),
+                "load_before": round(self.load, 2)}
+
+    def note(self) -> str:
+        return (f"other processes used {self.others:.1f} CPU-s during these {self.seconds:.1f} s "
+                f"(load {self.load:.2f} before)")
+
+
+def tree_memory(pid: int) -> tuple[int, int]:
+    """(sum of RSS, sum of PSS) in bytes of process ``pid`` and its descendants (Linux)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(parent, []).append(int(entry.name))
+    rss = pss = 0
+    todo = [pid]
+    while todo:
+        current = todo.pop()
+        todo.extend(children.get(current, []))
+        try:
+            for line in Path(f"/proc/{current}/smaps_rollup").read_text().splitlines():
+                if line.startswith("Rss:"):
+                    rss += int(line.split()[1]) * 1024
+                elif line.startswith("Pss:"):
+                    pss += int(line.split()[1]) * 1024
+        except OSError:
+            continue
+    return rss, pss

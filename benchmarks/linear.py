@@ -1,47 +1,70 @@
-"""Stage two speed: the full 8-configuration x 25-epoch search of one loss, ours vs the reference way.
+"""Stage two at full speed and any size: every figure of README "Performance" (stage two).
 
-Ours: ``featcache.linear.search.run_search`` (stacked heads, index-slice batches, device mAP).
-Baseline: one configuration at a time the way the reference code trains (Cole et al.
-``train.py``): a DataLoader over the feature rows yielding a dict per batch, the loss built
-with boolean-mask assignments, per-example Python lists in the logger, and scikit-learn AP
-(plus the logger's precision/recall@k loops) on train, val and test every epoch. The baseline
-runs a few configuration-epochs (one per batch size by default) and is scaled honestly to the
-8 x 25 search: mean seconds per configuration-epoch of each batch size x 4 lrs x 25 epochs.
+1. Speed, side by side (default): the 8-configuration x 25-epoch search of one loss
+   (``--loss``, default ``an``) with ``featcache.linear.search.run_search``, next to the
+   reference loop measured in the same run. The reference loop is Cole et al.'s ``train.py``
+   as it trains one configuration: a DataLoader with its 4 workers over the feature rows
+   yielding a dict per example, the label estimator's forward on every batch, the loss built
+   with boolean-mask assignments, per-example Python lists in the logger, and the logger's
+   metrics (AP per class with scikit-learn plus precision/recall@k loops) against the clean
+   and the observed labels for train, val and test every epoch. It runs a few
+   configuration-epochs (one per batch size by default) and is scaled to the search: mean
+   seconds per configuration-epoch of each batch size x 4 learning rates x 25 epochs.
+2. ``--all-losses``: ``featcache train-linear --loss all`` (every loss, outputs and plots).
+3. ``--out-of-core``: a generated 1,000,000 x 2048 float16 features file (about 4 GB; built
+   once under cache/bench/data, ``--delete-big`` removes it afterwards) trained by
+   ``featcache train-linear --max-memory 4GB`` in a child process: time per epoch and the
+   peak memory of the process tree (RSS summed, and PSS, which counts shared pages once).
+4. ``--stream-check``: the real ``bibtex`` and ``tmc2007-500`` feature sets (../shared/data
+   or $FEATCACHE_SHARED_DATA), the search in memory and streamed (blocks of 1024 rows, 2
+   blocks per shuffle window), over several seeds: selected test mAP mean and std.
 
-Data: VOC-sized features (4,574 train / 1,143 val / 5,823 test, 2,048-d, 20 classes) with the
-real VOC2012 label matrices when ``../shared/data`` is present (else VOC-like generated labels),
-or COCO-sized (65,665 / 16,416 / 40,137, 80 classes) with ``--size coco``. Features are
-generated: non-negative, label-dependent, so training does something real.
+Data for 1 and 2: VOC-sized features (4,574 train / 1,143 val / 5,823 test, 2,048-d, 20
+classes) with the real VOC2012 label matrices when the shared data is present (else VOC-like
+generated labels), or COCO-sized (65,665 / 16,416 / 40,137, 80 classes) with ``--size coco``.
+Features are generated: non-negative, label-dependent, so training does something real.
+Every timed block also records the CPU time other processes took meanwhile.
 
-    python -m benchmarks.linear                 # VOC-sized, an-ls, CPU
-    python -m benchmarks.linear --all-losses    # also time `--loss all` (every loss)
+    python -m benchmarks.linear                       # 1: VOC-sized, an, CPU
+    python -m benchmarks.linear --all                 # 1-4: every figure of the README
+    python -m benchmarks.linear --all-losses --out-of-core --delete-big
     python -m benchmarks.linear --size coco --device cuda
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
+import subprocess
+import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
 import torch
 from sklearn.metrics import average_precision_score
 
-from benchmarks._common import BENCH_DIR, describe, machine, save
+from benchmarks._common import BENCH_DIR, Busy, describe, machine, save, tree_memory
 from featcache.data.featurefile import write_features
 from featcache.data.labelfile import LabelSet, SplitLabels, load_labels, write_labels
 from featcache.data.sampling import observe_uniform, split_train_val
 from featcache.linear.data import load_linear_data
+from featcache.linear.memory import parse_size
 from featcache.linear.search import SearchSpec, run_search
-from featcache.losses import loss_names
+from featcache.protocol.runs import load_results
+from featcache.runtime import usable_cpus
 from featcache.tables import Table
 
 SIZES = {
     "voc": {"train": 5717, "test": 5823, "classes": 20, "k": 1.46},
     "coco": {"train": 82081, "test": 40137, "classes": 80, "k": 2.9},
 }
-SHARED_VOC = Path(__file__).resolve().parents[2] / "shared" / "data" / "voc2012_labels"
+SHARED_DATA = Path(os.environ.get("FEATCACHE_SHARED_DATA",
+                                  Path(__file__).resolve().parents[2] / "shared" / "data"))
+SHARED_VOC = SHARED_DATA / "voc2012_labels"
+ROOT = Path(__file__).resolve().parents[1]
 FEATURE_DIM = 2048
 
 
@@ -111,6 +134,14 @@ class FeatureRows(torch.utils.data.Dataset):
                 "label_vec_true": torch.FloatTensor(np.copy(self.clean[idx])), "idx": idx}
 
 
+def _reference_an(preds: torch.Tensor, observed: torch.Tensor) -> torch.Tensor:
+    """AN the reference's way: boolean-mask assignments into a zero matrix."""
+    loss_mtx = torch.zeros_like(observed)
+    loss_mtx[observed == 1] = -torch.log(preds[observed == 1] + 1e-5)
+    loss_mtx[observed == 0] = -torch.log(1.0 - preds[observed == 0] + 1e-5)
+    return (loss_mtx / (preds.shape[0] * preds.shape[1])).sum()
+
+
 def _reference_an_ls(preds: torch.Tensor, observed: torch.Tensor, eps: float = 0.1) -> torch.Tensor:
     """AN-LS the reference's way: boolean-mask assignments into a zero matrix."""
     loss_mtx = torch.zeros_like(observed)
@@ -154,14 +185,29 @@ def _reference_metrics(preds: list, targets: list) -> float:
     return 100.0 * float(np.mean(aps))
 
 
+REFERENCE_LOSSES = {"an": _reference_an, "an-ls": _reference_an_ls}
+
+
 def reference_config_epochs(labels_path: Path, features_path: Path, bsize: int, lr: float,
-                            epochs: int, device: torch.device, workers: int = 4) -> float:
-    """Seconds per configuration-epoch of the reference-style loop (AN-LS).
+                            epochs: int, device: torch.device, loss: str = "an",
+                            workers: int = 4) -> float:
+    """Seconds per configuration-epoch of the reference-style loop (AN or AN-LS).
 
     As the reference's ``train.py``: DataLoaders with 4 workers and ``drop_last=True`` for the
-    three phases, a dict per example, the loss's validation asserts, per-example Python lists
-    in the logger, and its metrics twice per phase (against the clean and the observed labels).
+    three phases, a dict per example, the label estimator (an N x L parameter, in the
+    optimizer at 10x the rate, sigmoid of its rows on every batch; its estimates read after
+    every phase), the loss's validation asserts, per-example Python lists in the logger, and
+    its metrics twice per phase (against the clean and the observed labels).
     """
+    with warnings.catch_warnings():  # its 4 workers on 2 cores, as the reference has them
+        warnings.simplefilter("ignore", UserWarning)
+        return _reference_config_epochs(labels_path, features_path, bsize, lr, epochs, device,
+                                        loss, workers)
+
+
+def _reference_config_epochs(labels_path, features_path, bsize, lr, epochs, device, loss,
+                             workers) -> float:
+    loss_fn = REFERENCE_LOSSES.get(loss, _reference_an_ls)
     data = load_linear_data(labels_path, features_path)
     loaders = {}
     for name, split in (("train", data.train), ("val", data.val), ("test", data.test)):
@@ -170,24 +216,31 @@ def reference_config_epochs(labels_path: Path, features_path: Path, bsize: int, 
         loaders[name] = torch.utils.data.DataLoader(dataset, batch_size=bsize, num_workers=workers,
                                                     shuffle=name == "train", drop_last=True)
     model = torch.nn.Linear(data.feature_dim, data.num_classes).to(device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    estimator = torch.nn.Parameter(torch.zeros(len(data.train), data.num_classes, device=device))
+    optimizer = torch.optim.Adam([{"params": model.parameters(), "lr": lr},
+                                  {"params": [estimator], "lr": 10 * lr}], lr=lr)
     started = time.perf_counter()
     for _ in range(epochs):
         for phase in ("train", "val", "test"):
-            preds, trues, observed_rows, indices = [], [], [], []
+            preds, trues, observed_rows, indices, losses = [], [], [], [], []
             model.train(phase == "train")
             for batch in loaders[phase]:
                 x = batch["image"].to(device)
+                labels_np = batch["label_vec_obs"].clone().numpy()  # noqa: F841 (as the reference)
                 observed = batch["label_vec_obs"].to(device)
                 with torch.set_grad_enabled(phase == "train"):
-                    p = torch.sigmoid(model(x))
                     if phase == "train":
                         optimizer.zero_grad()
+                    p = torch.sigmoid(model(x))
+                    if phase == "train":
+                        torch.sigmoid(estimator[batch["idx"]])  # the label estimator's forward
                         assert torch.max(observed) <= 1 and torch.min(observed) >= -1
                         assert torch.max(p) <= 1 and torch.min(p) >= 0
-                        _reference_an_ls(p, observed).backward()
+                        loss_value = loss_fn(p, observed)
+                        loss_value.backward()
                         optimizer.step()
-                p_np = p.detach().cpu().numpy()
+                        losses.append(float(loss_value.clone().detach().cpu().numpy()))
+                p_np = p.clone().detach().cpu().numpy()
                 for i in range(len(batch["idx"])):
                     preds.append(p_np[i, :].tolist())
                     trues.append(batch["label_vec_true"][i, :].tolist())
@@ -195,66 +248,233 @@ def reference_config_epochs(labels_path: Path, features_path: Path, bsize: int, 
                     indices.append(int(batch["idx"][i]))
             _reference_metrics(preds, trues)
             _reference_metrics(preds, observed_rows)
+            estimates = torch.sigmoid(estimator.detach()).cpu().numpy()
+            float(np.mean(np.sum(estimates, axis=1)))
     return (time.perf_counter() - started) / epochs
+
+
+# ---------------------------------------------------------------------------- big data
+def big_dataset(rows: int, dtype: str = "float16", root: Path = BENCH_DIR / "data",
+                block: int = 65536) -> tuple[Path, Path]:
+    """A labels file and a ``rows`` x 2048 features file (80 % official train, 20 % test; VOC's
+    20 classes, generated labels), written block by block (built once, then reused)."""
+    name = f"big-{rows}"
+    labels_path, features_path = root / name / "labels.h5", root / name / f"features-{dtype}.h5"
+    if labels_path.exists() and features_path.exists():
+        return labels_path, features_path
+    rng = np.random.default_rng(0)
+    spec = SIZES["voc"]
+    n_train = int(rows * 0.8)
+    prior = np.log(rng.dirichlet(np.full(spec["classes"], 0.6)))
+    splits = {}
+    for part, n in (("train", n_train), ("test", rows - n_train)):
+        counts = np.clip(rng.poisson(spec["k"] - 1, n) + 1, 1, spec["classes"])
+        keys = prior - np.log(-np.log(rng.random((n, spec["classes"]))))  # Gumbel top-k
+        rank = np.argsort(np.argsort(-keys, axis=1), axis=1)
+        splits[part] = (rank < counts[:, None]).astype(np.uint8)
+    train_idx, val_idx = split_train_val(n_train)
+    labels = LabelSet(
+        dataset=name, classes=[f"class{i:02d}" for i in range(spec["classes"])],
+        train=SplitLabels(np.array([f"train/{i:07d}" for i in range(n_train)], dtype=object),
+                          observe_uniform(splits["train"]), splits["train"]),
+        test=SplitLabels(np.array([f"test/{i:07d}" for i in range(rows - n_train)], dtype=object),
+                         observe_uniform(splits["test"]), splits["test"]),
+        train_index=train_idx, val_index=val_idx, provenance={"source": "benchmark, generated"},
+    )
+    write_labels(labels, labels_path, overwrite=True)
+    labels = load_labels(labels_path)
+    basis = rng.standard_normal((spec["classes"], FEATURE_DIM), dtype=np.float32)
+
+    def blocks(y):
+        for start in range(0, len(y), block):
+            yield _features(y[start:start + block], basis, rng).astype(dtype)
+
+    write_features(features_path, labels, {"train": blocks(splits["train"]),
+                                           "test": blocks(splits["test"])},
+                   {"backbone": "synthetic", "weights": "none"}, overwrite=True, dtype=dtype)
+    return labels_path, features_path
+
+
+# ---------------------------------------------------------------------------- measurements
+def measure_speed(args, device, labels_path, features_path, table: Table) -> dict:
+    """Ours and the reference loop, side by side in one run."""
+    data = load_linear_data(labels_path, features_path, device=device)
+    run_search(data, SearchSpec(loss=args.loss, epochs=2), device=device, progress=False,
+               jobs=args.jobs)  # warm-up: allocator, worker start-up
+    with Busy() as ours_busy:
+        result = run_search(data, SearchSpec(loss=args.loss), device=device, progress=False,
+                            jobs=args.jobs)
+    ours = result.seconds
+    out = {"loss": args.loss, "ours_seconds": ours, "ours_busy": ours_busy.record(),
+           "jobs": args.jobs or usable_cpus(),
+           "sizes": {"train": len(data.train), "val": len(data.val), "test": len(data.test),
+                     "classes": data.num_classes, "dim": data.feature_dim},
+           "selected_test_map": result.selected.best.test_map}
+    table.add(f"featcache search, {args.loss} (8 configs x 25 epochs)", ours, ours / 200, None,
+              ours_busy.others)
+    print(f"  ours: {ours:.2f} s; {ours_busy.note()}", flush=True)
+    if args.no_baseline:
+        return out
+    reference = "an" if args.loss == "an" else "an-ls"
+    with Busy() as busy:
+        per_epoch = {bs: reference_config_epochs(labels_path, features_path, bs, 1e-3,
+                                                 args.baseline_epochs, device, reference)
+                     for bs in (8, 16)}
+    baseline = sum(4 * 25 * s for s in per_epoch.values())
+    out.update(baseline_loss=reference, baseline_seconds_per_config_epoch=per_epoch,
+               baseline_seconds_estimated=baseline, speedup=baseline / ours,
+               baseline_epochs_measured=args.baseline_epochs, baseline_busy=busy.record())
+    for bs in (8, 16):
+        table.add(f"reference loop ({reference}), bs {bs}, measured", per_epoch[bs] *
+                  args.baseline_epochs, per_epoch[bs], None, None)
+    table.add(f"reference loop ({reference}), scaled to 8 x 25", baseline, baseline / 200,
+              baseline / ours, busy.others)
+    print(f"  reference: {baseline:.0f} s estimated; {busy.note()}", flush=True)
+    return out
+
+
+def measure_all_losses(args, device, labels_path, table: Table) -> dict:
+    """``featcache train-linear --loss all`` on the benchmark data: outputs, plots and all."""
+    from featcache.linear.run import LinearOptions, run_linear
+
+    options = LinearOptions(dataset=labels_path.parent.name, losses="all", run_id="bench-all",
+                            cache=str(labels_path.parent.parent), device=device.type,
+                            progress=False, overwrite=True, jobs=args.jobs)
+    per_loss = {}
+    with Busy() as busy:
+        outcome = run_linear(options, say=lambda line: print(f"  {line}", flush=True),
+                             on_run=lambda run: per_loss.__setitem__(run.loss, run.seconds))
+    table.add(f"train-linear --loss all ({len(outcome.runs)} losses, 8 x 25 each)", busy.seconds,
+              None, None, busy.others)
+    print(f"  --loss all: {busy.seconds:.0f} s; {busy.note()}", flush=True)
+    return {"all_losses_seconds": busy.seconds, "per_loss_seconds": per_loss,
+            "skipped": outcome.skipped, "busy": busy.record()}
+
+
+def measure_out_of_core(args, table: Table) -> dict:
+    """A ``rows`` x 2048 float16 file trained under a memory budget, in a child process."""
+    with Busy() as built:
+        labels_path, features_path = big_dataset(args.big_rows)
+    size = features_path.stat().st_size
+    print(f"  {features_path} ({size / 2**30:.2f} GiB) ready in {built.seconds:.0f} s", flush=True)
+    command = [sys.executable, "-m", "featcache", "train-linear", "--dataset",
+               labels_path.parent.name, "--cache", str(labels_path.parent.parent), "--loss",
+               "an", "--epochs", str(args.big_epochs), "--max-memory", args.budget, "--quiet",
+               "--no-plots", "--device", "cpu", "--run-id", "bench-ooc", "--overwrite"]
+    peak_rss = peak_pss = 0
+    with Busy() as busy:
+        child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        while child.poll() is None:
+            rss, pss = tree_memory(child.pid)
+            peak_rss, peak_pss = max(peak_rss, rss), max(peak_pss, pss)
+            time.sleep(0.2)
+        output = child.stdout.read()
+    if child.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} failed:\n{output}")
+    results = load_results(labels_path.parent / "runs" / "an" / "bench-ooc")
+    search = results["timings"]["seconds"]
+    per_epoch = search / args.big_epochs
+    budget = parse_size(args.budget)
+    out = {"rows": args.big_rows, "file_bytes": size, "dtype": "float16",
+           "budget_bytes": budget, "epochs": args.big_epochs, "search_seconds": search,
+           "seconds_per_epoch": per_epoch, "wall_seconds": busy.seconds,
+           "peak_rss_tree_bytes": peak_rss, "peak_pss_tree_bytes": peak_pss,
+           "features": results["protocol"]["features"], "selected_test_map":
+           results["selection"]["test_map"], "command": " ".join(command[1:]),
+           "busy": busy.record(), "output": output.strip().splitlines()[-3:]}
+    table.add(f"{args.big_rows:,} x 2048 float16 ({size / 2**30:.1f} GiB), --max-memory "
+              f"{args.budget}: one epoch (8 configs)", per_epoch, None, None, busy.others)
+    print(f"  out of core: {per_epoch:.0f} s per epoch, peak RSS {peak_rss / 2**30:.2f} GiB "
+          f"(PSS {peak_pss / 2**30:.2f} GiB) under {args.budget}; {busy.note()}", flush=True)
+    if args.delete_big:
+        shutil.rmtree(labels_path.parent)
+    return out
+
+
+def measure_streaming_fidelity(args, table: Table) -> dict:
+    """Selected test mAP, in memory and streamed, over seeds, on real feature sets."""
+    from featcache.cli import cli
+    from featcache.data.featurefile import open_features
+    from featcache.linear.memory import Placement
+    from featcache.linear.stream import load_streamed_data
+
+    out = {}
+    root = BENCH_DIR / "data"
+    for name in ("bibtex", "tmc2007-500"):
+        npz = SHARED_DATA / name / f"{name}.npz"
+        if not npz.exists():
+            print(f"  {npz} not found: skipping", flush=True)
+            continue
+        labels_path = root / name / "labels.h5"
+        if not labels_path.exists():
+            cli.main(["prepare", "features", "--npz", str(npz), "--name", name, "--cache",
+                      str(root), "--overwrite"], standalone_mode=False)
+        features_path = next((root / name).glob("features-*.h5"))
+        memory = load_linear_data(labels_path, features_path)
+        labels = load_labels(labels_path)
+        placement = Placement(("train",), block_rows=1024, window_blocks=2, forced=True)
+        streamed = load_streamed_data(labels, open_features(features_path, labels), placement)
+        spec = SearchSpec(loss="an", seeds=tuple(range(args.seeds)))
+        maps = {}
+        for label, data in (("in memory", memory), ("streamed", streamed)):
+            result = run_search(data, spec, progress=False, jobs=args.jobs)
+            maps[label] = [s.selected.best.test_map for s in result.seeds]
+        out[name] = {"rows": {"train": len(memory.train), "val": len(memory.val),
+                              "test": len(memory.test)},
+                     "placement": placement.describe(), "loss": "an", "test_map": maps}
+        for label, values in maps.items():
+            table.add(name, "an", label, len(values), float(np.mean(values)),
+                      float(np.std(values, ddof=1)) if len(values) > 1 else 0.0)
+        print(f"  {name}: in memory {np.mean(maps['in memory']):.2f} +- "
+              f"{np.std(maps['in memory'], ddof=1):.2f}, streamed {np.mean(maps['streamed']):.2f} "
+              f"+- {np.std(maps['streamed'], ddof=1):.2f}", flush=True)
+    return out
 
 
 # ---------------------------------------------------------------------------- main
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--size", choices=sorted(SIZES), default="voc")
-    parser.add_argument("--loss", default="an-ls")
+    parser.add_argument("--loss", default="an")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--jobs", type=int, default=None, help="CPU worker processes (default: one per core)")
     parser.add_argument("--baseline-epochs", type=int, default=1,
-                        help="epochs of the baseline per batch size (then scaled to 8 x 25)")
+                        help="epochs of the reference loop per batch size (then scaled to 8 x 25)")
     parser.add_argument("--no-baseline", action="store_true")
-    parser.add_argument("--all-losses", action="store_true", help="also time every loss's search")
+    parser.add_argument("--all-losses", action="store_true", help="also time --loss all")
+    parser.add_argument("--out-of-core", action="store_true", help="also the big streamed file")
+    parser.add_argument("--big-rows", type=int, default=1_000_000)
+    parser.add_argument("--big-epochs", type=int, default=1)
+    parser.add_argument("--budget", default="4GB", help="--max-memory of the out-of-core run")
+    parser.add_argument("--delete-big", action="store_true", help="delete the big file afterwards")
+    parser.add_argument("--stream-check", action="store_true",
+                        help="also in-memory vs streamed mAP on bibtex and tmc2007-500")
+    parser.add_argument("--seeds", type=int, default=3, help="seeds of --stream-check")
+    parser.add_argument("--all", action="store_true", help="every figure (1-4)")
     args = parser.parse_args(argv)
+    if args.all:
+        args.all_losses = args.out_of_core = args.stream_check = True
     device = torch.device(args.device)
     info = machine(device)
     labels_path, features_path, source = synthetic_dataset(args.size)
-    data = load_linear_data(labels_path, features_path, device=device)
-
-    def search(loss: str):
-        spec = SearchSpec(loss=loss)  # every parameter resolved by run_search
-        return run_search(data, spec, device=device, progress=False)
-
-    search(args.loss)  # warm-up: allocator, thread pools
-    result = search(args.loss)
-    ours = result.seconds
-    document = {"benchmark": "linear-search", "size": args.size, "labels": source,
-                "loss": args.loss, "machine": info, "ours_seconds": ours,
-                "sizes": {"train": len(data.train), "val": len(data.val), "test": len(data.test),
-                          "classes": data.num_classes, "dim": data.feature_dim},
-                "selected_test_map": result.selected.best.test_map}
-    table = Table(["what", "seconds", "per config-epoch (s)", "speed-up"])
-    table.add(f"featcache search, {args.loss} (8 configs x 25 epochs)", ours, ours / 200, None)
-    if not args.no_baseline:
-        per_epoch = {bs: reference_config_epochs(labels_path, features_path, bs, 1e-3,
-                                                 args.baseline_epochs, device) for bs in (8, 16)}
-        baseline = sum(4 * 25 * s for s in per_epoch.values())
-        document.update(baseline_seconds_per_config_epoch=per_epoch,
-                        baseline_seconds_estimated=baseline, speedup=baseline / ours,
-                        baseline_epochs_measured=args.baseline_epochs)
-        table.add("reference-style loop, bs 8 (measured)", per_epoch[8], per_epoch[8], None)
-        table.add("reference-style loop, bs 16 (measured)", per_epoch[16], per_epoch[16], None)
-        table.add("reference-style search (scaled to 8 x 25)", baseline, baseline / 200, baseline / ours)
+    document = {"benchmark": "linear", "size": args.size, "labels": source, "machine": info}
+    table = Table(["what", "seconds", "per config-epoch (s)", "speed-up", "others' CPU-s"],
+                  formats={"per config-epoch (s)": "{:.4f}", "others' CPU-s": "{:.1f}"})
+    print(f"machine: {describe(info)}; data: {args.size}-sized ({source})", flush=True)
+    document["speed"] = measure_speed(args, device, labels_path, features_path, table)
     if args.all_losses:
-        started = time.perf_counter()
-        per_loss = {}
-        for loss in loss_names():
-            try:
-                per_loss[loss] = search(loss).seconds
-            except Exception as exc:  # a loss the data cannot serve
-                per_loss[loss] = f"skipped: {exc}"
-        total = time.perf_counter() - started
-        document.update(all_losses_seconds=total, per_loss_seconds=per_loss)
-        table.add(f"every loss ({len(per_loss)} searches)", total, None, None)
-    print(f"machine: {describe(info)}; data: {args.size}-sized ({source}), "
-          f"{len(data.train)}/{len(data.val)}/{len(data.test)} x {data.feature_dim}")
+        document["all_losses"] = measure_all_losses(args, device, labels_path, table)
+    if args.out_of_core:
+        document["out_of_core"] = measure_out_of_core(args, table)
+    if args.stream_check:
+        fidelity = Table(["data", "loss", "features", "seeds", "test mAP mean", "std"])
+        document["streaming_fidelity"] = measure_streaming_fidelity(args, fidelity)
+        document["streaming_table"] = fidelity.records()
     print(table.markdown())
-    if args.all_losses:
-        for loss, seconds in document["per_loss_seconds"].items():
-            print(f"  {loss}: {seconds if isinstance(seconds, str) else f'{seconds:.1f} s'}")
+    if args.stream_check:
+        print(fidelity.markdown())
+    document["table"] = table.records()
     path = save(f"linear-{args.size}-{device.type}", document)
     print(f"figures written to {path}")
     return document
