@@ -9,6 +9,7 @@ outer, learning rates inner).
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -118,6 +119,7 @@ class _Search:
     spec: SearchSpec
     groups: list[tuple[int, int]]
     done: dict[tuple[int, int], list[HeadResult]] = field(default_factory=dict)
+    span: tuple[float, float] = (math.inf, -math.inf)  # wall-clock start and end of its groups
 
     def result(self, seconds: float) -> SearchResult:
         seeds = []
@@ -137,7 +139,8 @@ def run_searches(data: TrainingSplits, specs: Sequence[SearchSpec],
     a worker done with one loss's group starts the next one's, so no core waits for a slow
     group to finish. ``on_done`` sees each search as soon as all its groups are trained (in
     the order they finish; under ``torchrun`` once every rank is done, in the order of
-    ``specs``). A search's ``seconds`` run from the start to its last group's end.
+    ``specs``). A search's ``seconds`` run from its first group's start to its last group's
+    end.
     """
     device = torch.device(device)
     searches = []
@@ -151,27 +154,30 @@ def run_searches(data: TrainingSplits, specs: Sequence[SearchSpec],
     jobs = max(1, jobs or usable_cpus())
     show = progress and (job is None or job.world == 1 or job.is_main)
 
-    def train(task: tuple[int, tuple[int, int]]) -> list[HeadResult]:
+    def train(task: tuple[int, tuple[int, int]]) -> tuple[list[HeadResult], float, float]:
         search = searches[task[0]]
         seed, batch_size = task[1]
         configs = [c for c in search.spec.configs(seed) if c.batch_size == batch_size]
-        return train_group(search.data, search.spec.loss, configs, search.spec.epochs,
-                           search.spec.val_variant, search.spec.early_stop, device=device,
-                           progress=show, position=tasks.index(task) % jobs)
+        started = time.time()  # wall clock: comparable between the worker processes
+        heads = train_group(search.data, search.spec.loss, configs, search.spec.epochs,
+                            search.spec.val_variant, search.spec.early_stop, device=device,
+                            progress=show, position=tasks.index(task) % jobs)
+        return heads, started, time.time()
 
     results: list[SearchResult | None] = [None] * len(searches)
 
-    def finished(index: int, heads: list[HeadResult]) -> None:
+    def finished(index: int, outcome: tuple[list[HeadResult], float, float]) -> None:
         number, group = tasks[index]
         search = searches[number]
+        heads, began, ended = outcome
         search.done[group] = heads
+        search.span = (min(search.span[0], began), max(search.span[1], ended))
         if len(search.done) == len(search.groups):
-            results[number] = search.result(time.perf_counter() - started)
+            results[number] = search.result(search.span[1] - search.span[0])
             if on_done is not None:
                 on_done(results[number])
 
     # a group's cost: its steps per epoch, plus about a hundred steps' worth of evaluation
     costs = [len(data.train) // batch_size + 100 for _, (_, batch_size) in tasks]
-    started = time.perf_counter()
     map_groups(train, tasks, costs, device, jobs, job, on_result=finished)
     return results
