@@ -81,6 +81,28 @@ def find_features(dataset: str, backbone: str | None = None,
     return found[0]
 
 
+def spatial_features_path(dataset: str, backbone: str,
+                          cache: str | os.PathLike | None = None) -> Path:
+    """The spatial features file (the trunk's last feature map per image) of ``backbone``.
+
+    Named apart from ``features-*.h5`` so that a spatial file never makes the choice of the
+    pooled features file ambiguous.
+    """
+    return dataset_dir(dataset, cache) / f"spatial-{backbone}.h5"
+
+
+def find_spatial_features(dataset: str, backbone: str = "resnet50",
+                          cache: str | os.PathLike | None = None) -> Path:
+    """The finished spatial features file of ``dataset`` and ``backbone``."""
+    path = spatial_features_path(dataset, backbone, cache)
+    if not path.exists():
+        raise InputError(
+            f"no spatial features file {path}; BoostLU heads train on feature maps: run "
+            f"`featcache features --dataset {dataset} --backbone {backbone} --spatial` first"
+        )
+    return path
+
+
 def runs_dir(dataset: str, loss: str, cache: str | os.PathLike | None = None) -> Path:
     return dataset_dir(dataset, cache) / "runs" / loss
 
