@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import importlib
 import os
+import signal
 import sys
 import warnings
+from pathlib import Path
 
 import click
 
 from featcache import __version__
-from featcache.errors import FeatcacheError, FeatcacheWarning, unknown_name
+from featcache.errors import FeatcacheError, FeatcacheWarning, Interrupted, unknown_name
+from featcache.fileio import disk_full_message, is_disk_full
+from featcache.interrupt import exit_on_signals, stop_signals
 
 #: set to 1 to see the traceback of an unexpected error instead of its one-line summary
 TRACEBACK_ENV = "FEATCACHE_TRACEBACK"
@@ -60,12 +64,20 @@ class LazyGroup(click.Group):
             formatter.write_dl(rows)
 
     def invoke(self, ctx: click.Context):
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), stop_signals():
             warnings.showwarning = _show_warning
             try:
                 return super().invoke(ctx)
+            except Interrupted as exc:
+                click.echo(f"featcache: interrupted: {exc}", err=True)
+                ctx.exit(exc.exit_code)
             except FeatcacheError as exc:
                 raise click.ClickException(str(exc)) from exc
+            except (OSError, RuntimeError) as exc:
+                if not is_disk_full(exc):
+                    raise
+                where = getattr(exc, "filename", None)
+                raise click.ClickException(disk_full_message(exc, Path(where or "."))) from exc
 
 
 _default_showwarning = warnings.showwarning
@@ -96,7 +108,14 @@ def cli() -> None:
 def main() -> None:
     """Console-script entry point: expected failures print one line (click does that for
     FeatcacheError and option errors); an unexpected exception prints one line too, unless
-    ``$FEATCACHE_TRACEBACK`` asks for the traceback."""
+    ``$FEATCACHE_TRACEBACK`` asks for the traceback.
+
+    A write past the shell's file-size limit (``ulimit -f``) then fails with EFBIG, reported like
+    a full disk, instead of killing the process with SIGXFSZ.
+    """
+    if hasattr(signal, "SIGXFSZ"):
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    exit_on_signals()  # each command handles Ctrl-C itself (stop_signals); before and after: exit
     try:
         cli.main(prog_name="featcache")
     except Exception as exc:  # anything click did not already turn into a one-line error

@@ -27,6 +27,31 @@ class LossNeedError(OptionError):
     """A loss asks for something the training data does not offer (full labels, negatives, k)."""
 
 
+class DiskFullError(FeatcacheError, OSError):
+    """No room to write an output: the device is full (ENOSPC), a quota is exhausted (EDQUOT)
+    or a file-size limit is hit (EFBIG, ``ulimit -f``). The partial file is removed; finished
+    work is kept."""
+
+
+class LockedError(FeatcacheError):
+    """An output (a run folder, a features or labels file) is being written by another process."""
+
+
+class Interrupted(FeatcacheError):
+    """The user asked the work to stop (Ctrl-C, SIGTERM); what was finished is kept.
+
+    ``exit_code`` is the shell's convention for the signal (130 for SIGINT, 143 for SIGTERM).
+    """
+
+    def __init__(self, message: str, exit_code: int = 130):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+    def adding(self, detail: str) -> Interrupted:
+        """The same interruption with ``detail`` (what was kept, how to resume) appended."""
+        return Interrupted(f"{self}; {detail}" if str(self) else detail, self.exit_code)
+
+
 class LossStateError(FeatcacheError, KeyError):
     """A loss with per-example state was called without the state its ``init_state`` made."""
 

@@ -1,20 +1,43 @@
-"""Atomic file output and content hashing.
+"""Atomic file output, full disks, and content hashing.
 
 Every file featcache writes goes through :func:`atomic_output`: the content is written to a
 temporary name beside the target and renamed onto it only once complete, so an interrupted
 job never leaves a half-written file under a name that looks finished.
+
+A full device (``ENOSPC``), an exhausted quota (``EDQUOT``) or a file-size limit (``EFBIG``,
+``ulimit -f``) while writing becomes one :class:`~featcache.errors.DiskFullError` that names the
+file, the space free and the space needed; the partial file is removed and every finished
+file is left as it was. Files built in memory (HDF5 images, ``torch.save`` payloads) are written
+with :func:`write_bytes_atomic`, which refuses before writing a byte when they cannot fit, and
+whose only writes are plain Python writes: a failed write never reaches HDF5's or PyTorch's C++
+writers (a failed HDF5 write once crashed the process, and ``torch.save`` to a path loses the
+error's cause). Long jobs call :func:`require_space` first, with their estimated output size.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import io
 import json
 import os
+import resource
+import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from featcache.errors import OutputExistsError
+from featcache.errors import DiskFullError, OutputExistsError
+from featcache.interrupt import partial_file
+
+#: errno values meaning "no room to write": device full, quota exhausted, file-size limit
+DISK_FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+#: how the same conditions read inside messages of libraries that drop the errno (HDF5)
+DISK_FULL_TEXTS = ("errno = 28", "errno = 122", "errno = 27", "No space left on device",
+                   "Disk quota exceeded", "File too large")
+#: free space kept in reserve by :func:`require_space` (file-system metadata, logs, other jobs)
+MARGIN_BYTES = 64 << 20
+WRITE_BLOCK = 16 << 20
 
 
 def temporary_sibling(path: Path, tag: str = "tmp") -> Path:
@@ -23,11 +46,13 @@ def temporary_sibling(path: Path, tag: str = "tmp") -> Path:
 
 
 @contextmanager
-def atomic_output(path: str | os.PathLike, overwrite: bool = False) -> Iterator[Path]:
+def atomic_output(path: str | os.PathLike, overwrite: bool = False,
+                  needed: int | None = None) -> Iterator[Path]:
     """Yield a temporary path; on success rename it onto ``path``, on failure delete it.
 
     Refuses an existing ``path`` unless ``overwrite`` is set; the existing file is untouched
-    until the new one is complete.
+    until the new one is complete. A write that fails for want of space raises
+    :class:`DiskFullError` (``needed``, when known, is quoted as the space required).
     """
     path = Path(path)
     if path.exists() and not overwrite:
@@ -35,13 +60,28 @@ def atomic_output(path: str | os.PathLike, overwrite: bool = False) -> Iterator[
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = temporary_sibling(path)
     try:
-        yield tmp
-        _fsync_file(tmp)
-        os.replace(tmp, path)
+        with partial_file(tmp):
+            yield tmp
+            _fsync_file(tmp)
+            os.replace(tmp, path)
         _fsync_dir(path.parent)
-    except BaseException:
+    except BaseException as exc:
+        written = _size(tmp)
         tmp.unlink(missing_ok=True)
+        if is_disk_full(exc) and not isinstance(exc, DiskFullError):
+            raise DiskFullError(disk_full_message(exc, path, needed, written)) from exc
         raise
+
+
+def write_bytes_atomic(path: str | os.PathLike, data, overwrite: bool = True) -> Path:
+    """Write ``data`` (bytes or a buffer) to ``path`` atomically, after checking that it fits."""
+    path = Path(path)
+    view = memoryview(data).cast("B")
+    require_space(path.parent, view.nbytes, f"to write {path.name}")
+    with atomic_output(path, overwrite=overwrite, needed=view.nbytes) as tmp, open(tmp, "wb") as out:
+        for start in range(0, view.nbytes, WRITE_BLOCK):
+            out.write(view[start:start + WRITE_BLOCK])
+    return path
 
 
 def write_text_atomic(path: str | os.PathLike, text: str, overwrite: bool = True) -> Path:
@@ -56,6 +96,125 @@ def write_json_atomic(path: str | os.PathLike, obj, overwrite: bool = True) -> P
     return write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=False) + "\n", overwrite)
 
 
+def save_torch_atomic(path: str | os.PathLike, payload, overwrite: bool = True) -> Path:
+    """``torch.save(payload)`` to ``path`` atomically: serialised in memory, then written by
+    :func:`write_bytes_atomic` (so a full disk gives a clear error, not a C++ one)."""
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save(payload, buffer)
+    return write_bytes_atomic(path, buffer.getbuffer(), overwrite=overwrite)
+
+
+# ------------------------------------------------------------------------------ free space
+def free_bytes(directory: str | os.PathLike) -> int:
+    """Bytes an unprivileged user may still write on the device holding ``directory`` (the
+    nearest existing parent is asked when it does not exist yet)."""
+    directory = Path(directory).absolute()
+    while not directory.exists() and directory != directory.parent:
+        directory = directory.parent
+    return shutil.disk_usage(directory).free
+
+
+def file_size_limit() -> int | None:
+    """The process's file-size limit in bytes (``ulimit -f``), or None when unlimited."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
+    return None if soft == resource.RLIM_INFINITY else int(soft)
+
+
+def require_space(directory: str | os.PathLike, needed: int, what: str) -> int:
+    """Refuse early (``DiskFullError``) when ``needed`` bytes do not fit in ``directory``;
+    returns the free bytes. ``what`` says what the space is for ("to extract features")."""
+    free = free_bytes(directory)
+    if needed + (MARGIN_BYTES if needed > MARGIN_BYTES else 0) > free:
+        raise DiskFullError(
+            f"not enough free space in {directory} {what}: about {human_bytes(needed)} needed, "
+            f"{human_bytes(free)} free. Free some space, or put the cache on a larger disk "
+            "(--cache DIR or FEATCACHE_CACHE), then run the same command again")
+    limit = file_size_limit()
+    if limit is not None and needed > limit:
+        raise DiskFullError(
+            f"the file-size limit of this shell (ulimit -f: {human_bytes(limit)}) is smaller than "
+            f"the {human_bytes(needed)} needed {what}; raise it (ulimit -f unlimited) and run the "
+            "same command again")
+    return free
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """Whether ``exc`` (or an exception it was raised from) means "no room to write"."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, DiskFullError):
+            return True
+        if isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS:
+            return True
+        if isinstance(exc, (OSError, RuntimeError)) and any(t in str(exc) for t in DISK_FULL_TEXTS):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def disk_full_message(exc: BaseException, path: Path, needed: int | None = None,
+                      written: int | None = None) -> str:
+    """One line for a write that failed for want of space: which file, why, free and needed."""
+    code = _errno_of(exc)
+    where = path.parent
+    free = free_bytes(where)
+    if code == errno.EFBIG:
+        limit = file_size_limit()
+        cause = ("the file-size limit of this shell" + (f" (ulimit -f: {human_bytes(limit)})"
+                                                         if limit is not None else "")
+                 + " was reached")
+        fix = "raise the limit (ulimit -f unlimited)"
+    elif code == errno.EDQUOT:
+        cause = "the disk quota is exhausted"
+        fix = "free some space within your quota, or put the cache on another disk"
+    else:
+        cause = f"the device holding {where} is full ({human_bytes(free)} free)"
+        fix = "free some space, or put the cache on a larger disk (--cache DIR or FEATCACHE_CACHE)"
+    amount = (f"; about {human_bytes(needed)} needed" if needed else
+              f"; more than the {human_bytes(written)} written so far is needed" if written else "")
+    return (f"could not write {path}: {cause}{amount}. The partial file was removed and finished "
+            f"work is kept: {fix}, then run the same command again")
+
+
+def human_bytes(count: int | float | None) -> str:
+    """``1.5 GB``-style sizes (powers of 1000, as ``df -H`` and file managers show them)."""
+    if count is None:
+        return "?"
+    value = float(count)
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if abs(value) < 1000 or unit == "TB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1000
+    return f"{value:.1f} TB"
+
+
+def _errno_of(exc: BaseException) -> int | None:
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS:
+            return exc.errno
+        text = str(exc)
+        for code, marks in ((errno.EFBIG, ("errno = 27", "File too large")),
+                            (errno.EDQUOT, ("errno = 122", "Disk quota exceeded")),
+                            (errno.ENOSPC, ("errno = 28", "No space left on device"))):
+            if any(mark in text for mark in marks):
+                return code
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def _size(path: Path) -> int | None:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return None
+
+
+# ------------------------------------------------------------------------------ hashing
 def sha256_file(path: str | os.PathLike, chunk_size: int = 1 << 20) -> str:
     """Hex sha256 of a file's bytes."""
     digest = hashlib.sha256()

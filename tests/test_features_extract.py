@@ -20,7 +20,13 @@ from featcache.backbones.registry import create_backbone, image_transform
 from featcache.cli import cli
 from featcache.data.featurefile import load_features
 from featcache.data.labelfile import load_labels
-from featcache.errors import FeatcacheError, InputError, OptionError, OutputExistsError
+from featcache.errors import (
+    DiskFullError,
+    FeatcacheError,
+    InputError,
+    OptionError,
+    OutputExistsError,
+)
 from featcache.features import extract as extract_module
 from featcache.features.extract import ExtractOptions, extract_features
 from featcache.features.shards import parts_dir
@@ -196,12 +202,15 @@ def test_full_disk_keeps_the_previous_file_and_the_chunks(tmp_path, monkeypatch)
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(extract_module, "write_features", disk_full)
-    with pytest.raises(FeatcacheError, match="No space left.*previous file .* is untouched"):
+    with pytest.raises(DiskFullError, match="could not write .*features-resnet50-random.h5: the "
+                       "device holding .* is full.*previous features-resnet50-random.h5 .* is "
+                       "untouched and the computed chunks are kept"):
         extract_features("toy", options(tmp_path, image_size=48, overwrite=True))
     assert first.path.read_bytes() == before
     assert list(parts_dir(first.path).glob("chunk-*.npz"))
     monkeypatch.setattr(np, "savez", disk_full)
-    with pytest.raises(FeatcacheError, match="could not save .*chunk-000000.npz.*No space left"):
+    with pytest.raises(DiskFullError, match="could not write .*chunk-000000.npz: the device "
+                       "holding .* is full.*chunks saved so far are kept"):
         extract_features("toy", options(tmp_path, image_size=40, overwrite=True))
     assert first.path.read_bytes() == before
     assert not list(parts_dir(first.path).glob(".*tmp*"))
@@ -377,7 +386,9 @@ def test_too_small_shared_memory_is_one_clear_error(tmp_path, monkeypatch):
     from featcache.backbones import inputs
 
     make_dataset(tmp_path, num_train=4, num_test=4)
-    monkeypatch.setattr(inputs.shutil, "disk_usage", lambda path: SimpleNamespace(free=20_000))
+    real = inputs.shutil.disk_usage
+    monkeypatch.setattr(inputs.shutil, "disk_usage", lambda path: SimpleNamespace(free=20_000)
+                        if str(path) == "/dev/shm" else real(path))
     with pytest.raises(FeatcacheError, match=r"/dev/shm has 0 MB free.*batches of 4 images at 32 "
                                              r"px.*--shm-size"):
         extract_features("toy", options(tmp_path, workers=1))

@@ -9,7 +9,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from featcache.errors import FeatcacheError
+from featcache.errors import LockedError
 from featcache.features.shards import ChunkStore, parts_dir
 
 
@@ -81,7 +81,8 @@ def test_a_second_run_on_the_same_file_is_refused(tmp_path):
     """)], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "locked"
-        with pytest.raises(FeatcacheError, match=f"another `featcache features` run \\(pid {holder.pid}\\)"):
+        with pytest.raises(LockedError, match=f"being written by another featcache process "
+                                              f"\\(pid {holder.pid} on "):
             store.open(print)
     finally:
         holder.kill()

@@ -9,7 +9,6 @@ out with a warning naming it.
 
 from __future__ import annotations
 
-import sys
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -18,12 +17,12 @@ import numpy as np
 import torch
 from torch import Tensor
 from torch.utils.data import DataLoader
-from tqdm import tqdm
 
 from featcache.backbones import Preprocess, Uint8Normalize, backbone_spec, resolve_preprocess
 from featcache.backbones.inputs import ImageRows, worker_init
 from featcache.data.images import image_problem, require_strict_pil
 from featcache.errors import FeatcacheWarning, InputError
+from featcache.progress import progress as progress_bar
 from featcache.runtime import autocast, backend_flags, default_batch_size, resolve_precision
 
 #: file endings taken from a folder given in place of images
@@ -78,8 +77,7 @@ def run_on_images(paths: Sequence[Path], forward: Callable[[Tensor], Tensor], im
     normalize = Uint8Normalize(backbone, preprocess).to(device)
     kept: list[Path] = []
     outputs: list[np.ndarray] = []
-    bar = tqdm(total=len(paths), unit="img", desc=desc, disable=not progress, file=sys.stderr,
-               dynamic_ncols=True)
+    bar = progress_bar(total=len(paths), unit="img", desc=desc, disable=not progress)
     with bar, torch.inference_mode(), backend_flags(device, precision):
         for images, rows, ok in loader:
             for row in rows[~ok].tolist():

@@ -29,6 +29,7 @@ from featcache.backbones.preprocess import PROTOCOL, Preprocess
 from featcache.backbones.registry import resize_transform
 from featcache.data.images import DECODE_ERRORS, load_rgb, require_strict_pil
 from featcache.errors import FeatcacheError
+from featcache.interrupt import ignore_in_worker
 
 _JPEG_START = b"\xff\xd8"
 _JPEG_END = b"\xff\xd9"
@@ -151,8 +152,11 @@ def collate_jpeg_rows(items):
 
 
 def worker_init(_worker_id: int) -> None:
-    """DataLoader worker setup: strict PIL in every worker, whatever the start method."""
+    """DataLoader worker setup: strict PIL in every worker, whatever the start method; Ctrl-C
+    left to the main process (a terminal sends it to the workers too), which stops the loader
+    at a safe point (:mod:`featcache.interrupt`)."""
     require_strict_pil()
+    ignore_in_worker()
 
 
 def decode_on_device(payloads, is_jpeg, image_size: int, device: torch.device,

@@ -23,9 +23,10 @@ Root attributes: ``format``, ``format_version``, ``complete`` (True only in a fi
 ``backbone``, ``feature_dim``, ``dtype``, ``weights`` and ``weights_sha256``, ``transform``
 (JSON), ``torch_version``, ``torchvision_version``, ``labels_sha256`` (the labels file it was
 built from), ``featcache_version``, ``created``, and any extra provenance the writer passes.
-A file is only ever written whole through :func:`write_features` (atomic rename), so a file
-under the final name is complete; stage one keeps its in-progress work elsewhere. Features
-are stored in chunks of 1024 rows, so a block of consecutive rows is one sequential read.
+A file is only ever written whole through :func:`write_features` (atomic rename, after an
+up-front check that the disk can hold it), so a file under the final name is complete; stage
+one keeps its in-progress work elsewhere. Features are stored in chunks of 1024 rows, so a
+block of consecutive rows is one sequential read.
 
 Readers: :func:`load_features` reads everything into a :class:`FeatureSet`;
 :func:`open_features` checks the file and returns a :class:`FeatureFile` that reads blocks of
@@ -49,12 +50,14 @@ import numpy as np
 from featcache import __version__
 from featcache.data.labelfile import LabelSet
 from featcache.errors import InputError
-from featcache.fileio import atomic_output, sha256_file
+from featcache.fileio import atomic_output, require_space, sha256_file
 from featcache.hdf5 import decode_attrs, encode_attr
 
 FORMAT = "featcache-features"
 FORMAT_VERSION = 1
 OFFICIAL_SPLITS = ("train", "test")
+#: rows per HDF5 chunk of /<split>/features
+BLOCK_ROWS = 1024
 
 
 @dataclass
@@ -105,17 +108,29 @@ def write_features(path: str | os.PathLike, labels: LabelSet,
     if labels.sha256 is None:
         raise ValueError("write_features needs a LabelSet loaded from disk (labels.sha256 unset)")
     bad = bad or {}
+    sources, dims = {}, []
     for name in OFFICIAL_SPLITS:
         rows = len(labels.test if name == "test" else labels.train)
         array = features[name]
         if isinstance(array, np.ndarray) and (array.ndim != 2 or array.shape[0] != rows):
             raise InputError(f"{name} features have shape {array.shape}; the labels file has "
                              f"{rows} {name} rows")
+        sources[name] = _first_block(name, array)
+        dims.append(int(sources[name][0].shape[1]))
+    if dims[0] != dims[1]:
+        raise InputError(f"train and test features differ in width: {sorted(set(dims))}")
+    # refused before the first byte when the disk cannot hold it (a file built row block by
+    # row block may be larger than memory, so it is written as it comes, not built first)
+    needed = (features_file_bytes([*labels.train.images, *labels.test.images], dims[0], dtype)
+              + sum(np.asarray(array).nbytes for array in (extra or {}).values()))
+    require_space(path.parent, needed, f"to write {path.name}")
     text = h5py.string_dtype("utf-8")
     now = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
-    with atomic_output(path, overwrite=overwrite) as tmp, h5py.File(tmp, "w") as h5:
+    with (atomic_output(path, overwrite=overwrite, needed=needed) as tmp,
+          h5py.File(tmp, "w") as h5):
         h5.attrs["format"] = FORMAT
         h5.attrs["format_version"] = FORMAT_VERSION
+        h5.attrs["feature_dim"] = dims[0]
         h5.attrs["dtype"] = dtype
         h5.attrs["labels_sha256"] = labels.sha256
         h5.attrs["labels_dataset"] = labels.dataset
@@ -123,36 +138,42 @@ def write_features(path: str | os.PathLike, labels: LabelSet,
         h5.attrs["created"] = now
         for key, value in attrs.items():
             h5.attrs[key] = encode_attr(value)
-        dims = []
         for name in OFFICIAL_SPLITS:
             part = labels.test if name == "test" else labels.train
             group = h5.create_group(name)
-            dims.append(_write_rows(group, name, len(part.images), features[name], dtype,
-                                    dims[0] if dims else None))
+            _write_rows(group, name, len(part.images), *sources[name], dtype)
             group.create_dataset("images", data=np.asarray(part.images, dtype=object), dtype=text)
             flags = (np.zeros(len(part.images), dtype=np.uint8) if name not in bad
                      else bad[name].astype(np.uint8))
             group.create_dataset("bad", data=flags)
-        h5.attrs["feature_dim"] = dims[0]
         write_extra(h5, extra or {})
         h5.attrs["complete"] = True
     return path
 
 
-def _write_rows(group: h5py.Group, name: str, rows: int, source, dtype: str,
-                dim: int | None) -> int:
-    """Write the features of one split (an array, or row blocks); returns the width."""
+def features_file_bytes(images, dim: int, dtype: str = "float32") -> int:
+    """About how large a features file of ``images`` (all splits) x ``dim`` will be."""
+    names = sum(len(str(name).encode()) for name in images)
+    return len(images) * (dim * np.dtype(dtype).itemsize + 1 + 16) + names + (64 << 10)
+
+
+def _first_block(name: str, source) -> tuple[np.ndarray, Iterable]:
+    """The first row block of one split's features (it gives the width) and the rest."""
     blocks = iter([source] if isinstance(source, np.ndarray) else source)
     first = next(blocks, None)
     if first is None or np.ndim(first) != 2:
         raise InputError(f"{name} features: expected rows of features (a 2-D array or 2-D blocks)")
+    return first, blocks
+
+
+def _write_rows(group: h5py.Group, name: str, rows: int, first: np.ndarray, rest: Iterable,
+                dtype: str) -> None:
+    """Write the features of one split, block by block as they come."""
     width = int(first.shape[1])
-    if dim is not None and width != dim:
-        raise InputError(f"train and test features differ in width: {sorted({dim, width})}")
     dataset = group.create_dataset("features", shape=(rows, width), dtype=dtype,
-                                   chunks=(min(rows, 1024), width))
+                                   chunks=(min(rows, BLOCK_ROWS), width))
     filled = 0
-    for block in itertools.chain([first], blocks):
+    for block in itertools.chain([first], rest):
         block = np.asarray(block, dtype=dtype)
         if block.ndim != 2 or block.shape[1] != width or filled + len(block) > rows:
             raise InputError(f"{name} features: a block of shape {block.shape} does not continue "
@@ -162,7 +183,6 @@ def _write_rows(group: h5py.Group, name: str, rows: int, source, dtype: str,
     if filled != rows:
         raise InputError(f"{name} features: the blocks hold {filled} rows; the labels file has "
                          f"{rows} {name} rows")
-    return width
 
 
 def write_extra(h5: h5py.File, extra: Mapping[str, np.ndarray]) -> None:

@@ -29,8 +29,8 @@ import numpy as np
 
 from featcache import __version__
 from featcache.errors import InputError
-from featcache.fileio import atomic_output, sha256_file
-from featcache.hdf5 import decode_attrs, encode_attr
+from featcache.fileio import sha256_file
+from featcache.hdf5 import decode_attrs, encode_attr, write_hdf5_atomic
 
 FORMAT = "featcache-labels"
 FORMAT_VERSION = 1
@@ -177,7 +177,8 @@ def write_labels(labels: LabelSet, path: str | os.PathLike, overwrite: bool = Fa
     if k is not None:
         provenance["k"] = k
     text = h5py.string_dtype("utf-8")
-    with atomic_output(path, overwrite=overwrite) as tmp, h5py.File(tmp, "w") as h5:
+
+    def fill(h5: h5py.File) -> None:
         h5.attrs["format"] = FORMAT
         h5.attrs["format_version"] = FORMAT_VERSION
         h5.attrs["dataset"] = labels.dataset
@@ -194,6 +195,8 @@ def write_labels(labels: LabelSet, path: str | os.PathLike, overwrite: bool = Fa
         split = h5.create_group("split")
         split.create_dataset("train", data=labels.train_index.astype(np.int64))
         split.create_dataset("val", data=labels.val_index.astype(np.int64))
+
+    write_hdf5_atomic(path, fill, overwrite=overwrite)
     return path
 
 

@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from tqdm import tqdm
 
 from featcache.data.bias import BIASED, OBSERVERS, Observer, observe_biased, read_class_weights
 from featcache.data.formats import SourceDataset, SourceSplit, first_few
@@ -36,6 +35,7 @@ from featcache.data.sampling import (
 )
 from featcache.errors import InputError, OptionError, OutputExistsError
 from featcache.fileio import sha256_file
+from featcache.progress import progress
 
 OFFICIAL = ("train", "test")
 
@@ -116,7 +116,7 @@ def prepare_dataset(source: SourceDataset, path: str | os.PathLike,
 
     provenance = {
         "source_format": source.source_format,
-        "sources": [_describe_file(file) for file in tqdm(
+        "sources": [_describe_file(file) for file in progress(
             source.source_files, desc="hashing source files", unit=" file", mininterval=0.5,
             leave=False)],
         "source_details": source.details,
@@ -259,7 +259,7 @@ def _missing_images(root: Path, images: list[str], split: str) -> np.ndarray:
     if not root.is_dir():
         raise InputError(f"image folder {root} does not exist; point --images at the folder "
                          "that holds the images, or pass --labels-only")
-    absent = [i for i, name in enumerate(tqdm(images, desc=f"checking {split} images",
+    absent = [i for i, name in enumerate(progress(images, desc=f"checking {split} images",
                                               unit=" img", mininterval=0.5, leave=False))
               if not (root / name).is_file()]
     return np.array(absent, dtype=np.int64)

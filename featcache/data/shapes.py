@@ -22,7 +22,6 @@ from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageDraw
-from tqdm import tqdm
 
 from featcache.data.formats import SourceDataset, SourceSplit
 from featcache.data.objects import ImageObjects
@@ -34,6 +33,7 @@ from featcache.data.prepare import (
     refuse_existing,
 )
 from featcache.errors import OptionError
+from featcache.progress import progress
 
 SHAPE_CLASSES = ("circle", "square", "triangle", "star", "cross", "ring", "hexagon", "diamond",
                  "crescent", "arrow")
@@ -68,7 +68,7 @@ def generate_shapes(folder: str | os.PathLike, num_train: int = 300, num_test: i
         (folder / split).mkdir(parents=True, exist_ok=True)
         images, clean = [], np.zeros((count, len(SHAPE_CLASSES)), dtype=np.uint8)
         boxes = []
-        for index in tqdm(range(count), desc=f"drawing {split} images", unit=" img",
+        for index in progress(range(count), desc=f"drawing {split} images", unit=" img",
                           mininterval=0.5, leave=False):
             rng = np.random.RandomState([seed, SPLIT_CODES[split], index])
             image, objects = draw_image(rng, first_class=index % len(SHAPE_CLASSES))

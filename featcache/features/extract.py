@@ -22,7 +22,6 @@ training image (``crops``, AEVLP's local views), saved with each chunk like the 
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,7 +32,6 @@ import PIL
 import torch
 import torchvision
 from torch.utils.data import DataLoader
-from tqdm import tqdm
 
 from featcache.backbones import (
     PROTOCOL,
@@ -50,15 +48,32 @@ from featcache.backbones.registry import create_text_tower
 from featcache.backbones.weights import WeightsSource, describe_weights, locate_weights
 from featcache.data.featurefile import (
     add_text_embeddings,
+    features_file_bytes,
     read_feature_attrs,
     write_features,
 )
 from featcache.data.images import image_problem, image_root
 from featcache.data.labelfile import LabelSet, load_labels
-from featcache.errors import FeatcacheError, InputError, OptionError, OutputExistsError
+from featcache.errors import (
+    DiskFullError,
+    FeatcacheError,
+    InputError,
+    Interrupted,
+    OptionError,
+    OutputExistsError,
+)
 from featcache.features import text as prompts
-from featcache.features.shards import ChunkStore
+from featcache.features.shards import ChunkStore, stored_blocks
+from featcache.fileio import (
+    disk_full_message,
+    free_bytes,
+    human_bytes,
+    is_disk_full,
+    require_space,
+)
+from featcache.interrupt import check_stop
 from featcache.paths import existing_labels, features_path
+from featcache.progress import progress, say
 from featcache.protocol.runs import describe_differences
 from featcache.runtime import (
     PRECISIONS,
@@ -168,7 +183,8 @@ class ExtractResult:
     def summary(self) -> str:
         """One line for the end of a run."""
         if self.status == "up-to-date":
-            return f"{self.path} is up to date; nothing to do (pass --overwrite to re-extract)"
+            return (f"{self.path} is up to date (built from the same labels file and settings); "
+                    "nothing to do (pass --overwrite to re-extract)")
         size = self.path.stat().st_size / 1e6 if self.path.exists() else 0.0
         resumed = f", {self.resumed_chunks} chunks resumed" if self.resumed_chunks else ""
         bad = f", {len(self.bad)} bad images flagged" if self.bad else ""
@@ -178,7 +194,7 @@ class ExtractResult:
 
 
 def _stderr(message: str) -> None:
-    tqdm.write(message, file=sys.stderr)
+    say(message)
 
 
 def extract_features(dataset: str, options: ExtractOptions | None = None,
@@ -301,8 +317,6 @@ class Extraction:
                      "image features were up to date")
             return ExtractResult(self.final, "text-added", device=str(attrs.get("device", "")),
                                  precision=str(attrs.get("precision", "")))
-        self.say(f"{self.final} is up to date (built from {self.labels.path}); nothing to do "
-                 "(pass --overwrite to re-extract)")
         return ExtractResult(self.final, "up-to-date", device=str(attrs.get("device", "")),
                              precision=str(attrs.get("precision", "")))
 
@@ -363,12 +377,15 @@ class Extraction:
                 count = self.compute(model, store, todo, root)
                 compute_seconds = time.perf_counter() - tick
 
+            if self.job.is_main:
+                self.check_space(store, todo)
             try:
                 self.job.together(compute)
-            except KeyboardInterrupt:
-                self.say(f"interrupted; finished chunks are kept in {store.dir}: run the same "
-                         "command again to resume")
-                raise
+            except Interrupted as exc:
+                done = sum(store.path(c).exists() for c in range(store.num_chunks))
+                raise exc.adding(f"{done} of {store.num_chunks} chunks of {self.final.name} are "
+                                 f"finished and kept in {store.dir}; run the same command again "
+                                 "to resume") from None
             _, total = self.job.agree(False, count)
             if not self.job.is_main:
                 return ExtractResult(self.final, "shard", images=count)
@@ -422,12 +439,13 @@ class Extraction:
         # the CPU: 1.4x); transformers gain nothing from it
         layout = torch.channels_last if self.spec.channels_last else torch.contiguous_format
         model = model.to(self.device, memory_format=layout)
-        bar = tqdm(total=len(rows), unit="img", desc=f"features {self.final.stem}", smoothing=0.1,
-                   dynamic_ncols=True, disable=not self.job.is_main, file=sys.stderr)
+        bar = progress(total=len(rows), unit="img", desc=f"features {self.final.stem}",
+                       smoothing=0.1, disable=not self.job.is_main)
         chunks = iter(todo)
         chunk, parts, oks, crops = next(chunks), [], [], []
         with bar, torch.inference_mode(), backend_flags(self.device, self.precision):
             for images, batch_rows, ok, views in self.batches(loader):
+                check_stop()
                 images = self.layout(self.normalize(images))
                 self.stop_on_bad(batch_rows, ok, root)
                 parts.append(self.forward(model, images))
@@ -560,10 +578,33 @@ class Extraction:
     def split_row(self, row: int) -> tuple[str, int]:
         return ("train", row) if row < self.num_train else ("test", row - self.num_train)
 
+    def crop_bytes(self) -> int:
+        """``--crops``' tile embeddings of the training images, in bytes (0 without crops)."""
+        itemsize = np.dtype(self.options.dtype).itemsize
+        return self.num_train * self.crops * self.crops * self.spec.dim * itemsize if self.crops else 0
+
+    def check_space(self, store: ChunkStore, todo: list[int]) -> None:
+        """Say how large the output will be, and refuse now when the disk cannot hold it: the
+        chunks still to compute plus the features file, which is assembled beside them."""
+        itemsize = np.dtype(self.options.dtype).itemsize
+        unsaved = {c for c in range(store.num_chunks) if not store.path(c).exists()} | set(todo)
+        share = sum(len(store.rows(c)) for c in unsaved) / max(1, len(self.images))
+        chunk_bytes = int(share * (len(self.images) * store.dim * itemsize + self.crop_bytes()))
+        file_bytes = self.file_bytes(store)
+        free = free_bytes(self.final.parent)
+        self.say(f"output: about {human_bytes(file_bytes)} for {self.final.name}, plus "
+                 f"{human_bytes(chunk_bytes)} of chunks until it is assembled; "
+                 f"{human_bytes(free)} free in {self.final.parent}")
+        require_space(self.final.parent, chunk_bytes + file_bytes,
+                      f"to extract the features of {len(self.images)} images", file_bytes)
+
+    def file_bytes(self, store: ChunkStore) -> int:
+        return features_file_bytes(self.images, store.dim, self.options.dtype) + self.crop_bytes()
+
     def assemble(self, store: ChunkStore, attrs: dict, text=None) -> list[dict]:
-        """Write the features file from all shards; returns the bad images recorded."""
+        """Write the features file from all shards (their features read chunk by chunk, never
+        all in memory beside the file being built); returns the bad images recorded."""
         n_train, n_test = len(self.labels.train), len(self.labels.test)
-        features = np.empty((n_train + n_test, store.dim), dtype=self.options.dtype)
         extra = {}
         if self.crops:
             crops = np.empty((n_train, self.crops * self.crops, store.dim), dtype=self.options.dtype)
@@ -581,7 +622,6 @@ class Extraction:
                 raise FeatcacheError(f"chunk {chunk} of {store.dir} is missing or damaged; run the "
                                      "same command again to recompute it")
             rows = store.rows(chunk)
-            features[rows.start:rows.stop] = shard.features
             flags[rows.start:rows.stop] = shard.bad
             if self.crops:
                 part = store.extra_rows(chunk, "crops")
@@ -591,19 +631,23 @@ class Extraction:
                 bad.append({"split": split, "row": index, "image": str(self.images[row]),
                             "reason": reason})
         attrs = dict(attrs, bad_images=bad, num_bad_images=len(bad))
+        kept = (f"the previous {self.final.name} (if any) is untouched and the computed chunks "
+                f"are kept in {store.dir}")
         try:
             write_features(
                 self.final, self.labels,
-                {"train": features[:n_train], "test": features[n_train:]}, attrs,
+                {"train": stored_blocks(store, 0, n_train, self.options.dtype),
+                 "test": stored_blocks(store, n_train, n_train + n_test, self.options.dtype)}, attrs,
                 bad={"train": flags[:n_train], "test": flags[n_train:]},
                 overwrite=True, dtype=self.options.dtype, extra=extra,
             )
         except OSError as exc:
-            raise FeatcacheError(
-                f"could not write {self.final}: {exc}. The previous file (if any) is untouched "
-                f"and the computed chunks are kept in {store.dir}; fix the problem and run the "
-                "same command again"
-            ) from exc
+            if is_disk_full(exc):
+                message = str(exc) if isinstance(exc, DiskFullError) else disk_full_message(
+                    exc, self.final)
+                raise DiskFullError(f"{message} ({kept}: only the assembly is left to do)") from exc
+            raise FeatcacheError(f"could not write {self.final}: {exc}. {kept[0].upper()}{kept[1:]}"
+                                 "; fix the problem and run the same command again") from exc
         return bad
 
 

@@ -8,7 +8,10 @@ sibling directory ``<cache>/<ds>/.features-<tag>.parts/``::
     chunk-000000.npz      rows [0, chunk_rows): features, bad flags, reasons for bad rows
                           (and extras such as ``--crops``' tile embeddings of its training rows)
     chunk-000001.npz      ...
-    lock                  held (lockf) by the process that owns the directory; holds its pid
+
+The run holds the lock of the features file (``<cache>/<ds>/.features-<tag>.h5.lock``,
+:mod:`featcache.locks`) from :meth:`ChunkStore.open` until the file is written: a second run
+on the same file is refused, naming the one that holds it.
 
 Each shard is written atomically (temporary name, then rename), so a shard under its final
 name is complete; a run that finds a manifest of another identity says so and starts fresh,
@@ -20,22 +23,18 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from featcache.errors import FeatcacheError
+from featcache.errors import DiskFullError, FeatcacheError
 from featcache.fileio import atomic_output, write_json_atomic
+from featcache.locks import OutputLock
 
 SHARD_FORMAT = 1
-
-try:  # POSIX advisory locks; elsewhere concurrent runs are simply not detected
-    import fcntl
-except ImportError:  # pragma: no cover - Windows
-    fcntl = None
 
 
 @dataclass
@@ -74,7 +73,8 @@ class ChunkStore:
         self.dim = dim
         self.num_chunks = math.ceil(num_rows / chunk_rows)
         self.extras = dict(extras or {})
-        self._lock_fd: int | None = None
+        self.lock = OutputLock(self.final, "wait for it to finish, or stop it first (its "
+                                           "finished chunks are kept for the next run)")
 
     # -- layout ---------------------------------------------------------------------------
     def rows(self, chunk: int) -> range:
@@ -104,8 +104,8 @@ class ChunkStore:
         A manifest of another identity means the chunks belong to other settings: they are
         deleted (after saying which settings differ) and the run starts fresh.
         """
+        self.lock.acquire()
         self.dir.mkdir(parents=True, exist_ok=True)
-        self._lock()
         for leftover in self.dir.glob(".*.tmp-*"):
             leftover.unlink(missing_ok=True)
         for leftover in self.final.parent.glob(f".{self.final.name}.tmp-*"):
@@ -121,34 +121,13 @@ class ChunkStore:
             write_json_atomic(self.manifest, self.identity)
 
     def close(self) -> None:
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)
-            self._lock_fd = None
+        """Release the lock (the chunks stay for the next run)."""
+        self.lock.release()
 
     def remove(self) -> None:
         """Delete the directory (after the features file is written)."""
         shutil.rmtree(self.dir, ignore_errors=True)
         self.close()
-
-    def _lock(self) -> None:
-        # A POSIX record lock (lockf), not flock: DataLoader workers forked later must not
-        # inherit it, or a killed run's orphaned workers would keep it for seconds.
-        if fcntl is None or self._lock_fd is not None:
-            return
-        path = self.dir / "lock"
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
-            owner = path.read_text(encoding="utf-8", errors="replace").strip() or "?"
-            raise FeatcacheError(
-                f"another `featcache features` run (pid {owner}) is building {self.final}; "
-                "wait for it to finish or stop it first"
-            ) from None
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
-        self._lock_fd = fd
 
     def _read_manifest(self) -> dict | None:
         try:
@@ -176,10 +155,13 @@ class ChunkStore:
                          start=np.int64(rows.start), digest=np.str_(self.digest),
                          reasons=np.str_(json.dumps({str(k): v for k, v in reasons.items()})),
                          **{f"extra_{name}": extras[name] for name in self.extras})
+        except DiskFullError as exc:
+            raise DiskFullError(f"{exc} (chunks saved so far are kept in {self.dir} and the "
+                                "next run resumes from them)") from exc.__cause__
         except OSError as exc:
             raise FeatcacheError(
-                f"could not save {path}: {exc}. Chunks saved so far are kept; free space "
-                "(or fix the problem) and run the same command again to resume"
+                f"could not save {path}: {exc}. Chunks saved so far are kept; fix the problem "
+                "and run the same command again to resume"
             ) from exc
         return path
 
@@ -235,3 +217,19 @@ def describe_differences(old: dict, new: dict) -> str:
 def _short(value) -> str:
     text = json.dumps(value) if isinstance(value, (dict, list)) else str(value)
     return text if len(text) <= 40 else text[:37] + "..."
+
+
+def stored_blocks(store: ChunkStore, start: int, stop: int, dtype: str) -> Iterator[np.ndarray]:
+    """Rows ``[start, stop)`` of train-then-test as row blocks read from the saved chunks one
+    at a time (what the assembly hands :func:`featcache.data.featurefile.write_features`, so
+    that the features are never all in memory next to the file being built)."""
+    if stop <= start:
+        yield np.zeros((0, store.dim), dtype=dtype)
+        return
+    for chunk in range(start // store.chunk_rows, (stop - 1) // store.chunk_rows + 1):
+        shard = store.read(chunk, dtype)
+        if shard is None:
+            raise FeatcacheError(f"chunk {chunk} of {store.dir} is missing or damaged; run the "
+                                 "same command again to recompute it")
+        rows = store.rows(chunk)
+        yield shard.features[max(start, rows.start) - rows.start:min(stop, rows.stop) - rows.start]

@@ -13,7 +13,6 @@ on a GPU up to cuDNN's non-deterministic kernels).
 from __future__ import annotations
 
 import math
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,7 +20,6 @@ from pathlib import Path
 
 import torch
 from torch import Tensor, nn
-from tqdm import tqdm
 
 from featcache.backbones import Uint8Normalize, backbone_spec, resolve_preprocess
 from featcache.errors import FeatcacheError, OptionError
@@ -54,6 +52,7 @@ from featcache.finetune.model import FinetuneNet, build_net, linear_head
 from featcache.finetune.start import StartPoint
 from featcache.losses import SPMLLoss, Targets, create_loss
 from featcache.metrics import average_precision, mean_average_precision
+from featcache.progress import progress, say
 from featcache.protocol.grid import GridPoint
 from featcache.protocol.records import EpochRecord as BaseEpochRecord
 from featcache.protocol.seeds import derive_seed
@@ -389,11 +388,10 @@ class ConfigTrainer:
         if not bool(ok.all()):
             raise bad_image_error(self.data, split, int(positions[~ok][0]))
 
-    def _bar(self, total: int, desc: str) -> tqdm:
-        return tqdm(total=total, unit="img", desc=desc, leave=False, dynamic_ncols=True,
-                    mininterval=1.0, file=sys.stderr,
-                    disable=not (self.settings.progress and self.settings.bars
-                                 and self.job.is_main))
+    def _bar(self, total: int, desc: str):
+        return progress(total=total, unit="img", desc=desc, leave=False, mininterval=1.0,
+                        disable=not (self.settings.progress and self.settings.bars
+                                     and self.job.is_main))
 
 
 def fused_adam(device: torch.device) -> bool:
@@ -471,6 +469,6 @@ def _report(job: Ranks, config: GridPoint, settings: Settings, record: EpochReco
     if not (job.is_main and settings.progress):
         return
     val = record.selection(settings.val_variant)
-    tqdm.write(f"{settings.loss} lr={config.lr:g} bs={config.batch_size} epoch {record.epoch + 1}/"
-               f"{settings.epochs}: loss {record.train_loss:.4f}  val {val:.2f}  test "
-               f"{record.test_map:.2f}  ({record.images_per_second:.1f} img/s)", file=sys.stderr)
+    say(f"{settings.loss} lr={config.lr:g} bs={config.batch_size} epoch {record.epoch + 1}/"
+        f"{settings.epochs}: loss {record.train_loss:.4f}  val {val:.2f}  test "
+        f"{record.test_map:.2f}  ({record.images_per_second:.1f} img/s)")

@@ -17,7 +17,6 @@ from array import array
 from pathlib import Path
 
 import numpy as np
-from tqdm import tqdm
 
 from featcache.data.formats import (
     SourceDataset,
@@ -31,6 +30,7 @@ from featcache.data.formats import (
     require_file,
 )
 from featcache.errors import InputError
+from featcache.progress import progress
 
 #: fields of a label line: image id, attribute id, is_present, certainty id, [extra,] time
 LABEL_FIELDS = (5, 6)
@@ -112,7 +112,7 @@ def _read_split(path: Path, image_ids: list[int]) -> np.ndarray:
 def _read_labels(path: Path, image_ids: list[int], attribute_ids: list[int]) -> np.ndarray:
     """The (images x attributes) 0/1 matrix, indexed by (image id, attribute id)."""
     columns = {name: array("q") for name in ("line", "image", "attribute", "present")}
-    for line, text in tqdm(iter_lines(path), desc="CUB labels", unit=" lines",
+    for line, text in progress(iter_lines(path), desc="CUB labels", unit=" lines",
                            mininterval=0.5, leave=False):
         fields = text.split()
         if len(fields) not in LABEL_FIELDS:

@@ -17,7 +17,6 @@ import os
 from pathlib import Path
 
 import numpy as np
-from tqdm import tqdm
 
 from featcache.data.formats import (
     SourceDataset,
@@ -29,6 +28,7 @@ from featcache.data.formats import (
     require_file,
 )
 from featcache.errors import InputError
+from featcache.progress import progress
 
 #: official split name in the file names -> role in the protocol
 NUS_SPLITS = {"Train": "train", "Test": "test"}
@@ -58,7 +58,7 @@ def read_nuswide(root: str | os.PathLike, images: str | os.PathLike | None = Non
         image_list = _read_image_list(list_path)
         files.append(list_path)
         clean = np.zeros((len(image_list), len(classes)), dtype=np.uint8)
-        for column, concept in enumerate(tqdm(classes, desc=f"NUS-WIDE {official} labels",
+        for column, concept in enumerate(progress(classes, desc=f"NUS-WIDE {official} labels",
                                               unit=" concept", mininterval=0.5, leave=False)):
             path = require_file(labels_dir / f"Labels_{concept}_{official}.txt",
                                 f"NUS-WIDE labels of concept {concept!r}",

@@ -1,0 +1,158 @@
+"""Stopping long work cleanly: Ctrl-C (SIGINT) and SIGTERM.
+
+The command line installs :func:`stop_signals` around every command. The first signal only
+sets a flag and says so; every long loop (stage one's batches, stage two's steps, stage
+three's steps and evaluation batches) calls :func:`check_stop` once per step, which raises
+:class:`~featcache.errors.Interrupted` there: a point where everything finished (chunks,
+epochs, losses) is already saved, so running the same command again resumes. The stage adds
+what was kept and how to resume, and the command line prints that as one line and exits with
+130 (SIGINT) or 143 (SIGTERM).
+
+A second signal exits at once: the temporary files being written (:func:`partial_file`) are
+removed, DataLoader workers are terminated, and the process ends with ``os._exit`` without
+tearing down the interpreter. That teardown, with stage two's worker threads still inside
+PyTorch, is what used to abort with "terminate called without an active exception" (SIGABRT).
+
+Python code that is not the command line (the API, notebooks) keeps Python's own Ctrl-C
+behaviour; :func:`request_stop` lets it ask running loops to stop the same way.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from featcache.errors import Interrupted
+
+#: signals handled, and the exit status of each (128 + the signal number, as shells report)
+SIGNALS = {signal.SIGINT: 130, signal.SIGTERM: 143}
+SIGNAL_NAMES = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
+
+_stop = threading.Event()
+_state: dict = {"signal": None, "pid": None}
+_partial: set[str] = set()
+_partial_lock = threading.Lock()
+
+
+def stop_requested() -> bool:
+    """Whether a stop was asked for (a signal, or :func:`request_stop`)."""
+    return _stop.is_set()
+
+
+def check_stop() -> None:
+    """Raise :class:`Interrupted` if a stop was asked for; call it once per step of long loops."""
+    if _stop.is_set():
+        signum = _state["signal"]
+        name = SIGNAL_NAMES.get(signum, "a stop request")
+        raise Interrupted(f"stopped by {name}", SIGNALS.get(signum, 130))
+
+
+def request_stop(signum: int | None = None) -> None:
+    """Ask every running loop to stop at its next step (what the first Ctrl-C does)."""
+    _state["signal"] = signum
+    _stop.set()
+
+
+def clear_stop() -> None:
+    """Forget a stop request (a new command starts)."""
+    _state["signal"] = None
+    _stop.clear()
+
+
+@contextmanager
+def partial_file(path: str | os.PathLike) -> Iterator[None]:
+    """Register a temporary file while it is being written: an immediate exit removes it."""
+    key = os.fspath(path)
+    with _partial_lock:
+        _partial.add(key)
+    try:
+        yield
+    finally:
+        with _partial_lock:
+            _partial.discard(key)
+
+
+@contextmanager
+def stop_signals(message=None) -> Iterator[None]:
+    """Handle SIGINT and SIGTERM as described in the module docstring, for the block.
+
+    ``message(text)`` prints the first signal's notice (default: a line on stderr). Outside the
+    main thread (where Python cannot install handlers) the block runs unchanged.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    notice = message or _notice
+    previous = {}
+
+    def handler(signum, _frame):
+        if os.getpid() != _state["pid"]:  # a forked DataLoader worker: the main process decides
+            return
+        if _stop.is_set():
+            exit_now(signum)
+        request_stop(signum)
+        notice(f"featcache: {SIGNAL_NAMES[signum]}: stopping at the next safe point, keeping "
+               f"what is finished ({SIGNAL_NAMES[signum]} again to exit at once)")
+
+    clear_stop()
+    _state["pid"] = os.getpid()
+    for signum in SIGNALS:
+        previous[signum] = signal.signal(signum, handler)
+    try:
+        yield
+    finally:
+        for signum, old in previous.items():
+            signal.signal(signum, old)
+        _state["pid"] = None
+        clear_stop()
+
+
+def exit_on_signals() -> None:
+    """Outside :func:`stop_signals` (starting up, shutting down), SIGINT and SIGTERM exit at
+    once: nothing is being written then that a clean stop would keep. The console entry point
+    installs this for the whole process."""
+    for signum in SIGNALS:
+        signal.signal(signum, lambda number, _frame: exit_now(number, quiet=True))
+
+
+def ignore_in_worker() -> None:
+    """In a DataLoader worker: leave SIGINT to the main process (a terminal's Ctrl-C reaches
+    the whole process group), which stops the loader itself."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def exit_now(signum: int, quiet: bool = False) -> None:
+    """The second signal: remove partial files, end the workers, and exit without teardown."""
+    with _partial_lock:
+        partial = list(_partial)
+    for path in partial:
+        try:
+            Path(path).unlink(missing_ok=True)
+        except OSError:
+            pass
+    try:
+        for child in multiprocessing.active_children():
+            child.terminate()
+    except Exception:  # exiting anyway
+        pass
+    if not quiet:
+        _write_stderr(f"featcache: {SIGNAL_NAMES.get(signum, 'signal')} again: exiting now; "
+                      "finished work is kept (run the same command again to resume)")
+    os._exit(SIGNALS.get(signum, 130))
+
+
+def _notice(text: str) -> None:
+    _write_stderr(text)
+
+
+def _write_stderr(text: str) -> None:
+    # os.write, not print: a signal handler may run while the main thread is inside a print
+    try:
+        os.write(2, (text + "\n").encode())
+    except OSError:
+        pass

@@ -1,0 +1,127 @@
+"""One writer per output: run folders, features files and labels files are locked while written.
+
+The lock of ``<dir>/<name>`` is the hidden file ``<dir>/.<name>.lock``, held with the operating
+system's file lock (``flock``, through the ``filelock`` library) for as long as the process
+writes. The kernel releases it when the process ends, however it ends (``kill -9`` included),
+so a stale lock never blocks anyone; DataLoader workers forked meanwhile do not inherit it
+(``filelock`` 4 closes it in forked children). The file records its holder (pid, host, start
+time, command), so that a second writer is told, in one line, who holds it and what to do.
+Lock files stay in place after release (unlinking them would let two waiters lock different
+files).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import errno
+import inspect
+import json
+import os
+import socket
+import sys
+import warnings
+from pathlib import Path
+
+from filelock import FileLock, Timeout
+
+from featcache.errors import FeatcacheWarning, LockedError
+
+#: filelock 4 records the holder through ``on_acquired`` and closes the lock in forked
+#: children; older releases (which PyTorch may have installed) lock all the same, without both
+_MODERN_FILELOCK = "on_acquired" in inspect.signature(FileLock.__init__).parameters
+
+
+def lock_path(target: str | os.PathLike) -> Path:
+    """``<dir>/.<name>.lock``: the lock file of ``target`` (a file or a folder)."""
+    target = Path(target)
+    return target.with_name(f".{target.name}.lock")
+
+
+def holder_record() -> dict:
+    """Who this process is: what a lock file records of its holder."""
+    program = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "python"
+    if program in ("__main__.py", "-m", "-c"):
+        program = "featcache"
+    command = " ".join([program, *sys.argv[1:]])
+    return {"pid": os.getpid(), "host": socket.gethostname(),
+            "since": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+            "command": command if len(command) <= 200 else command[:197] + "..."}
+
+
+def describe_holder(path: Path) -> str:
+    """``pid 123 on host h since 2026-11-23T10:00:00+00:00, running `featcache ...```."""
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return "a process that did not say who it is"
+    return (f"pid {record.get('pid', '?')} on {record.get('host', '?')} since "
+            f"{record.get('since', '?')}, running `{record.get('command', '?')}`")
+
+
+class OutputLock:
+    """Exclusive, non-blocking lock of one output; a context manager.
+
+    ``advice`` finishes the refusal's message ("wait for it to finish, or choose another
+    --run-id"). Re-entering the same object nests (the lock is released by the outermost exit).
+    """
+
+    def __init__(self, target: str | os.PathLike, advice: str):
+        self.target = Path(target)
+        self.path = lock_path(self.target)
+        self.advice = advice
+        self._lock: FileLock | None = None
+        self._depth = 0
+
+    def __repr__(self) -> str:
+        return f"OutputLock({str(self.target)!r})"
+
+    @property
+    def held(self) -> bool:
+        return self._depth > 0
+
+    def acquire(self) -> OutputLock:
+        if self._depth:
+            self._depth += 1
+            return self
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        modern = ({"preserve_lock_file": True, "on_acquired": _record_holder}
+                  if _MODERN_FILELOCK else {})
+        lock = FileLock(self.path, timeout=0, thread_local=False, **modern)
+        try:
+            lock.acquire(blocking=False)
+        except Timeout:
+            raise LockedError(f"{self.target} is being written by another featcache process "
+                              f"({describe_holder(self.path)}); {self.advice}") from None
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP):
+                raise
+            warnings.warn(f"cannot lock {self.target} on this file system ({exc.strerror}): a "
+                          "second process writing it at the same time would not be detected",
+                          FeatcacheWarning, stacklevel=2)
+            lock = None
+        self._lock = lock
+        self._depth = 1
+        return self
+
+    def release(self) -> None:
+        if not self._depth:
+            return
+        self._depth -= 1
+        if self._depth == 0 and self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
+    def __enter__(self) -> OutputLock:
+        return self.acquire()
+
+    def __exit__(self, *_exc) -> None:
+        self.release()
+
+
+def _record_holder(fd: int) -> None:
+    data = json.dumps(holder_record()).encode() + b"\n"
+    try:  # best effort: a full disk must not stop the lock from protecting the output
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, data, 0)
+    except OSError:
+        pass

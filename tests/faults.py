@@ -1,0 +1,77 @@
+"""Running the command line in a subprocess with faults: slowed down, interrupted, size-limited.
+
+``start`` runs ``featcache ARGS`` in its own process group (as a terminal's foreground job:
+a Ctrl-C there reaches the DataLoader workers too) after executing ``prelude`` (Python code
+that may slow a step down, so that a signal lands mid-run). ``interrupt`` sends SIGINT to the
+whole group, like Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+SLEEP_IN = """
+import time as _time
+def _slow(cls, name, seconds):
+    original = getattr(cls, name)
+    def slowed(*args, **kwargs):
+        _time.sleep(seconds)
+        return original(*args, **kwargs)
+    setattr(cls, name, slowed)
+"""
+
+
+def start(args: list[str], cwd: Path, prelude: str = "", env: dict | None = None,
+          shell_prefix: str = "") -> subprocess.Popen:
+    """``featcache ARGS`` in a new process group; ``shell_prefix`` (e.g. ``ulimit -f 64;``)
+    runs it through ``sh -c``."""
+    code = f"{SLEEP_IN}\n{prelude}\nimport sys\nfrom featcache.cli import main\nsys.argv = ['featcache', *{args!r}]\nmain()\n"
+    command = [sys.executable, "-c", code]
+    if shell_prefix:
+        command = ["sh", "-c", f'{shell_prefix} exec "$0" "$@"', *command]
+    return subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True,
+                            env={**os.environ, "COLUMNS": "120", **(env or {})})
+
+
+def run(args: list[str], cwd: Path, prelude: str = "", env: dict | None = None,
+        shell_prefix: str = "", timeout: float = 300) -> subprocess.CompletedProcess:
+    process = start(args, cwd, prelude, env, shell_prefix)
+    out, err = process.communicate(timeout=timeout)
+    return subprocess.CompletedProcess(process.args, process.returncode, out, err)
+
+
+def wait_for(condition, process: subprocess.Popen, timeout: float = 120) -> None:
+    """Poll ``condition()`` until it holds; fail with the process's output if it exits first."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if process.poll() is not None:
+            out, err = process.communicate()
+            raise AssertionError(f"the process ended (rc {process.returncode}) before the "
+                                 f"condition held:\n{out}\n{err}")
+        if time.monotonic() > deadline:
+            process.kill()
+            raise AssertionError("timed out waiting for the condition")
+        time.sleep(0.1)
+
+
+def interrupt(process: subprocess.Popen, times: int = 1, gap: float = 0.3,
+              timeout: float = 60) -> tuple[float, str, str]:
+    """Ctrl-C ``times`` times (to the whole process group); (seconds from the first signal to
+    the exit, stdout, stderr)."""
+    started = time.monotonic()
+    for index in range(times):
+        if index:
+            time.sleep(gap)
+        os.killpg(process.pid, signal.SIGINT)
+    try:
+        out, err = process.communicate(timeout=timeout)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    return time.monotonic() - started, out, err

@@ -1,0 +1,61 @@
+"""Ctrl-C in the long commands: the first stops within seconds at a safe point and keeps what is
+finished (the same command resumes), the second exits at once, cleanly (exit status 130, no
+SIGABRT, no temporary file left behind). Signals go to the whole process group, as a
+terminal's Ctrl-C does, so DataLoader workers receive them too."""
+
+from __future__ import annotations
+
+from faults import interrupt, run, start, wait_for
+from helpers_images import make_dataset
+
+#: seconds from Ctrl-C to the exit, generous for a loaded 2-core machine (a step here is ~0.5 s)
+STOP_BOUND = 15.0
+
+EXTRACT = ["features", "--dataset", "toy", "--backbone", "resnet18", "--weights", "random",
+           "--image-size", "32", "--batch-size", "4", "--chunk-rows", "4", "--workers", "1",
+           "--device", "cpu"]
+SLOW_EXTRACTION = "from featcache.features.extract import Extraction\n_slow(Extraction, 'forward', 0.4)"
+
+
+def _parts(tmp_path):
+    return tmp_path / "cache" / "toy" / ".features-resnet18-random.parts"
+
+
+def _assert_clean_exit(code: int, err: str) -> None:
+    assert code == 130, err
+    assert "Traceback" not in err and "terminate called" not in err, err
+
+
+def test_ctrl_c_stops_extraction_at_the_next_batch_and_the_same_command_resumes(tmp_path):
+    make_dataset(tmp_path, num_train=24, num_test=8)
+    process = start(EXTRACT, tmp_path, SLOW_EXTRACTION, env={"FEATCACHE_CACHE": "cache"})
+    wait_for(lambda: (_parts(tmp_path) / "chunk-000001.npz").exists(), process)
+    seconds, out, err = interrupt(process)
+    _assert_clean_exit(process.returncode, err)
+    assert seconds < STOP_BOUND
+    assert "Ctrl-C: stopping at the next safe point" in err
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("featcache: interrupted: stopped by Ctrl-C; ")
+    assert "chunks of features-resnet18-random.h5 are finished and kept in" in line
+    assert "run the same command again to resume" in line
+    kept = sorted(p.name for p in _parts(tmp_path).glob("chunk-*.npz"))
+    assert 2 <= len(kept) < 8 and not list(_parts(tmp_path).glob(".*tmp*"))
+
+    again = run(EXTRACT, tmp_path, env={"FEATCACHE_CACHE": "cache"})
+    assert again.returncode == 0, again.stderr
+    assert f"resuming: {len(kept)} of 8 chunks already done" in again.stderr
+    assert (tmp_path / "cache" / "toy" / "features-resnet18-random.h5").is_file()
+    assert not _parts(tmp_path).exists()
+
+
+def test_a_second_ctrl_c_exits_at_once_without_abort_or_leftovers(tmp_path):
+    make_dataset(tmp_path, num_train=24, num_test=8)
+    slower = "from featcache.features.extract import Extraction\n_slow(Extraction, 'forward', 3.0)"
+    process = start(EXTRACT, tmp_path, slower, env={"FEATCACHE_CACHE": "cache"})
+    wait_for(lambda: (_parts(tmp_path) / "chunk-000000.npz").exists(), process)
+    seconds, out, err = interrupt(process, times=2)  # the next batch's 3 s step has begun
+    _assert_clean_exit(process.returncode, err)
+    assert "Ctrl-C again: exiting now" in err
+    assert seconds < 2.5  # well inside the 3 s step the first Ctrl-C would have waited for
+    dataset = tmp_path / "cache" / "toy"
+    assert not list(dataset.rglob(".*tmp-*"))
