@@ -127,8 +127,16 @@ def test_single_positive_only_data_refuses_full_label_losses_and_clean_validatio
     synthetic_dataset(cache_dir, name="sp", clean_train=False)
     refused = invoke("train-linear", "--dataset", "sp", "--loss", "bce", *FAST)
     assert refused.exit_code != 0 and "no clean training labels" in refused.output
-    clean_val = invoke("train-linear", "--dataset", "sp", "--loss", "an", *FAST)
-    assert clean_val.exit_code != 0 and "--val observed" in clean_val.output
+    clean_val = invoke("train-linear", "--dataset", "sp", "--loss", "an", "--val", "clean", *FAST)
+    assert clean_val.exit_code != 0
+    assert "--val clean: " in clean_val.output and "no clean validation labels" in clean_val.output
+    assert "use --val observed" in clean_val.output
+    # without --val, the observed labels are chosen, and the command says so in one line
+    auto = invoke("train-linear", "--dataset", "sp", "--loss", "an", "--run-id", "auto", *FAST)
+    assert auto.exit_code == 0, auto.output
+    notes = [line for line in auto.output.splitlines() if "no clean validation labels" in line]
+    assert len(notes) == 1 and "selecting by validation mAP on the observed labels" in notes[0]
+    assert load_results(cache_dir / "sp" / "runs" / "an" / "auto")["protocol"]["val_variant"] == "observed"
     ok = invoke("train-linear", "--dataset", "sp", "--loss", "epr,an", "--val", "observed",
                 "--run-id", "x", *FAST)
     assert ok.exit_code == 0, ok.output

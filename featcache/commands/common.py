@@ -35,6 +35,14 @@ pseudo_labels_option = click.option(
 )
 
 
+val_option = click.option(
+    "--val", "val_variant", type=click.Choice(["auto", "clean", "observed"]), default="auto",
+    show_default=True,
+    help="Validation labels used for selection: clean (the protocol), observed (the single "
+         "positives), or auto: clean when the data has clean labels, else observed (said in one "
+         "line; a single-positive CSV has no clean labels).")
+
+
 def _numbers(kind, option: str):
     def convert(ctx, param, value):
         numbers = parse_number_list(value, option, kind=kind)

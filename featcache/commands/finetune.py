@@ -11,6 +11,7 @@ from featcache.commands.common import (
     parse_params,
     preprocess_option,
     pseudo_labels_option,
+    val_option,
 )
 
 
@@ -78,8 +79,7 @@ from featcache.commands.common import (
                    "on the CPU].")
 @click.option("--eval-batch-size", type=click.IntRange(min=1), default=None,
               help="Images per evaluation forward pass  [default: 256 on a GPU, 32 on the CPU].")
-@click.option("--val", "val_variant", type=click.Choice(["clean", "observed"]), default="clean",
-              show_default=True, help="Validation labels used for selection.")
+@val_option
 @click.option("--early-stop", type=click.Choice(["none", "kim", "zhou"]), default="none",
               show_default=True,
               help="Per-configuration early stopping: Kim et al. (3-point drop below the best) or "
@@ -98,6 +98,13 @@ from featcache.commands.common import (
               help="Continue an interrupted run from its last finished epoch (same options).")
 @click.option("--overwrite", is_flag=True, default=False,
               help="Start the run id afresh, discarding what an earlier run of that id left.")
+@click.option("--keep-checkpoints", type=click.Choice(["last", "best", "all"]), default="last",
+              show_default=True,
+              help="What stays on disk besides the best weights (best.pt): last, the latest "
+                   "epoch's checkpoint of the configuration in training (what --resume continues "
+                   "from); best, no checkpoint (least disk: an interrupted configuration starts "
+                   "over); all, every epoch's checkpoint (configs/<lr-bs>/epoch-NNN.pt). The disk "
+                   "use and a time estimate are printed before training starts.")
 @click.option("--no-plots", is_flag=True, help="Do not draw curves.png.")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
 @cache_option
@@ -105,7 +112,7 @@ def command(dataset, loss, init, learning_rates, batch_sizes, epochs, head_lr_mu
             linear_lr, linear_batch_size, backbone, weights, image_size, preprocess, pseudo_labels,
             precision, use_compile, deterministic, schedule, workers, eval_batch_size, val_variant, early_stop,
             seed, device, images_root, run_id,
-            resume, overwrite, no_plots, quiet, cache):
+            resume, overwrite, keep_checkpoints, no_plots, quiet, cache):
     """Stage three: fine-tune the whole network end to end on the images.
 
     \b
@@ -135,6 +142,7 @@ def command(dataset, loss, init, learning_rates, batch_sizes, epochs, head_lr_mu
         deterministic=deterministic, schedule=schedule, workers=workers,
         eval_batch_size=eval_batch_size, val_variant=val_variant, early_stop=early_stop, seed=seed,
         device=device, images_root=images_root, run_id=run_id, resume=resume, overwrite=overwrite,
+        keep_checkpoints=keep_checkpoints,
         plots=not no_plots, progress=not quiet, cache=cache,
     )
     outcome = run_finetune(options, linear_phase=train_linear_phase)

@@ -13,6 +13,7 @@ from featcache.commands.common import (
     parse_number_list,
     parse_params,
     pseudo_labels_option,
+    val_option,
 )
 
 
@@ -28,8 +29,7 @@ from featcache.commands.common import (
                    "selected losses that have it.")
 @click.option("--eps-pos", type=float, default=None, help="an-ls: smoothing of observed positives.")
 @click.option("--eps-neg", type=float, default=None, help="an-ls: smoothing of assumed negatives.")
-@click.option("--val", "val_variant", type=click.Choice(["clean", "observed"]), default="clean",
-              show_default=True, help="Validation labels used for selection.")
+@val_option
 @click.option("--seeds", default="0", show_default=True,
               help="Comma-separated seeds; each repeats the whole search (mean +- std reported).")
 @click.option("--early-stop", type=click.Choice(["none", "kim", "zhou"]), default="none",

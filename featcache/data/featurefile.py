@@ -202,13 +202,17 @@ def write_extra(h5: h5py.File, extra: Mapping[str, np.ndarray]) -> None:
 def add_text_embeddings(path: str | os.PathLike, embeddings: np.ndarray, classes,
                         text_attrs: dict) -> Path:
     """Add (or replace) a finished features file's class-prompt embeddings, atomically: the
-    file is copied to a temporary name beside it, completed and renamed over the original."""
+    file is copied to a temporary name beside it (after checking that the disk holds the
+    copy), completed and renamed over the original."""
     path = Path(path)
     read_feature_attrs(path)
-    with atomic_output(path, overwrite=True) as tmp:
+    embeddings = np.asarray(embeddings, dtype=np.float32)
+    needed = path.stat().st_size + embeddings.nbytes + (64 << 10)
+    require_space(path.parent, needed, f"to add class-prompt embeddings to {path.name}")
+    with atomic_output(path, overwrite=True, needed=needed) as tmp:
         shutil.copyfile(path, tmp)
         with h5py.File(tmp, "r+") as h5:
-            write_extra(h5, {"text/embeddings": np.asarray(embeddings, dtype=np.float32),
+            write_extra(h5, {"text/embeddings": embeddings,
                              "text/classes": np.asarray(list(classes), dtype=object)})
             h5.attrs["text"] = encode_attr(text_attrs)
     return path

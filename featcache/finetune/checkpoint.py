@@ -7,11 +7,14 @@ network, optimizer, grad scaler, the loss's per-example state (phi, pseudo-label
 labels), RNG states, the epoch and the history so far. Everything is written atomically
 (temporary name, then rename), so an interruption leaves the previous checkpoint intact.
 Once a configuration has finished, its history is kept in ``configs/<key>/history.json``
-and the (large) checkpoint is deleted.
+and the (large) checkpoint is deleted. ``--keep-checkpoints`` decides what else is kept
+(:mod:`featcache.finetune.budget`): ``all`` keeps every epoch's checkpoint as
+``configs/<key>/epoch-NNN.pt``; ``best`` writes no checkpoint at all.
 """
 
 from __future__ import annotations
 
+import os
 import random
 import warnings
 from pathlib import Path
@@ -20,7 +23,7 @@ import numpy as np
 import torch
 
 from featcache.errors import FeatcacheWarning, InputError
-from featcache.fileio import atomic_output
+from featcache.fileio import save_torch_atomic, write_bytes_atomic
 from featcache.protocol.runs import describe_differences, read_json
 
 FORMAT = "featcache-finetune-checkpoint"
@@ -77,8 +80,19 @@ def restore_cuda_rng_states(saved: list) -> None:
 
 def save_checkpoint(path: Path, payload: dict) -> None:
     """Write a checkpoint atomically (tensors moved to the CPU by the caller)."""
-    with atomic_output(path, overwrite=True) as tmp:
-        torch.save({"format": FORMAT, "format_version": FORMAT_VERSION, **payload}, tmp)
+    save_torch_atomic(path, {"format": FORMAT, "format_version": FORMAT_VERSION, **payload})
+
+
+def keep_epoch_copy(checkpoint: Path, epoch: int) -> Path:
+    """``--keep-checkpoints all``: keep this epoch's checkpoint as ``epoch-NNN.pt`` beside it (a
+    hard link: no extra space until the next epoch replaces ``checkpoint.pt``)."""
+    target = checkpoint.with_name(f"epoch-{epoch:03d}.pt")
+    target.unlink(missing_ok=True)
+    try:
+        os.link(checkpoint, target)
+    except OSError:  # a file system without hard links
+        write_bytes_atomic(target, checkpoint.read_bytes())
+    return target
 
 
 def load_checkpoint(path: Path, identity: dict) -> dict:

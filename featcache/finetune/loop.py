@@ -7,7 +7,9 @@ learning rate) and the loss's trainable state (ROLE's phi, ``lr_mult`` times); t
 then validation and test mAP on every example. The loss is computed in float32 from float32
 logits whatever the autocast precision. After every epoch a checkpoint is written atomically;
 a run resumed from it continues exactly as if it had never stopped (on the CPU bit for bit;
-on a GPU up to cuDNN's non-deterministic kernels).
+on a GPU up to cuDNN's non-deterministic kernels). Every step and evaluation batch checks for
+a stop request (Ctrl-C, :mod:`featcache.interrupt`): the epoch in progress is abandoned and
+``--resume`` continues after the last saved one.
 """
 
 from __future__ import annotations
@@ -22,11 +24,12 @@ import torch
 from torch import Tensor, nn
 
 from featcache.backbones import Uint8Normalize, backbone_spec, resolve_preprocess
-from featcache.errors import FeatcacheError, OptionError
+from featcache.errors import FeatcacheError, Interrupted, OptionError
 from featcache.fileio import write_json_atomic
 from featcache.finetune.checkpoint import (
     CHECKPOINT,
     HISTORY,
+    keep_epoch_copy,
     load_checkpoint,
     read_history,
     restore_rng_states,
@@ -50,6 +53,7 @@ from featcache.finetune.distributed import (
 )
 from featcache.finetune.model import FinetuneNet, build_net, linear_head
 from featcache.finetune.start import StartPoint
+from featcache.interrupt import check_stop
 from featcache.losses import SPMLLoss, Targets, create_loss
 from featcache.metrics import average_precision, mean_average_precision
 from featcache.progress import progress, say
@@ -79,6 +83,7 @@ class Settings:
     workers: int = 0
     eval_batch_size: int = 32
     progress: bool = True  # progress bars and a line per epoch
+    keep_checkpoints: str = "last"  # last, best or all (featcache.finetune.budget)
     bars: bool = True  # progress bars (off on all but one rank when ranks train alone)
     #: how estimated parameters were estimated (``--param k=estimate:M``), for results.json
     param_estimates: dict = field(default_factory=dict)
@@ -281,6 +286,7 @@ class ConfigTrainer:
         order_on_device = order.to(self.device)
         started = time.perf_counter()
         for step, (images, positions, ok) in enumerate(self.train_loader):
+            check_stop()
             self._check_images(split, positions, ok)
             if not torch.equal(positions, order[step]):  # host tensors: no device wait
                 raise FeatcacheError(f"the loader's batch {step} is not the sampler's (please "
@@ -318,6 +324,7 @@ class ConfigTrainer:
         bar = self._bar(len(split), f"predict {split.name}")
         parts = [torch.zeros(0, self.data.num_classes, device=self.device)]
         for images, positions, ok in loader:
+            check_stop()
             self._check_images(split, positions, ok)
             with self.autocast():
                 logits = self.eval_net(self.to_input(images))
@@ -445,20 +452,30 @@ def train_config(config: GridPoint, settings: Settings, start: StartPoint, data:
     if checkpoint_path.is_file():
         result = trainer.restore(load_checkpoint(checkpoint_path, identity))
     started = time.perf_counter() - result.seconds
-    for epoch in range(len(result.epochs), settings.epochs):
-        if result.stopped_at is not None:
-            break
-        record, test_ap = trainer.run_epoch(epoch)
-        improved = result.add(record, test_ap, settings.val_variant)
-        if improved:
-            on_best(trainer, result)
-        if settings.early_stop != "none" and result.should_stop(settings.early_stop, improved,
-                                                                settings.val_variant):
-            result.stopped_at = epoch + 1
-        result.seconds = time.perf_counter() - started
-        _report(job, config, settings, record)
-        if job.is_main:
-            save_checkpoint(checkpoint_path, trainer.checkpoint(result, identity))
+    keep = settings.keep_checkpoints
+    try:
+        for epoch in range(len(result.epochs), settings.epochs):
+            if result.stopped_at is not None:
+                break
+            record, test_ap = trainer.run_epoch(epoch)
+            improved = result.add(record, test_ap, settings.val_variant)
+            if improved:
+                on_best(trainer, result)
+            if settings.early_stop != "none" and result.should_stop(settings.early_stop, improved,
+                                                                    settings.val_variant):
+                result.stopped_at = epoch + 1
+            result.seconds = time.perf_counter() - started
+            _report(job, config, settings, record)
+            if job.is_main and keep != "best":
+                save_checkpoint(checkpoint_path, trainer.checkpoint(result, identity))
+                if keep == "all":
+                    keep_epoch_copy(checkpoint_path, epoch + 1)
+    except Interrupted as exc:
+        done = len(result.epochs)
+        kept = (f"configuration {config.name()}: {done} of {settings.epochs} epochs are saved"
+                if keep != "best" else f"configuration {config.name()} starts over on --resume "
+                "(--keep-checkpoints best keeps no checkpoint; finished configurations are kept)")
+        raise exc.adding(kept) from None
     if job.is_main:
         write_json_atomic(config_dir / HISTORY, result.to_json())
         checkpoint_path.unlink(missing_ok=True)

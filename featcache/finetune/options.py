@@ -34,7 +34,7 @@ class FinetuneOptions:
     deterministic: bool = False
     workers: int | None = None
     eval_batch_size: int | None = None
-    val_variant: str = "clean"
+    val_variant: str = "auto"
     early_stop: str = "none"
     seed: int = 0
     device: str = "auto"
@@ -42,6 +42,7 @@ class FinetuneOptions:
     run_id: str | None = None
     resume: bool = False
     overwrite: bool = False
+    keep_checkpoints: str = "last"
     plots: bool = True
     progress: bool = True
     cache: str | None = None

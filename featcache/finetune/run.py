@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from pathlib import Path
 
-from featcache.errors import FeatcacheWarning, InputError, OptionError, OutputExistsError
+from featcache.errors import (
+    FeatcacheWarning,
+    InputError,
+    Interrupted,
+    OptionError,
+    OutputExistsError,
+)
+from featcache.finetune.budget import check_disk, check_keep, measure_seconds, plan_budget
+from featcache.finetune.checkpoint import HISTORY
 from featcache.finetune.data import FinetuneData, load_finetune_data
 from featcache.finetune.distributed import on_main
 from featcache.finetune.loop import Settings
@@ -13,13 +22,15 @@ from featcache.finetune.options import FinetuneOptions
 from featcache.finetune.report import results_document, write_outputs
 from featcache.finetune.search import SCHEDULES, run_grid
 from featcache.finetune.start import StartPoint, resolve_start
+from featcache.locks import OutputLock
 from featcache.losses import loss_class
 from featcache.paths import existing_labels, finetune_dir
+from featcache.progress import say
 from featcache.protocol.coverage import evaluation_coverage, evaluation_notes
 from featcache.protocol.grid import check_grid, grid_points
 from featcache.protocol.handoff import LinearPhase
 from featcache.protocol.runs import RunFolder, latest_unfinished, new_run_id
-from featcache.protocol.selection import check_val_variant
+from featcache.protocol.selection import resolve_val_variant
 from featcache.runtime import (
     Ranks,
     backend_flags,
@@ -41,30 +52,53 @@ def run_finetune(options: FinetuneOptions, linear_phase: LinearPhase | None = No
     check_grid(options.learning_rates, options.batch_sizes)
     if options.schedule not in SCHEDULES:
         raise OptionError(f"--schedule {options.schedule!r}: choose one of {', '.join(SCHEDULES)}")
+    check_keep(options.keep_checkpoints)
     with ranks(options.device) as job:
         data = loss.fit_data(load_finetune_data(existing_labels(options.dataset, options.cache),
                                                 options.images_root, options.pseudo_labels))
-        check_val_variant(options.val_variant, data.val.clean is not None, data.labels.path)
+        variant, note = resolve_val_variant(options.val_variant, data.val.clean is not None,
+                                            data.labels.path)
+        options = dataclasses.replace(options, val_variant=variant)
         if job.is_main:
+            if note:
+                say(note)
             for note in evaluation_notes(*evaluation_coverage(data, options.val_variant)):
                 warnings.warn(note, FeatcacheWarning, stacklevel=2)
         start = resolve_start(options, data, job, linear_phase)
         settings = make_settings(options, start, data, job)
         identity = run_settings(options, settings, start, data)
-        run_dir = on_main(job, lambda: open_run_dir(options, identity))
-        with backend_flags(job.device, settings.precision, cudnn_benchmark=True,
-                           deterministic=options.deterministic):
-            result = run_grid(grid_points(options.learning_rates, options.batch_sizes),
-                              settings, start, data, job, run_dir, options.schedule)
-        if not job.is_main:
-            return None
-        machine = {"device": describe_device(job.device), "precision": settings.precision,
-                   "compile": settings.compile, "deterministic": options.deterministic,
-                   "world_size": job.world,
-                   "schedule": {"option": options.schedule, **result.schedule},
-                   "workers": settings.workers, "eval_batch_size": settings.eval_batch_size}
-        document = results_document(result, settings, start, data, identity, machine)
-        write_outputs(run_dir, document, result, plot=options.plots)
+        configs = grid_points(options.learning_rates, options.batch_sizes)
+        held: dict[str, OutputLock] = {}
+
+        def open_locked() -> Path:
+            path, held["lock"] = open_run_dir(options, identity)
+            return path
+
+        run_dir = on_main(job, open_locked)
+        try:
+            if job.is_main:
+                announce_budget(options, settings, start, data, configs, run_dir, job)
+            with backend_flags(job.device, settings.precision, cudnn_benchmark=True,
+                               deterministic=options.deterministic):
+                try:
+                    result = run_grid(configs, settings, start, data, job, run_dir,
+                                      options.schedule)
+                except Interrupted as exc:
+                    raise exc.adding(f"continue with the same command and --resume --run-id "
+                                     f"{run_dir.name}") from None
+            if not job.is_main:
+                return None
+            machine = {"device": describe_device(job.device), "precision": settings.precision,
+                       "compile": settings.compile, "deterministic": options.deterministic,
+                       "world_size": job.world,
+                       "schedule": {"option": options.schedule, **result.schedule},
+                       "workers": settings.workers, "eval_batch_size": settings.eval_batch_size,
+                       "keep_checkpoints": settings.keep_checkpoints}
+            document = results_document(result, settings, start, data, identity, machine)
+            write_outputs(run_dir, document, result, plot=options.plots)
+        finally:
+            if "lock" in held:
+                held["lock"].release()
         selection = document["selection"]
         val = selection["val_map"] if settings.val_variant == "clean" else selection["val_map_observed"]
         return (f"{options.loss}: val {val:.2f}  test {selection['test_map']:.2f}  (lr "
@@ -113,11 +147,28 @@ def run_settings(options: FinetuneOptions, settings: Settings, start: StartPoint
     }
 
 
-def open_run_dir(options: FinetuneOptions, settings: dict) -> Path:
-    """The run folder: a new one, or (``--resume``) the interrupted one with the same settings."""
+def open_run_dir(options: FinetuneOptions, settings: dict) -> tuple[Path, OutputLock]:
+    """The run folder and its lock, held (the caller releases it): a new folder, or
+    (``--resume``) the interrupted one with the same settings."""
     root = finetune_dir(options.dataset, options.loss, options.cache)
     if options.resume:
         folder = RunFolder(root / options.run_id if options.run_id else latest_unfinished(root))
+    else:
+        folder = RunFolder(root / (options.run_id or new_run_id()))
+    lock = folder.lock("wait for it to finish, stop it (Ctrl-C; it can be resumed), or choose "
+                       "another --run-id").acquire()
+    try:
+        _check_run_dir(folder, options, settings)
+        if not options.resume:
+            folder.start(settings, fresh=True)
+    except BaseException:
+        lock.release()
+        raise
+    return folder.path, lock
+
+
+def _check_run_dir(folder: RunFolder, options: FinetuneOptions, settings: dict) -> None:
+    if options.resume:
         if folder.finished:
             raise OutputExistsError(f"{folder.path} is a finished run: nothing to resume (pass "
                                     "--overwrite without --resume to train it again)")
@@ -125,12 +176,24 @@ def open_run_dir(options: FinetuneOptions, settings: dict) -> Path:
             raise InputError(f"{folder.path} holds no fine-tuning run to resume (no run.json); "
                              "start it without --resume")
         folder.require_same(settings, "resume")
-        return folder.path
-    folder = RunFolder(root / (options.run_id or new_run_id()))
+        return
     if folder.path.exists() and any(folder.path.iterdir()) and not options.overwrite:
         if folder.finished:
             raise OutputExistsError(f"{folder.path} holds a finished run; pass --overwrite to "
                                     "train it again or choose another --run-id")
         raise OutputExistsError(f"{folder.path} holds an unfinished run; pass --resume to continue "
                                 "it, --overwrite to start it afresh, or another --run-id")
-    return folder.start(settings, fresh=True).path
+
+
+def announce_budget(options: FinetuneOptions, settings: Settings, start: StartPoint,
+                    data: FinetuneData, configs, run_dir: Path, job: Ranks) -> None:
+    """Say the run's disk use and time before it starts; refuse when the disk cannot hold it."""
+    left = [c for c in configs if not (run_dir / "configs" / c.name() / HISTORY).is_file()]
+    budget = plan_budget(start, data, settings.loss, settings.params, len(left), settings.epochs,
+                         settings.keep_checkpoints)
+    if left:
+        per_epoch = sum(measure_seconds(start, data, settings.loss, c.batch_size,
+                                        settings.eval_batch_size, settings.precision, job.device)
+                        for c in left)
+        budget.seconds = per_epoch * settings.epochs / max(1, job.world)
+    check_disk(budget, run_dir, say)

@@ -27,11 +27,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-
 from featcache.backbones import transform_description
 from featcache.errors import FeatcacheError, OptionError
-from featcache.fileio import atomic_output
+from featcache.fileio import save_torch_atomic
 from featcache.finetune.data import FinetuneData
 from featcache.finetune.distributed import share_results
 from featcache.finetune.loop import ConfigResult, ConfigTrainer, Settings, train_config
@@ -198,5 +196,4 @@ def write_best(path: Path, trainer: ConfigTrainer, result: ConfigResult, about: 
         "handoff": {k: v[0] for k, v in state.items() if k in handoff},
         "label_state": {k: v[0] for k, v in state.items() if k not in handoff},
     }
-    with atomic_output(path, overwrite=True) as tmp:
-        torch.save(payload, tmp)
+    save_torch_atomic(path, payload)

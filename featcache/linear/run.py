@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 import sys
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -44,8 +45,8 @@ from featcache.protocol.loss_choice import (
     training_facts,
 )
 from featcache.protocol.results_table import seed_choices
-from featcache.protocol.runs import new_run_id, open_finished_or_new
-from featcache.protocol.selection import check_early_stop, check_val_variant
+from featcache.protocol.runs import RunFolder, new_run_id, open_finished_or_new
+from featcache.protocol.selection import check_early_stop, resolve_val_variant
 from featcache.runtime import Ranks, describe_device, pick_device, ranks, usable_cpus
 from featcache.tables import Table
 
@@ -61,7 +62,7 @@ class LinearOptions:
     epochs: int = LINEAR_EPOCHS
     params: Mapping[str, Sequence[float]] = field(default_factory=dict)
     seeds: Sequence[int] = (0,)
-    val_variant: str = "clean"
+    val_variant: str = "auto"
     early_stop: str = "none"
     backbone: str | None = None
     run_id: str | None = None
@@ -149,7 +150,11 @@ def _run_linear(options: LinearOptions, budget: int, job: Ranks, say: Callable[[
     facts = training_facts(labels, train.labels.observed[train.keep],
                            labels.train.clean is not None, options.pseudo_labels)
     losses, skipped = choose_losses(options.losses, facts, given=set(options.params))
-    check_val_variant(options.val_variant, labels.train.clean is not None, labels.path)
+    variant, note = resolve_val_variant(options.val_variant, labels.train.clean is not None,
+                                        labels.path)
+    options = replace(options, val_variant=variant)
+    if note:
+        say(note)
     for name, reason in skipped:
         say(f"skipping {name}: {reason}")
     given = split_params(options.params, losses)
@@ -179,15 +184,16 @@ def _run_linear(options: LinearOptions, budget: int, job: Ranks, say: Callable[[
         if on_run is not None:
             on_run(run)
 
-    todo = []
-    for spec in specs:
-        reused = reuse_finished(data, spec, folders[spec.loss], options, say, job)
-        if reused is not None:
-            keep(reused)
-        else:
-            todo.append(spec)
-    run_searches(data, todo, device, options.progress, jobs, job, on_done=lambda result: keep(
-        write_loss_run(data, result, folders[result.spec.loss], options, device, job)))
+    with locked_folders(job, folders.values()):
+        todo = []
+        for spec in specs:
+            reused = reuse_finished(data, spec, folders[spec.loss], options, say, job)
+            if reused is not None:
+                keep(reused)
+            else:
+                todo.append(spec)
+        run_searches(data, todo, device, options.progress, jobs, job, on_done=lambda result: keep(
+            write_loss_run(data, result, folders[result.spec.loss], options, device, job)))
     runs = [done[spec.loss] for spec in specs]
     outcome = LinearOutcome(runs, skipped)
     if len(runs) > 1:
@@ -241,12 +247,30 @@ def train_loss(data: TrainingSplits, spec: SearchSpec, run_dir: Path, options: L
 
     Under ``torchrun`` (``job``) the ranks share the groups; rank 0 alone touches the folder.
     """
-    reused = reuse_finished(data, spec, run_dir, options, say, job)
-    if reused is not None:
-        return reused
-    result = run_search(data, spec, device=device, progress=options.progress, jobs=options.jobs,
-                        job=job)
-    return write_loss_run(data, result, run_dir, options, device, job)
+    with locked_folders(job, [run_dir]):
+        reused = reuse_finished(data, spec, run_dir, options, say, job)
+        if reused is not None:
+            return reused
+        result = run_search(data, spec, device=device, progress=options.progress,
+                            jobs=options.jobs, job=job)
+        return write_loss_run(data, result, run_dir, options, device, job)
+
+
+def locked_folders(job: Ranks | None, folders: Iterable[Path]) -> ExitStack:
+    """The run folders' locks, held by the writer (rank 0) until the returned stack closes:
+    a second process on the same run id is refused, naming this one (every rank stops)."""
+    stack = ExitStack()
+
+    def acquire() -> None:
+        for folder in folders:
+            stack.enter_context(RunFolder(folder).lock())
+
+    try:
+        on_main(job, acquire)
+    except BaseException:
+        stack.close()
+        raise
+    return stack
 
 
 def reuse_finished(data: TrainingSplits, spec: SearchSpec, run_dir: Path, options: LinearOptions,

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from featcache.errors import InputError
-from featcache.fileio import atomic_output
+from featcache.fileio import save_torch_atomic
 from featcache.protocol.runs import RunFolder
 
 HEAD_FILE = "best.pt"
@@ -27,8 +27,7 @@ HEAD_FORMAT_VERSION = 2
 
 def save_head(path: Path, payload: dict) -> None:
     """Write a head file atomically."""
-    with atomic_output(path, overwrite=True) as tmp:
-        torch.save({"format": HEAD_FORMAT, "format_version": HEAD_FORMAT_VERSION, **payload}, tmp)
+    save_torch_atomic(path, {"format": HEAD_FORMAT, "format_version": HEAD_FORMAT_VERSION, **payload})
 
 
 def load_saved(path: Path, expected_format: str, what: str) -> dict:

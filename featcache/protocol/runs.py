@@ -1,7 +1,8 @@
 """Run folders of stages two and three: ``<cache>/<dataset>/{runs,finetune}/<loss>/<run-id>/``.
 
-A run folder holds ``run.json`` (the run's settings and their fingerprint, written when it
-starts) and, once finished, ``results.json`` (written last, atomically: a folder without it is
+A run folder is written by one process at a time (its lock, ``.<run-id>.lock`` beside it,
+:mod:`featcache.locks`, is held while the run trains). It holds ``run.json`` (the run's settings
+and their fingerprint, written when it starts) and, once finished, ``results.json`` (written last, atomically: a folder without it is
 an unfinished run). One fingerprint, the sha256 of the settings as canonical JSON, decides
 "same settings": a finished stage-two run with the same fingerprint is reused, an unfinished
 stage-three run with the same fingerprint is resumed, and anything else is refused with the
@@ -19,6 +20,7 @@ from pathlib import Path
 
 from featcache.errors import InputError, OutputExistsError
 from featcache.fileio import write_json_atomic
+from featcache.locks import OutputLock
 
 RESULTS = "results.json"
 RUN_FILE = "run.json"
@@ -92,6 +94,10 @@ class RunFolder:
         if stored is None:
             return "it records no settings (made by an older featcache?)"
         return describe_differences(stored, settings)
+
+    def lock(self, advice: str = "wait for it to finish, or choose another --run-id") -> OutputLock:
+        """The lock of this folder (:mod:`featcache.locks`; not yet acquired)."""
+        return OutputLock(self.path, advice)
 
     def start(self, settings: dict, fresh: bool = False) -> RunFolder:
         """Create the folder (emptied first when ``fresh``) and record ``settings`` in run.json."""

@@ -33,6 +33,25 @@ def check_early_stop(rule: str) -> str:
     return rule
 
 
+#: ``--val auto``: clean validation labels when the data has them, else the observed ones
+AUTO = "auto"
+
+
+def resolve_val_variant(variant: str, has_clean_val: bool, labels_path) -> tuple[str, str | None]:
+    """(the validation labels to select by, a note saying why when it was chosen for the user).
+
+    ``auto`` is ``clean`` when the validation split has clean labels and ``observed`` when it
+    has only single positives (a single-positive CSV, ``--labels-only`` imports); an explicit
+    ``clean`` on such data is refused (:func:`check_val_variant`).
+    """
+    if variant != AUTO:
+        return check_val_variant(variant, has_clean_val, labels_path), None
+    if has_clean_val:
+        return "clean", None
+    return "observed", (f"{labels_path} has no clean validation labels (single positives only): "
+                        "selecting by validation mAP on the observed labels (--val observed)")
+
+
 def check_val_variant(variant: str, has_clean_val: bool, labels_path) -> str:
     """Refuse clean validation on data that has no clean validation labels (say what to do).
 
@@ -42,10 +61,12 @@ def check_val_variant(variant: str, has_clean_val: bool, labels_path) -> str:
     if variant == LAST_EPOCH:
         return variant
     if variant not in VAL_VARIANTS:
-        raise OptionError(f"--val {variant!r}: choose one of {', '.join(VAL_VARIANTS)}")
+        raise OptionError(f"--val {variant!r}: choose one of {AUTO}, {', '.join(VAL_VARIANTS)}")
     if variant == "clean" and not has_clean_val:
-        raise OptionError(f"{labels_path} has no clean validation labels (single positives "
-                          "only); use --val observed")
+        raise OptionError(f"--val clean: {labels_path} has no clean validation labels (its "
+                          "training labels are single positives), so validation mAP can only be "
+                          "measured on the observed labels; use --val observed (or --val auto, "
+                          "the default)")
     return variant
 
 

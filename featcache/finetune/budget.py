@@ -1,0 +1,167 @@
+"""What a fine-tuning run will cost, said before it starts: disk for its checkpoints, and time.
+
+Sizes come from the network and the loss state themselves: a checkpoint holds the network
+(parameters and buffers), Adam's two moments per trained tensor, and the loss's state (ROLE's
+phi, with its own Adam moments); ``best.pt`` holds the network and the state. What stays on disk
+depends on ``--keep-checkpoints``:
+
+- ``last`` (default): the latest epoch's checkpoint of the configuration in training (what
+  ``--resume`` continues from; dropped once the configuration is done) and the best weights;
+- ``best``: only the best weights: no training checkpoint (an interrupted configuration starts
+  over on ``--resume``; finished ones are kept);
+- ``all``: every epoch's checkpoint of every configuration, and the best weights.
+
+The time is measured, not guessed: two training steps and two evaluation batches of a copy of
+the network on generated images (the first of each is a warm-up), scaled to the grid. It is
+compute only (image decoding, usually hidden behind the workers, is not in it) and ignores
+``--compile``'s speed-up.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+
+from featcache.backbones import Uint8Normalize, backbone_spec
+from featcache.errors import OptionError
+from featcache.fileio import free_bytes, human_bytes, require_space
+from featcache.finetune.data import FinetuneData
+from featcache.finetune.model import build_net, linear_head
+from featcache.finetune.start import StartPoint
+from featcache.losses import SPMLLoss, create_loss, loss_class
+from featcache.runtime import autocast
+
+KEEP_CHECKPOINTS = ("last", "best", "all")
+#: images of the probe's batches (smaller than the grid's on purpose: the probe must be quick)
+PROBE_BATCH = 4
+
+
+def check_keep(keep: str) -> str:
+    if keep not in KEEP_CHECKPOINTS:
+        raise OptionError(f"--keep-checkpoints {keep!r}: choose one of {', '.join(KEEP_CHECKPOINTS)}")
+    return keep
+
+
+@dataclass
+class Budget:
+    """A run's disk and time, before it starts."""
+
+    configs: int
+    epochs: int
+    keep: str
+    checkpoint_bytes: int
+    best_bytes: int
+    seconds: float | None = None
+
+    @property
+    def peak_bytes(self) -> int:
+        """The most the run keeps on disk at once (a file being replaced exists twice)."""
+        best = 2 * self.best_bytes
+        if self.keep == "best":
+            return best
+        if self.keep == "all":
+            return best + (self.configs * self.epochs + 1) * self.checkpoint_bytes
+        return best + 2 * self.checkpoint_bytes
+
+    def line(self, free: int) -> str:
+        kept = {"last": "the latest epoch's checkpoint and the best weights",
+                "best": "only the best weights (no checkpoint: an interrupted configuration "
+                        "restarts on --resume)",
+                "all": "every epoch's checkpoint and the best weights"}[self.keep]
+        time_part = "" if self.seconds is None else (
+            f"; about {human_seconds(self.seconds)} of compute (measured on a few steps; image "
+            "decoding not included)")
+        return (f"fine-tuning {self.configs} configuration(s) x {self.epochs} epochs: "
+                f"checkpoints {human_bytes(self.checkpoint_bytes)} each, best.pt "
+                f"{human_bytes(self.best_bytes)}; --keep-checkpoints {self.keep} keeps {kept}: at "
+                f"most {human_bytes(self.peak_bytes)} on disk, {human_bytes(free)} free"
+                f"{time_part}")
+
+
+def tensor_bytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def plan_budget(start: StartPoint, data: FinetuneData, loss_name: str, params: dict,
+                configs: int, epochs: int, keep: str) -> Budget:
+    """Checkpoint and best.pt sizes of this network and loss (no time yet)."""
+    check_keep(keep)
+    dim = backbone_spec(start.backbone).dim
+    classes = data.num_classes
+    trunk_params = tensor_bytes(start.trunk.parameters())
+    trunk_buffers = tensor_bytes(start.trunk.buffers())
+    head = (dim + 1) * classes * 4
+    network = trunk_params + trunk_buffers + head
+    loss = create_loss(loss_name, classes, 1, params=params, dataset=data.dataset)
+    state = _loss_state(loss, data, start)
+    learned = tensor_bytes(t for name, t in state.items() if name in loss.learned_state_lr_mults())
+    state_bytes = tensor_bytes(state.values())
+    checkpoint = network + 2 * (trunk_params + head) + state_bytes + 2 * learned + (64 << 10)
+    best = network + state_bytes + (64 << 10)
+    return Budget(configs, epochs, keep, checkpoint, best)
+
+
+def check_disk(budget: Budget, run_dir, say) -> None:
+    """Say the budget, and refuse now when the disk cannot hold the run's checkpoints."""
+    free = free_bytes(run_dir)
+    say(budget.line(free))
+    require_space(run_dir, budget.peak_bytes,
+                  f"for the checkpoints of this run (--keep-checkpoints {budget.keep}; "
+                  "--keep-checkpoints best needs the least)")
+
+
+def measure_seconds(start: StartPoint, data: FinetuneData, loss: str, batch_size: int,
+                    eval_batch_size: int, precision: str, device: torch.device) -> float:
+    """Seconds of compute for one epoch of one configuration (see the module docstring)."""
+    train_each = _probe(start, data, device, precision, min(batch_size, PROBE_BATCH), train=True)
+    eval_each = _probe(start, data, device, precision, min(eval_batch_size, PROBE_BATCH),
+                       train=False)
+    trained = (len(data.train) // batch_size) * batch_size
+    evaluated = len(data.val) + len(data.test)
+    if loss_class(loss).end_epoch is not SPMLLoss.end_epoch:
+        evaluated += len(data.train)  # the loss predicts on the training split after each epoch
+    return trained * train_each + evaluated * eval_each
+
+
+def human_seconds(seconds: float) -> str:
+    if seconds < 90:
+        return f"{max(1, math.ceil(seconds))} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _loss_state(loss: SPMLLoss, data: FinetuneData, start: StartPoint) -> dict:
+    generator = torch.Generator().manual_seed(0)
+    clean = data.train.clean
+    return loss.init_state(data.train.observed, clean, generator=generator,
+                           initial=start.initial_state())
+
+
+def _probe(start: StartPoint, data: FinetuneData, device: torch.device, precision: str,
+           batch: int, train: bool) -> float:
+    """Seconds per image of a training step (forward, backward) or an evaluation forward."""
+    dim = backbone_spec(start.backbone).dim
+    generator = torch.Generator().manual_seed(0)  # never the global generators: numbers unchanged
+    net = build_net(copy.deepcopy(start.trunk),
+                    linear_head(dim, data.num_classes, generator=generator))
+    net = net.to(device, memory_format=torch.channels_last).train(train)
+    normalize = Uint8Normalize(start.backbone).to(device)
+    size = start.image_size
+    images = torch.randint(0, 256, (batch, 3, size, size), generator=generator, dtype=torch.uint8)
+    x = normalize(images.to(device)).contiguous(memory_format=torch.channels_last)
+    timings = []
+    for _ in range(2):
+        tick = time.perf_counter()
+        with torch.set_grad_enabled(train), autocast(device, precision):
+            logits = net(x)
+        if train:
+            torch.sigmoid(logits.float()).mean().backward()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        timings.append(time.perf_counter() - tick)
+    return timings[-1] / batch
