@@ -122,9 +122,12 @@ def file_size_limit() -> int | None:
     return None if soft == resource.RLIM_INFINITY else int(soft)
 
 
-def require_space(directory: str | os.PathLike, needed: int, what: str) -> int:
-    """Refuse early (``DiskFullError``) when ``needed`` bytes do not fit in ``directory``;
-    returns the free bytes. ``what`` says what the space is for ("to extract features")."""
+def require_space(directory: str | os.PathLike, needed: int, what: str,
+                  largest_file: int | None = None) -> int:
+    """Refuse early (``DiskFullError``) when ``needed`` bytes do not fit in ``directory``, or
+    when the largest file to write (``largest_file``, default ``needed``) exceeds the shell's
+    file-size limit; returns the free bytes. ``what`` says what the space is for ("to extract
+    the features of 5011 images")."""
     free = free_bytes(directory)
     if needed + (MARGIN_BYTES if needed > MARGIN_BYTES else 0) > free:
         raise DiskFullError(
@@ -132,11 +135,12 @@ def require_space(directory: str | os.PathLike, needed: int, what: str) -> int:
             f"{human_bytes(free)} free. Free some space, or put the cache on a larger disk "
             "(--cache DIR or FEATCACHE_CACHE), then run the same command again")
     limit = file_size_limit()
-    if limit is not None and needed > limit:
+    largest = needed if largest_file is None else largest_file
+    if limit is not None and largest > limit:
         raise DiskFullError(
             f"the file-size limit of this shell (ulimit -f: {human_bytes(limit)}) is smaller than "
-            f"the {human_bytes(needed)} needed {what}; raise it (ulimit -f unlimited) and run the "
-            "same command again")
+            f"the {human_bytes(largest)} file to write {what}; raise it (ulimit -f unlimited) and "
+            "run the same command again")
     return free
 
 

@@ -59,3 +59,31 @@ def test_a_second_ctrl_c_exits_at_once_without_abort_or_leftovers(tmp_path):
     assert seconds < 2.5  # well inside the 3 s step the first Ctrl-C would have waited for
     dataset = tmp_path / "cache" / "toy"
     assert not list(dataset.rglob(".*tmp-*"))
+
+
+def test_ctrl_c_stops_finetuning_within_seconds_and_resume_ends_like_an_uninterrupted_run(
+        tmp_path_factory, tmp_path):
+    from helpers_finetune import NAME, copy_cache, finetune
+    from test_finetune_resume import _metrics
+
+    cache = copy_cache(tmp_path_factory.getbasetemp(), tmp_path / "cache")
+    grid = ["--loss", "role", "--epochs", "2", "--lr", "1e-3", "--bsize", "4"]
+    whole = finetune(cache, *grid, "--run-id", "whole")  # in-process, no workers: same numbers
+    assert whole.exit_code == 0, whole.output
+    args = ["finetune", "--dataset", NAME, "--cache", str(cache), *grid, "--workers", "1",
+            "--device", "cpu", "--quiet", "--no-plots", "--run-id", "cut"]
+    slow = "from featcache.finetune.loop import ConfigTrainer\n_slow(ConfigTrainer, 'step', 0.5)"
+    process = start(args, tmp_path, slow)
+    run_dir = cache / NAME / "finetune" / "role" / "cut"
+    wait_for(lambda: (run_dir / "configs" / "lr0.001-bs4" / "checkpoint.pt").exists(), process)
+    seconds, out, err = interrupt(process)  # during the second epoch
+    _assert_clean_exit(process.returncode, err)
+    assert seconds < STOP_BOUND
+    line = err.strip().splitlines()[-1]
+    assert line == ("featcache: interrupted: stopped by Ctrl-C; configuration lr0.001-bs4: 1 of 2 "
+                    "epochs are saved; continue with the same command and --resume --run-id cut")
+    assert not (run_dir / "results.json").exists()
+
+    resumed = run([*args, "--resume"], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert _metrics(run_dir) == _metrics(cache / NAME / "finetune" / "role" / "whole")

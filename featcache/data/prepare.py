@@ -34,7 +34,8 @@ from featcache.data.sampling import (
     split_train_val,
 )
 from featcache.errors import InputError, OptionError, OutputExistsError
-from featcache.fileio import sha256_file
+from featcache.fileio import require_space, sha256_file
+from featcache.locks import OutputLock
 from featcache.progress import progress
 
 OFFICIAL = ("train", "test")
@@ -94,6 +95,12 @@ def prepare_dataset(source: SourceDataset, path: str | os.PathLike,
     options = options or PrepareOptions()
     notify = notify or (lambda message: None)
     path = Path(path)
+    with OutputLock(path, "wait for it to finish"):
+        return _prepare_locked(source, path, options, extra, notify)
+
+
+def _prepare_locked(source: SourceDataset, path: Path, options: PrepareOptions,
+                    extra: dict | None, notify: Notify) -> PrepareResult:
     refuse_existing(path, options.overwrite)
     _check_options(source, options)
     observer = make_observer(options, source.classes)
@@ -283,6 +290,13 @@ def _merge_and_split(parts: dict[str, SourceSplit],
     return {split: merged.take(rows[split]) for split in OFFICIAL}, details
 
 
+def labels_file_bytes(source: SourceDataset) -> int:
+    """About how large the labels file of ``source`` will be (an upper bound: no compression)."""
+    rows = len(source.train) + len(source.test)
+    names = sum(len(str(name).encode()) + 16 for name in source.train.images + source.test.images)
+    return rows * 2 * len(source.classes) + names + (256 << 10)
+
+
 def _describe_file(path: Path) -> dict:
     path = Path(path)
     return {"file": str(path.resolve()), "sha256": sha256_file(path), "bytes": path.stat().st_size}
@@ -298,7 +312,7 @@ def import_feature_set(npz: str | os.PathLike, name: str, labels_path: str | os.
     dropped there are dropped from the features too. Both outputs are refused up front if
     they exist (unless ``overwrite``).
     """
-    from featcache.data.featurefile import write_features
+    from featcache.data.featurefile import features_file_bytes, write_features
     from featcache.data.formats.npz import read_npz
 
     options = options or PrepareOptions()
@@ -306,6 +320,10 @@ def import_feature_set(npz: str | os.PathLike, name: str, labels_path: str | os.
     for path in (labels_path, features_path):
         refuse_existing(path, options.overwrite)
     source, features = read_npz(npz, name)
+    size = features_file_bytes(source.train.images + source.test.images,
+                               features["train"].shape[1])
+    require_space(Path(features_path).parent, size + labels_file_bytes(source),
+                  f"to import {Path(npz).name}", size)
     result = prepare_dataset(source, labels_path, options, extra, notify)
     npz_file = source.source_files[0]
     attrs = {
@@ -317,5 +335,7 @@ def import_feature_set(npz: str | os.PathLike, name: str, labels_path: str | os.
         "feature_names": source.details["feature_names"],
     }
     rows = {split: features[split][result.kept[split]] for split in OFFICIAL}
-    path = write_features(features_path, result.labels, rows, attrs, overwrite=options.overwrite)
+    with OutputLock(features_path, "wait for it to finish"):
+        path = write_features(features_path, result.labels, rows, attrs,
+                              overwrite=options.overwrite)
     return result, path

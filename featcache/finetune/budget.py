@@ -109,9 +109,10 @@ def check_disk(budget: Budget, run_dir, say) -> None:
     """Say the budget, and refuse now when the disk cannot hold the run's checkpoints."""
     free = free_bytes(run_dir)
     say(budget.line(free))
+    largest = budget.best_bytes if budget.keep == "best" else budget.checkpoint_bytes
     require_space(run_dir, budget.peak_bytes,
                   f"for the checkpoints of this run (--keep-checkpoints {budget.keep}; "
-                  "--keep-checkpoints best needs the least)")
+                  "--keep-checkpoints best needs the least)", largest)
 
 
 def measure_seconds(start: StartPoint, data: FinetuneData, loss: str, batch_size: int,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 from featcache.errors import (
@@ -71,13 +72,12 @@ def run_finetune(options: FinetuneOptions, linear_phase: LinearPhase | None = No
         held: dict[str, OutputLock] = {}
 
         def open_locked() -> Path:
-            path, held["lock"] = open_run_dir(options, identity)
+            path, held["lock"] = open_run_dir(options, identity, lambda path: announce_budget(
+                settings, start, data, configs, path, job))
             return path
 
         run_dir = on_main(job, open_locked)
         try:
-            if job.is_main:
-                announce_budget(options, settings, start, data, configs, run_dir, job)
             with backend_flags(job.device, settings.precision, cudnn_benchmark=True,
                                deterministic=options.deterministic):
                 try:
@@ -120,7 +120,7 @@ def make_settings(options: FinetuneOptions, start: StartPoint, data: FinetuneDat
         workers=(options.workers if options.workers is not None
                  else default_workers(job.device, job.local_world)),
         eval_batch_size=options.eval_batch_size or default_batch_size(job.device),
-        progress=options.progress,
+        progress=options.progress, keep_checkpoints=options.keep_checkpoints,
     )
     settings.validate(job.device)
     return settings
@@ -147,9 +147,11 @@ def run_settings(options: FinetuneOptions, settings: Settings, start: StartPoint
     }
 
 
-def open_run_dir(options: FinetuneOptions, settings: dict) -> tuple[Path, OutputLock]:
+def open_run_dir(options: FinetuneOptions, settings: dict,
+                 check: Callable[[Path], None] = lambda path: None) -> tuple[Path, OutputLock]:
     """The run folder and its lock, held (the caller releases it): a new folder, or
-    (``--resume``) the interrupted one with the same settings."""
+    (``--resume``) the interrupted one with the same settings. ``check(path)`` runs once the
+    folder is locked and before a new one is created (the disk budget)."""
     root = finetune_dir(options.dataset, options.loss, options.cache)
     if options.resume:
         folder = RunFolder(root / options.run_id if options.run_id else latest_unfinished(root))
@@ -159,6 +161,7 @@ def open_run_dir(options: FinetuneOptions, settings: dict) -> tuple[Path, Output
                        "another --run-id").acquire()
     try:
         _check_run_dir(folder, options, settings)
+        check(folder.path)
         if not options.resume:
             folder.start(settings, fresh=True)
     except BaseException:
@@ -185,8 +188,8 @@ def _check_run_dir(folder: RunFolder, options: FinetuneOptions, settings: dict) 
                                 "it, --overwrite to start it afresh, or another --run-id")
 
 
-def announce_budget(options: FinetuneOptions, settings: Settings, start: StartPoint,
-                    data: FinetuneData, configs, run_dir: Path, job: Ranks) -> None:
+def announce_budget(settings: Settings, start: StartPoint, data: FinetuneData, configs,
+                    run_dir: Path, job: Ranks) -> None:
     """Say the run's disk use and time before it starts; refuse when the disk cannot hold it."""
     left = [c for c in configs if not (run_dir / "configs" / c.name() / HISTORY).is_file()]
     budget = plan_budget(start, data, settings.loss, settings.params, len(left), settings.epochs,
