@@ -6,8 +6,9 @@ writes. The kernel releases it when the process ends, however it ends (``kill -9
 so a stale lock never blocks anyone; DataLoader workers forked meanwhile do not inherit it
 (``filelock`` 4 closes it in forked children). The file records its holder (pid, host, start
 time, command), so that a second writer is told, in one line, who holds it and what to do.
-Lock files stay in place after release (unlinking them would let two waiters lock different
-files).
+The file is removed on release, while still locked (so that a process that opened it
+meanwhile finds it unlinked and starts over, as ``filelock`` does); a killed process leaves it
+behind, unlocked and harmless.
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ class OutputLock:
         self.advice = advice
         self._lock: FileLock | None = None
         self._depth = 0
+        self._made_dir = False
 
     def __repr__(self) -> str:
         return f"OutputLock({str(self.target)!r})"
@@ -83,6 +85,7 @@ class OutputLock:
         if self._depth:
             self._depth += 1
             return self
+        self._made_dir = not self.path.parent.exists()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         modern = ({"preserve_lock_file": True, "on_acquired": _record_holder}
                   if _MODERN_FILELOCK else {})
@@ -107,9 +110,19 @@ class OutputLock:
         if not self._depth:
             return
         self._depth -= 1
-        if self._depth == 0 and self._lock is not None:
+        if self._depth:
+            return
+        if self._lock is not None:
+            # Unlinked while still held: a process that opened the file meanwhile finds an
+            # unlinked file once it gets the lock, and filelock makes it start over on the path.
+            self.path.unlink(missing_ok=True)
             self._lock.release()
             self._lock = None
+        if self._made_dir:  # leave no empty folder behind (a refused prepare, a failed run)
+            try:
+                self.path.parent.rmdir()
+            except OSError:
+                pass
 
     def __enter__(self) -> OutputLock:
         return self.acquire()

@@ -1,7 +1,8 @@
 """Small generated images and labels files for tests of the image stages (no real photographs).
 
 ``write_image`` makes one file of a given kind (plain JPEG, PNG with alpha, grayscale, CMYK,
-EXIF-rotated, palette with transparency, and broken ones: empty, truncated, not an image);
+EXIF-rotated, palette with transparency, 16-bit grayscale, and broken ones: empty, truncated, not
+an image);
 ``make_dataset`` writes a folder of images and a labels file that lists them.
 """
 
@@ -16,6 +17,8 @@ from PIL import Image
 from featcache.data.synthetic import write_image_labels
 
 GOOD_KINDS = ("jpeg", "png", "png_alpha", "gray", "cmyk", "exif", "palette")
+#: images deeper than 8 bits, which the reference's decode would clip to white
+DEEP_KINDS = ("png16",)
 BAD_KINDS = ("empty", "truncated", "garbage")
 
 
@@ -59,6 +62,11 @@ def write_image(path: Path, kind: str = "jpeg", seed: int = 0, size=(56, 44)) ->
         image = Image.fromarray(rgb).convert("P", palette=Image.ADAPTIVE, colors=16)
         image.info["transparency"] = 0
         image.save(path, format="PNG", transparency=0)
+    elif kind == "png16":  # 16-bit grayscale: the grey of "gray16_twin" times 257
+        grey = np.asarray(Image.fromarray(rgb).convert("L"), dtype=np.uint16)
+        Image.fromarray(grey * 257).save(path, format="PNG")
+    elif kind == "gray16_twin":  # the 8-bit PNG that "png16" holds, exactly
+        Image.fromarray(rgb).convert("L").save(path, format="PNG")
     elif kind == "empty":
         path.write_bytes(b"")
     elif kind == "truncated":
@@ -84,7 +92,7 @@ def make_dataset(base: Path, num_train: int = 12, num_test: int = 6, kinds: dict
     names = []
     for index in range(num_train + num_test):
         kind = kinds.get(index, "jpeg")
-        suffix = ".png" if kind.startswith(("png", "palette")) else ".jpg"
+        suffix = ".png" if kind.startswith(("png", "palette", "gray16")) else ".jpg"
         rel = f"{'train' if index < num_train else 'test'}/img{index:04d}{suffix}"
         write_image(root / rel, kind, seed=seed * 1000 + index, size=size)
         names.append(rel)

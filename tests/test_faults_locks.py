@@ -93,15 +93,17 @@ def test_finetune_and_features_on_a_locked_output_name_the_holder(tmp_path_facto
 
 
 def test_the_lock_file_records_its_holder_and_nests(tmp_path):
-    lock = OutputLock(tmp_path / "run", "wait")
+    lock = OutputLock(tmp_path / "out" / "run", "wait")
     with lock:
         with lock:  # re-entering the same object nests
-            record = json.loads(lock_path(tmp_path / "run").read_text())
+            record = json.loads(lock_path(tmp_path / "out" / "run").read_text())
+            described = describe_holder(lock.path)
         assert lock.held
     assert not lock.held
     assert record["pid"] > 0 and record["host"] and record["since"] and record["command"]
-    assert f"pid {record['pid']} on {record['host']}" in describe_holder(lock.path)
-    with OutputLock(tmp_path / "run", "wait"):  # released: free for the next writer
+    assert described.startswith(f"pid {record['pid']} on {record['host']} since ")
+    assert not (tmp_path / "out").exists()  # the lock file and the folder it made are gone
+    with OutputLock(tmp_path / "out" / "run", "wait"):  # released: free for the next writer
         pass
 
 

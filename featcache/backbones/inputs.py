@@ -27,7 +27,7 @@ from torch.utils.data import Dataset
 
 from featcache.backbones.preprocess import PROTOCOL, Preprocess
 from featcache.backbones.registry import resize_transform
-from featcache.data.images import DECODE_ERRORS, load_rgb, require_strict_pil
+from featcache.data.images import DECODE_ERRORS, load_rgb, require_strict_pil, to_rgb
 from featcache.errors import FeatcacheError
 from featcache.interrupt import ignore_in_worker
 
@@ -312,7 +312,7 @@ def _decode_one(data: torch.Tensor, device: torch.device) -> torch.Tensor | None
         pass
     try:
         with Image.open(io.BytesIO(data.numpy().tobytes())) as image:
-            array = np.asarray(image.convert("RGB"))
+            array = np.asarray(to_rgb(image))
     except DECODE_ERRORS:
         return None
     return torch.from_numpy(array.copy()).permute(2, 0, 1).to(device)

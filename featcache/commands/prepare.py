@@ -63,6 +63,11 @@ def image_options(func=None, *, drop_missing: bool = True, images_help: str | No
                      help="Write the labels without looking for the images (recorded in the "
                           "file, so that later stages know the images were never checked)."),
     ]
+    options.append(click.option(
+        "--verify-images/--no-verify-images", "verify_images", default=None,
+        help="Decode every image now, with a summary of their modes and sizes, naming those "
+             "that cannot be read  [default: on for at most 50,000 images]. 16-bit images are "
+             "scaled to 8 bits (docs/prepare.md)."))
     if drop_missing:
         options.append(click.option(
             "--drop-missing", is_flag=True,
@@ -286,7 +291,8 @@ def shapes(ctx, num_train, num_test, seed, cache, overwrite, **observation):
 
 
 def _prepare(ctx: click.Context, name: str, read, cache=None, overwrite=False, labels_only=False,
-             drop_missing=False, merge=None, extra: dict | None = None, **observation) -> None:
+             drop_missing=False, merge=None, extra: dict | None = None, verify_images=None,
+             **observation) -> None:
     """Read a dataset (after refusing an existing output) and run the shared pipeline."""
     from featcache.data.prepare import (
         PrepareOptions,
@@ -299,7 +305,8 @@ def _prepare(ctx: click.Context, name: str, read, cache=None, overwrite=False, l
     path = labels_path(name, cache)
     refuse_existing(path, overwrite)
     options = PrepareOptions(overwrite=overwrite, labels_only=labels_only,
-                             drop_missing=drop_missing, merge=merge, **observation)
+                             drop_missing=drop_missing, merge=merge, verify_images=verify_images,
+                             **observation)
     check_observe_options(options)
     source = read()
     result = prepare_dataset(source, path, options, {**_command_record(ctx), **(extra or {})},

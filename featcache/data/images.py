@@ -2,9 +2,17 @@
 
 Decoding is ``PIL.Image.open(path).convert("RGB")`` (Cole et al., ``datasets.ds_multilabel``):
 no EXIF transpose; PNG with alpha, palette, grayscale and CMYK images all go through
-``convert("RGB")``. PIL's ``LOAD_TRUNCATED_IMAGES`` must be off, or a truncated JPEG would be
-padded with grey instead of being reported; :func:`require_strict_pil` turns it off (with a
-warning) wherever images are read. :func:`image_problem` says what is wrong with a file, and
+``convert("RGB")``, bit for bit as the reference (alpha is dropped, a palette is looked up,
+CMYK is converted by PIL's rule). One exception, where the reference's decode is wrong: images
+of more than 8 bits per channel that PIL keeps as integers or floats (16-bit grayscale PNG and
+TIFF, modes ``I;16*``; 32-bit ``I``; float ``F``), which ``convert("RGB")`` clips at 255, so that
+a 16-bit PNG comes out nearly white. :func:`to_rgb` scales them instead (:data:`DEPTH_RULE`).
+(16-bit colour PNGs are read by PIL as 8-bit RGB already.)
+
+PIL's ``LOAD_TRUNCATED_IMAGES`` must be off, or a truncated JPEG would be padded with grey
+instead of being reported; :func:`require_strict_pil` turns it off (with a warning) wherever
+images are read. :func:`image_problem` says what is wrong with a file, :func:`survey_images`
+decodes a whole dataset at prepare time (modes, sizes, unreadable files), and
 :func:`image_root` finds the folder a labels file's image paths are relative to.
 """
 
@@ -12,12 +20,22 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 from PIL import Image, ImageFile, UnidentifiedImageError
 
 from featcache.data.labelfile import LabelSet
 from featcache.errors import InputError, OptionError
+from featcache.progress import progress
+
+#: how images deeper than 8 bits become 8-bit RGB (the reference would clip them at 255)
+DEPTH_RULE = ("16-bit (I;16*): round(v * 255 / 65535); 32-bit integer (I): the same when a value "
+              "exceeds 255, else as is; float (F) with every value in [0, 1]: round(v * 255); "
+              "then grey to RGB")
 
 #: what PIL raises for files it cannot open or decode
 DECODE_ERRORS = (OSError, UnidentifiedImageError, ValueError, SyntaxError, Image.DecompressionBombError)
@@ -42,7 +60,31 @@ def load_rgb(path: str | os.PathLike, draft: tuple[int, int] | None = None) -> I
     with Image.open(path) as image:
         if draft is not None:
             image.draft(None, draft)
+        return to_rgb(image)
+
+
+def is_deep(mode: str) -> bool:
+    """Whether PIL keeps images of ``mode`` as integers or floats deeper than 8 bits."""
+    return mode.startswith("I;16") or mode in ("I", "F")
+
+
+def to_rgb(image: Image.Image) -> Image.Image:
+    """``image.convert("RGB")`` (the reference), except for deeper than 8-bit grayscale images,
+    scaled by :data:`DEPTH_RULE` instead of clipped."""
+    mode = image.mode
+    if not is_deep(mode):
         return image.convert("RGB")
+    values = np.asarray(image)
+    if mode == "F":
+        if values.size and (values.min() < 0 or values.max() > 1):
+            return image.convert("RGB")  # not a [0, 1] image: PIL's rule, as the reference
+        top = 1.0
+    elif mode.startswith("I;16") or (values.size and values.max() > 255):
+        top = 65535.0
+    else:
+        return image.convert("RGB")  # 8-bit values stored as I: the same as the reference
+    scaled = np.rint(np.clip(values.astype(np.float64), 0, top) * (255.0 / top)).astype(np.uint8)
+    return Image.fromarray(scaled, "L").convert("RGB")
 
 
 def image_problem(path: str | os.PathLike) -> str | None:
@@ -60,6 +102,89 @@ def image_problem(path: str | os.PathLike) -> str | None:
     except DECODE_ERRORS as exc:
         return f"cannot be decoded ({type(exc).__name__}: {exc})"
     return None
+
+
+#: ``prepare`` verifies images by default below this many (decoding costs ~1-5 ms an image)
+VERIFY_LIMIT = 50_000
+
+
+@dataclass
+class ImageSurvey:
+    """What decoding every image of a dataset found: modes, sizes, and the unreadable ones."""
+
+    count: int = 0
+    modes: Counter = field(default_factory=Counter)
+    widths: list[int] = field(default_factory=list)
+    heights: list[int] = field(default_factory=list)
+    alpha: int = 0
+    bad: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def deep(self) -> int:
+        return sum(n for mode, n in self.modes.items() if is_deep(mode))
+
+    def summary(self) -> str:
+        """One line: how many images, their modes, their sizes, what conversion they get."""
+        modes = ", ".join(f"{mode} {n}" for mode, n in self.modes.most_common())
+        sizes = ""
+        if self.widths:
+            w, h = np.array(self.widths), np.array(self.heights)
+            sizes = (f"; sizes {w.min()}x{h.min()} to {w.max()}x{h.max()} (median "
+                     f"{int(np.median(w))}x{int(np.median(h))})")
+        notes = []
+        if self.deep:
+            notes.append(f"{self.deep} deeper than 8 bits, scaled to 8 bits ({DEPTH_RULE})")
+        if self.alpha:
+            notes.append(f"{self.alpha} with transparency: alpha dropped, as the reference does")
+        converted = sum(n for mode, n in self.modes.items() if mode not in ("RGB", "L"))
+        if converted - self.deep:
+            notes.append(f"{converted - self.deep} palette/CMYK/other modes converted to RGB as "
+                         "the reference does")
+        bad = f"; {len(self.bad)} unreadable" if self.bad else ""
+        return (f"images verified: {self.count} decoded ({modes}){sizes}{bad}"
+                + ("; " + "; ".join(notes) if notes else ""))
+
+    def record(self) -> dict:
+        """What the labels file's provenance keeps."""
+        return {"count": self.count, "modes": dict(self.modes), "alpha": self.alpha,
+                "deep": self.deep, "bad": [{"image": n, "reason": r} for n, r in self.bad],
+                "depth_rule": DEPTH_RULE,
+                **({"min_size": [min(self.widths), min(self.heights)],
+                    "max_size": [max(self.widths), max(self.heights)]} if self.widths else {})}
+
+
+def survey_images(root: str | os.PathLike, names: Iterable[str], desc: str = "verifying images",
+                  total: int | None = None) -> ImageSurvey:
+    """Decode every image ``root / name`` (JPEGs at reduced scale: the whole stream is still
+    read, so truncation is caught) and note its mode, size and transparency."""
+    require_strict_pil()
+    survey = ImageSurvey()
+    for name in progress(names, desc=desc, unit="img", total=total):
+        path = Path(root) / str(name)
+        survey.count += 1
+        try:
+            with Image.open(path) as image:
+                mode, (width, height) = image.mode, image.size
+                if image.format == "JPEG":
+                    image.draft(image.mode, (max(1, width // 8), max(1, height // 8)))
+                image.load()
+                alpha = mode in ("RGBA", "LA", "PA", "RGBa", "La") or "transparency" in image.info
+        except DECODE_ERRORS as exc:
+            survey.bad.append((str(name), _decode_reason(path, exc)))
+            continue
+        survey.modes[mode] += 1
+        survey.widths.append(width)
+        survey.heights.append(height)
+        survey.alpha += int(alpha)
+    return survey
+
+
+def _decode_reason(path: Path, exc: Exception) -> str:
+    if not path.exists():
+        return "file does not exist"
+    if path.is_file() and path.stat().st_size == 0:
+        return "file is empty (0 bytes)"
+    return f"cannot be decoded ({type(exc).__name__}: {exc})"
 
 
 def image_root(labels: LabelSet, override: str | os.PathLike | None) -> Path:

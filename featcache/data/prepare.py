@@ -6,6 +6,8 @@ section 1 in this order:
 1. drop the rows without any positive label (counted and named in the provenance);
 2. check that every image exists under the image root (unless ``labels_only``): missing
    images are an error listing the first few, or, with ``drop_missing``, dropped and recorded;
+   then (``verify_images``, by default for sets of at most 50,000 images) decode every image:
+   one line on their modes and sizes, one error naming those that cannot be read;
 3. (NUS-WIDE ``--split merged`` only) merge both official splits and draw a seeded split;
 4. observe single positives with a fresh ``RandomState(obs_seed)`` per matrix, the official
    train and test matrices separately (given single positives are kept as they are), or with
@@ -25,6 +27,7 @@ import numpy as np
 
 from featcache.data.bias import BIASED, OBSERVERS, Observer, observe_biased, read_class_weights
 from featcache.data.formats import SourceDataset, SourceSplit, first_few
+from featcache.data.images import VERIFY_LIMIT, survey_images
 from featcache.data.labelfile import LabelSet, SplitLabels, write_labels
 from featcache.data.sampling import (
     PROTOCOL_SEED,
@@ -63,6 +66,8 @@ class PrepareOptions:
     split_seed: int = PROTOCOL_SEED
     labels_only: bool = False
     drop_missing: bool = False
+    #: decode every image now (None: when there are at most ``VERIFY_LIMIT``)
+    verify_images: bool | None = None
     merge: MergedSplit | None = None
     overwrite: bool = False
 
@@ -111,6 +116,7 @@ def _prepare_locked(source: SourceDataset, path: Path, options: PrepareOptions,
     for split in OFFICIAL:
         kept[split] = _kept_rows(source, split, options, report, notify)
     parts = {split: source.split(split).take(kept[split]) for split in OFFICIAL}
+    report["images_verified"] = _verify_images(source, parts, options, notify)
     if options.merge is not None:
         parts, report["merged_split"] = _merge_and_split(parts, options.merge)
         kept = {}
@@ -158,6 +164,33 @@ def _prepare_locked(source: SourceDataset, path: Path, options: PrepareOptions,
     write_labels(labels, path, overwrite=options.overwrite)
     labels.path, labels.sha256 = path, sha256_file(path)
     return PrepareResult(path=path, labels=labels, kept=kept, provenance=provenance)
+
+
+def _verify_images(source: SourceDataset, parts: dict[str, SourceSplit], options: PrepareOptions,
+                   notify: Notify) -> dict | bool:
+    """Decode every image (``--verify-images``; by default below :data:`VERIFY_LIMIT` images):
+    a line on their modes and sizes, and one error naming those that cannot be read."""
+    if options.labels_only or source.image_root is None:
+        return False
+    names = [name for split in OFFICIAL for name in parts[split].images]
+    verify = options.verify_images
+    if verify is None:
+        verify = len(names) <= VERIFY_LIMIT
+        if not verify:
+            notify(f"not decoding the {len(names)} images now (more than {VERIFY_LIMIT}): pass "
+                   "--verify-images to check them here; stage one names any it cannot read "
+                   "(features --skip-bad flags them instead)")
+    if not verify:
+        return False
+    survey = survey_images(source.image_root, names, total=len(names))
+    notify(survey.summary())
+    if survey.bad:
+        shown = first_few([f"{name} ({reason})" for name, reason in survey.bad])
+        raise InputError(f"{len(survey.bad)} of {len(names)} images under {source.image_root} "
+                         f"cannot be read: {shown}. Fix or remove them (or drop their rows), or "
+                         "pass --no-verify-images and let `featcache features --skip-bad` flag "
+                         "them")
+    return survey.record()
 
 
 def check_observe_options(options: PrepareOptions) -> None:
