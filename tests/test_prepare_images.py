@@ -109,7 +109,7 @@ def test_prepare_names_the_images_that_cannot_be_read(tmp_path, cache_dir):
     assert load_labels(cache_dir / "mine" / "labels.h5").provenance["images_verified"] is False
 
 
-def test_large_sets_are_not_verified_unless_asked(tmp_path, monkeypatch):
+def test_large_sets_are_not_verified_unless_asked(tmp_path, cache_dir, monkeypatch):
     from featcache.data import prepare as prepare_module
 
     monkeypatch.setattr(prepare_module, "VERIFY_LIMIT", 3)
