@@ -184,8 +184,8 @@ def test_up_to_date_file_is_left_alone_and_other_settings_are_refused(tmp_path):
     time.sleep(0.01)
     messages = []
     again = extract_features("toy", options(tmp_path), say=messages.append)
-    assert again.status == "up-to-date" and "nothing to do" in again.summary()
-    assert any("up to date" in m for m in messages)
+    assert again.status == "up-to-date" and "is up to date" in again.summary()
+    assert "nothing to do" in again.summary() and not messages  # the result says it, once
     assert os.stat(first.path).st_mtime_ns == stamp
     with pytest.raises(OutputExistsError, match="image_size: 32 -> 48.*--overwrite"):
         extract_features("toy", options(tmp_path, image_size=48))
@@ -252,11 +252,25 @@ def test_missing_images_fail_before_any_work(tmp_path):
         extract_features("toy", options(tmp_path))
 
 
-def test_features_of_another_labels_file_are_refused(tmp_path):
+def test_features_of_another_labels_file_are_refused_naming_the_cause(tmp_path):
     make_dataset(tmp_path / "a", num_train=6, num_test=2, seed=0)
-    other = load_labels(make_dataset(tmp_path / "b", num_train=6, num_test=2, seed=1))
     result = extract_features("toy", options(tmp_path / "a"))
-    with pytest.raises(InputError, match="built from a labels file with sha256"):
+    # the same images, labelled again (another seed): the labels file was prepared again
+    relabelled = load_labels(make_dataset(tmp_path / "b", num_train=6, num_test=2, seed=1))
+    with pytest.raises(InputError, match=r"labels.h5 was prepared again after .*features-resnet50"
+                                         r"-random.h5 was extracted \(the same images, other labels"):
+        load_features(result.path, relabelled)
+    # other images of the same dataset
+    fewer = load_labels(make_dataset(tmp_path / "c", num_train=5, num_test=2, seed=0))
+    with pytest.raises(InputError, match=r"was extracted for other images than those of .*images "
+                                         r"added, dropped or reordered since\); run `featcache "
+                                         r"features --dataset toy --overwrite`"):
+        load_features(result.path, fewer)
+    # another dataset altogether
+    other = load_labels(make_dataset(tmp_path / "d", num_train=6, num_test=2, name="voc"))
+    with pytest.raises(InputError, match=r"holds features of dataset 'toy', not of 'voc' .*"
+                                         r"`featcache features --dataset voc`\), or pass "
+                                         r"--dataset toy"):
         load_features(result.path, other)
 
 

@@ -130,7 +130,8 @@ def test_text_is_added_to_an_up_to_date_file_and_crops_need_a_new_extraction(toy
     before = load_features(path)
     messages = []
     added = extract_features("toy", options(tmp_path, text=True), say=messages.append)
-    assert added.status == "text-added" and "embeddings added" in messages[0]
+    assert added.status == "text-added" and "embeddings added (3 classes)" in added.summary()
+    assert not any("embeddings added" in m for m in messages)  # a result: the summary says it
     after = load_features(path)
     assert np.array_equal(before.train, after.train)
     assert read_text_embeddings(path).embeddings.shape == (3, 32)

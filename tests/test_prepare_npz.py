@@ -104,3 +104,35 @@ def test_unreadable_file(tmp_path):
         read_npz(tmp_path / "broken.npz", "x")
     with pytest.raises(InputError, match="feature file .*absent.npz is missing"):
         read_npz(tmp_path / "absent.npz", "x")
+
+
+def test_a_missing_label_names_key_is_named_not_blamed_on_unpickling(tmp_path, cache_dir):
+    arrays = toy_arrays()
+    del arrays["label_names"]
+    np.savez(tmp_path / "nolabels.npz", **arrays)
+    result = invoke("prepare", "features", "--npz", tmp_path / "nolabels.npz", "--name", "x")
+    assert result.exit_code == 1
+    error = result.output.strip().splitlines()[-1]
+    assert "lacks the key(s) label_names (label_names: one class name per column" in error
+    assert "unpickling" not in error and "it holds X_test, X_train, Y_test, Y_train, feature_names" in error
+    arrays = toy_arrays()
+    arrays["label_names"] = np.array(["a", "b", "c"], dtype=object)
+    np.savez(tmp_path / "objects.npz", **arrays)
+    result = invoke("prepare", "features", "--npz", tmp_path / "objects.npz", "--name", "x")
+    assert result.exit_code == 1
+    assert "label_names holds Python objects, which featcache does not unpickle" in result.output
+    assert "label_names=np.array(values, dtype=str)" in result.output
+
+
+def test_imported_features_are_not_sent_looking_for_images(tmp_path, cache_dir):
+    np.savez(tmp_path / "set.npz", **toy_arrays())
+    assert invoke("prepare", "features", "--npz", tmp_path / "set.npz", "--name", "imp").exit_code == 0
+    for command in (["features", "--dataset", "imp", "--device", "cpu"],
+                    ["finetune", "--dataset", "imp", "--loss", "an", "--init", "none",
+                     "--device", "cpu"]):
+        result = invoke(*command)
+        assert result.exit_code == 1
+        error = result.output.strip().splitlines()[-1]
+        assert "was imported from a precomputed feature set" in error and "no images" in error
+        assert "--images-root" not in error
+        assert "`featcache train-linear --dataset imp`" in error

@@ -19,7 +19,6 @@ import io
 import json
 import sys
 import warnings
-import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +27,7 @@ import h5py
 import numpy as np
 
 from featcache.data.featurefile import load_features
-from featcache.data.formats.npz import check_feature_matrix
+from featcache.data.formats.npz import check_feature_matrix, npz_array, open_npz
 from featcache.data.labelfile import load_labels
 from featcache.errors import FeatcacheWarning, InputError, OptionError
 from featcache.fileio import atomic_output, sha256_file
@@ -97,29 +96,26 @@ def _labels_classes(path: Path, sha256: str | None) -> list[str] | None:
 
 
 def _read_npz(path: Path, split: str) -> FeaturesInput:
-    try:
-        with np.load(path, allow_pickle=False) as npz:
-            keys = set(npz.files)
-            if "X" in keys:
-                array = check_feature_matrix(path, "X", npz["X"])
-                names = next((npz[k] for k in ("ids", "images") if k in keys), None)
-                ids = ([str(n) for n in names] if names is not None
-                       else [f"row/{i:06d}" for i in range(len(array))])
-                if len(ids) != len(array):
-                    raise InputError(f"{path}: ids names {len(ids)} rows but X has {len(array)}")
-            elif {"X_train", "X_test"} & keys:
-                parts = [(name, check_feature_matrix(path, f"X_{name}", npz[f"X_{name}"]))
-                         for name in _splits(split) if f"X_{name}" in keys]
-                array = np.concatenate([a for _, a in parts])
-                ids = [f"{name}/{i:06d}" for name, a in parts for i in range(len(a))]
-            else:
-                raise InputError(f"{path} holds no X array (keys: {', '.join(sorted(keys))}); "
-                                 "store the features as X")
-            labels = next((npz[k] for k in ("classes", "label_names") if k in keys), None)
-    except (zipfile.BadZipFile, OSError, EOFError) as exc:
-        raise InputError(f"{path} is not a readable .npz file: {exc}") from None
-    except ValueError as exc:
-        raise InputError(f"{path} could not be read without unpickling objects ({exc})") from None
+    with open_npz(path) as npz:
+        keys = set(npz.files)
+        if "X" in keys:
+            array = check_feature_matrix(path, "X", npz_array(npz, "X", path))
+            names = next((npz_array(npz, k, path) for k in ("ids", "images") if k in keys), None)
+            ids = ([str(n) for n in names] if names is not None
+                   else [f"row/{i:06d}" for i in range(len(array))])
+            if len(ids) != len(array):
+                raise InputError(f"{path}: ids names {len(ids)} rows but X has {len(array)}")
+        elif {"X_train", "X_test"} & keys:
+            parts = [(name, check_feature_matrix(path, f"X_{name}",
+                                                 npz_array(npz, f"X_{name}", path)))
+                     for name in _splits(split) if f"X_{name}" in keys]
+            array = np.concatenate([a for _, a in parts])
+            ids = [f"{name}/{i:06d}" for name, a in parts for i in range(len(a))]
+        else:
+            raise InputError(f"{path} holds no X array (keys: {', '.join(sorted(keys))}); "
+                             "store the features as X")
+        labels = next((npz_array(npz, k, path) for k in ("classes", "label_names") if k in keys),
+                      None)
     classes = None if labels is None else [str(c) for c in np.asarray(labels).reshape(-1)]
     return FeaturesInput(path, ids, array, classes)
 

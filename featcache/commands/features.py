@@ -107,7 +107,7 @@ def command(dataset, backbone, weights, image_size, preprocess, text, prompt_tem
         class_names=class_names, text_embeddings=text_embeddings, crops=_grid(crops),
     )
     result = extract_features(dataset, options, say=lambda message: click.echo(message, err=True))
-    if result.status == "written":
+    if result.status != "shard":  # ranks > 0 say nothing
         click.echo(result.summary())
 
 

@@ -48,9 +48,10 @@ def run_recipe(recipe, cache: str | None = None, dry_run: bool = False) -> None:
         line = "featcache " + shlex.join(step.command)
         if step.skip_if_exists and Path(step.skip_if_exists).exists():
             click.echo(f"[{number}/{len(recipe.steps)}] {step.name}: done already "
-                       f"({step.skip_if_exists})")
+                       f"({step.skip_if_exists})", err=not dry_run)
             continue
-        click.echo(f"[{number}/{len(recipe.steps)}] {step.name}: {line}")
+        # the steps are a dry run's result (stdout); otherwise progress (stderr)
+        click.echo(f"[{number}/{len(recipe.steps)}] {step.name}: {line}", err=not dry_run)
         if dry_run:
             continue
         arguments = list(step.command)

@@ -81,4 +81,4 @@ def command(run_path, features_path, images, out, fmt, top_k, threshold, split, 
     fmt = guess_format(out, fmt)
     write_text(prediction_text(ids, probs, run.classes, fmt, top_k, threshold), out, overwrite)
     if out != "-":
-        click.echo(f"{len(ids)} rows x {len(run.classes)} classes -> {out}", err=True)
+        click.echo(f"{len(ids)} rows x {len(run.classes)} classes -> {out}")

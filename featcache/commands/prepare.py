@@ -258,7 +258,7 @@ def features(ctx, npz_file, name, backbone, cache, overwrite, **observation):
     _summarize(result)
     click.echo(f"wrote {written} ({result.labels.train.images.size} + "
                f"{result.labels.test.images.size} rows)")
-    click.echo(f"next: featcache train-linear --dataset {name}")
+    click.echo(f"next: featcache train-linear --dataset {name}", err=True)
 
 
 @command.command("shapes")
@@ -287,7 +287,7 @@ def shapes(ctx, num_train, num_test, seed, cache, overwrite, **observation):
     result = prepare_shapes(dataset_dir("shapes", cache), num_train, num_test, seed, options,
                             _command_record(ctx), _notify)
     _summarize(result)
-    click.echo("next: featcache features --dataset shapes")
+    click.echo("next: featcache features --dataset shapes", err=True)
 
 
 def _prepare(ctx: click.Context, name: str, read, cache=None, overwrite=False, labels_only=False,
@@ -313,7 +313,7 @@ def _prepare(ctx: click.Context, name: str, read, cache=None, overwrite=False, l
                              _notify)
     _summarize(result)
     click.echo(f"next: featcache features --dataset {name}" if not labels_only else
-               "note: images were not checked (--labels-only)")
+               "note: images were not checked (--labels-only)", err=True)
 
 
 def _needs_boxes(common: dict) -> bool:

@@ -48,7 +48,7 @@ def command(run_dirs, fmt, per_class, out, label, overwrite):
     write_text(text, out, overwrite)
     if out != "-":
         click.echo(f"table of {len(results.losses)} losses x {len(results.datasets)} datasets "
-                   f"-> {out}", err=True)
+                   f"-> {out}")
 
 
 def _render(tables, fmt: str, label: str, results=None) -> str:

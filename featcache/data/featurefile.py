@@ -370,12 +370,7 @@ def open_features(path: str | os.PathLike, labels: LabelSet | None = None) -> Fe
     with h5:
         attrs = _attrs(path, h5)
         if labels is not None and labels.sha256 is not None and attrs.get("labels_sha256") != labels.sha256:
-            raise InputError(
-                f"{path} was built from a labels file with sha256 {str(attrs.get('labels_sha256'))[:12]}…, "
-                f"but {labels.path} has sha256 {labels.sha256[:12]}…; the labels changed since the "
-                "features were extracted. Re-run `featcache features` (or `featcache prepare "
-                "features`) for this labels file."
-            )
+            raise InputError(_other_labels_message(path, h5, attrs, labels))
         shapes, flags, chunk_rows, dtype = {}, {}, [], None
         try:
             for name in OFFICIAL_SPLITS:
@@ -406,6 +401,33 @@ def open_features(path: str | os.PathLike, labels: LabelSet | None = None) -> Fe
             raise InputError(f"{path} could not be read (truncated or corrupt?): {exc}") from exc
     return FeatureFile(path=path, attrs=attrs, sha256=sha256_file(path), shapes=shapes,
                        dtype=np.dtype(dtype), bad=flags, chunk_rows=int(max(chunk_rows)))
+
+
+def _other_labels_message(path: Path, h5: h5py.File, attrs: dict, labels: LabelSet) -> str:
+    """Why a features file does not belong to ``labels``, and what to do: features of another
+    dataset, of other images, or of the same images whose labels were prepared again."""
+    built_for = attrs.get("labels_dataset")
+    redo = (f"`featcache features --dataset {labels.dataset} --overwrite` (or `featcache prepare "
+            "features --overwrite` for an imported feature set)")
+    if built_for and built_for != labels.dataset:
+        return (f"{path} holds features of dataset {built_for!r}, not of {labels.dataset!r} "
+                f"({labels.path}); use the features of {labels.dataset!r} (extract them with "
+                f"`featcache features --dataset {labels.dataset}`), or pass --dataset {built_for}")
+    try:
+        same_images = all(
+            np.array_equal(h5[name]["images"].asstr()[()].astype(object),
+                           (labels.test if name == "test" else labels.train).images)
+            for name in OFFICIAL_SPLITS)
+    except (KeyError, OSError, ValueError):
+        same_images = False
+    if same_images:
+        return (f"{labels.path} was prepared again after {path} was extracted (the same images, "
+                "other labels: another seed, observation or class list); featcache ties features "
+                f"to the labels file they were made for: run {redo}, or put back the labels file "
+                f"with sha256 {str(attrs.get('labels_sha256'))[:12]}…")
+    return (f"{path} was extracted for other images than those of {labels.path} (its labels "
+            f"file had sha256 {str(attrs.get('labels_sha256'))[:12]}…, this one "
+            f"{labels.sha256[:12]}…: images added, dropped or reordered since); run {redo}")
 
 
 def _attrs(path: Path, h5: h5py.File) -> dict:

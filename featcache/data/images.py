@@ -193,6 +193,13 @@ def image_root(labels: LabelSet, override: str | os.PathLike | None) -> Path:
     ``--images-root`` wins; otherwise the labels file's ``image_root`` attribute, relative to
     the current directory or, failing that, to the labels file's directory.
     """
+    if labels.provenance.get("source_format") == "npz":
+        npz = next((f.get("file") for f in labels.provenance.get("sources", [])), "an .npz file")
+        raise InputError(
+            f"{labels.path} was imported from a precomputed feature set ({npz}): it has features "
+            "but no images, so nothing here can read images (stage one, fine-tuning, CAMs, "
+            f"predicting from images). Its features are ready: `featcache train-linear --dataset "
+            f"{labels.dataset}`; predict from features with `featcache predict --run RUN --features FILE`")
     if override is not None:
         root = Path(override)
         if not root.is_dir():

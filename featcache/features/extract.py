@@ -182,6 +182,9 @@ class ExtractResult:
 
     def summary(self) -> str:
         """One line for the end of a run."""
+        if self.status == "text-added":
+            return (f"{self.path}: class-prompt embeddings added ({self.images} classes); the "
+                    "image features were up to date")
         if self.status == "up-to-date":
             return (f"{self.path} is up to date (built from the same labels file and settings); "
                     "nothing to do (pass --overwrite to re-extract)")
@@ -313,9 +316,7 @@ class Extraction:
                 return ExtractResult(self.final, "shard")
             embeddings, text = self.text_embeddings(source)
             add_text_embeddings(self.final, embeddings, self.prompt_names(), text)
-            self.say(f"{self.final}: class-prompt embeddings added ({len(embeddings)} classes); the "
-                     "image features were up to date")
-            return ExtractResult(self.final, "text-added", device=str(attrs.get("device", "")),
+            return ExtractResult(self.final, "text-added", images=len(embeddings), device=str(attrs.get("device", "")),
                                  precision=str(attrs.get("precision", "")))
         return ExtractResult(self.final, "up-to-date", device=str(attrs.get("device", "")),
                              precision=str(attrs.get("precision", "")))

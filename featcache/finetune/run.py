@@ -77,6 +77,8 @@ def run_finetune(options: FinetuneOptions, linear_phase: LinearPhase | None = No
             return path
 
         run_dir = on_main(job, open_locked)
+        if job.is_main:
+            say(f"run folder: {run_dir}")
         try:
             with backend_flags(job.device, settings.precision, cudnn_benchmark=True,
                                deterministic=options.deterministic):

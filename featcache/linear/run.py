@@ -174,6 +174,7 @@ def _run_linear(options: LinearOptions, budget: int, job: Ranks, say: Callable[[
         for note in evaluation_notes(*evaluation_coverage(data, options.val_variant)):
             warnings.warn(note, FeatcacheWarning, stacklevel=3)
     run_id = on_main(job, lambda: options.run_id or new_run_id())
+    say(f"run id {run_id}: {dataset_dir(options.dataset, options.cache) / 'runs'}/<loss>/{run_id}")
     options = replace(options, jobs=jobs)
     folders = {spec.loss: runs_dir(options.dataset, spec.loss, options.cache) / run_id
                for spec in specs}

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -23,19 +25,17 @@ REQUIRED_KEYS = ("X_train", "X_test", "Y_train", "Y_test", "label_names")
 def read_npz(path: str | os.PathLike, name: str) -> tuple[SourceDataset, dict[str, np.ndarray]]:
     """The labels of an npz feature set as a dataset, and its features per official split."""
     path = require_file(path, "feature file")
-    try:
-        with np.load(path, allow_pickle=False) as npz:
-            missing = [key for key in REQUIRED_KEYS if key not in npz.files]
-            if missing:
-                raise InputError(f"{path} lacks the key(s) {', '.join(missing)}; a feature set "
-                                 f"needs {', '.join(REQUIRED_KEYS)} (feature_names optional)")
-            arrays = {key: npz[key] for key in REQUIRED_KEYS}
-            feature_names = npz["feature_names"] if "feature_names" in npz.files else None
-    except (zipfile.BadZipFile, OSError, EOFError) as exc:
-        raise InputError(f"{path} is not a readable .npz file (truncated or damaged?): {exc}") from None
-    except ValueError as exc:
-        raise InputError(f"{path} could not be read without unpickling objects ({exc}); store "
-                         "label_names as a string array, not as Python objects") from None
+    with open_npz(path) as npz:
+        missing = [key for key in REQUIRED_KEYS if key not in npz.files]
+        if missing:
+            hint = (" (label_names: one class name per column of Y_train, e.g. "
+                    "label_names=np.array(['cat', 'dog', ...]))" if "label_names" in missing else "")
+            raise InputError(f"{path} lacks the key(s) {', '.join(missing)}{hint}; a feature set "
+                             f"needs {', '.join(REQUIRED_KEYS)} (feature_names optional); it "
+                             f"holds {', '.join(sorted(npz.files)) or 'no arrays'}")
+        arrays = {key: npz_array(npz, key, path) for key in REQUIRED_KEYS}
+        feature_names = (npz_array(npz, "feature_names", path)
+                         if "feature_names" in npz.files else None)
     classes = [str(label) for label in np.asarray(arrays["label_names"]).reshape(-1)]
     features, splits = {}, {}
     for split in ("train", "test"):
@@ -65,6 +65,32 @@ def read_npz(path: str | os.PathLike, name: str) -> tuple[SourceDataset, dict[st
         details={"feature_names": 0 if feature_names is None else len(feature_names)},
     )
     return dataset, features
+
+
+@contextmanager
+def open_npz(path: Path) -> Iterator:
+    """``np.load(path)`` without unpickling; a damaged file is one clear error."""
+    try:
+        npz = np.load(path, allow_pickle=False)
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
+        raise InputError(f"{path} is not a readable .npz file (truncated or damaged?): {exc}") from None
+    with npz:
+        yield npz
+
+
+def npz_array(npz, key: str, path: Path) -> np.ndarray:
+    """Array ``key`` of an open npz; one clear error when it holds Python objects (a list of
+    strings saved as an object array) or is damaged."""
+    try:
+        return npz[key]
+    except ValueError as exc:
+        if "allow_pickle" not in str(exc):
+            raise InputError(f"{path}: {key} could not be read ({exc})") from None
+        raise InputError(f"{path}: {key} holds Python objects, which featcache does not unpickle "
+                         f"(a file could run code that way); save it as a plain array, e.g. "
+                         f"{key}=np.array(values, dtype=str) for names") from None
+    except (zipfile.BadZipFile, OSError, EOFError) as exc:
+        raise InputError(f"{path}: {key} is damaged ({exc})") from None
 
 
 def check_feature_matrix(path: Path, key: str, x: np.ndarray) -> np.ndarray:
