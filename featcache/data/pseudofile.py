@@ -31,8 +31,8 @@ import numpy as np
 from featcache import __version__
 from featcache.data.labelfile import LabelSet
 from featcache.errors import InputError, OptionError
-from featcache.fileio import atomic_output, sha256_file
-from featcache.hdf5 import decode_attrs, encode_attr
+from featcache.fileio import sha256_file
+from featcache.hdf5 import decode_attrs, encode_attr, write_hdf5_atomic
 
 FORMAT = "featcache-pseudo-labels"
 FORMAT_VERSION = 1
@@ -85,7 +85,8 @@ def write_pseudo_labels(path: str | os.PathLike, labels: LabelSet, matrix: np.nd
         raise InputError("pseudo-labels must be 1, 0 or -1")
     if labels.sha256 is None:
         raise ValueError("write_pseudo_labels needs a LabelSet loaded from disk")
-    with atomic_output(path, overwrite=overwrite) as tmp, h5py.File(tmp, "w") as h5:
+
+    def fill(h5: h5py.File) -> None:
         h5.attrs["format"] = FORMAT
         h5.attrs["format_version"] = FORMAT_VERSION
         h5.attrs["labels_sha256"] = labels.sha256
@@ -97,7 +98,8 @@ def write_pseudo_labels(path: str | os.PathLike, labels: LabelSet, matrix: np.nd
         group.create_dataset("pseudo", data=matrix.astype(np.int8))
         group.create_dataset("images", data=np.asarray(labels.train.images, dtype=object),
                              dtype=h5py.string_dtype("utf-8"))
-    return path
+
+    return write_hdf5_atomic(path, fill, overwrite=overwrite)
 
 
 def read_pseudo_attrs(path: str | os.PathLike) -> dict:
