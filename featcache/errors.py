@@ -47,6 +47,9 @@ class Interrupted(FeatcacheError):
         super().__init__(message)
         self.exit_code = exit_code
 
+    def __reduce__(self):  # keeps the exit code across processes (stage two's workers)
+        return type(self), (str(self), self.exit_code)
+
     def adding(self, detail: str) -> Interrupted:
         """The same interruption with ``detail`` (what was kept, how to resume) appended."""
         return Interrupted(f"{self}; {detail}" if str(self) else detail, self.exit_code)

@@ -8,8 +8,10 @@ epochs, losses) is already saved, so running the same command again resumes. The
 what was kept and how to resume, and the command line prints that as one line and exits with
 130 (SIGINT) or 143 (SIGTERM).
 
-A second signal exits at once: the temporary files being written (:func:`partial_file`) are
-removed, DataLoader workers are terminated, and the process ends with ``os._exit`` without
+Worker processes forked by a command (stage two's groups) stop at their next step too: the
+signal reaches them from the terminal, or is passed on by the main process. A second signal
+exits at once: the temporary files being written (:func:`partial_file`) are removed, worker
+processes are terminated, and the process ends with ``os._exit`` without
 tearing down the interpreter. That teardown, with stage two's worker threads still inside
 PyTorch, is what used to abort with "terminate called without an active exception" (SIGABRT).
 
@@ -91,11 +93,16 @@ def stop_signals(message=None) -> Iterator[None]:
     previous = {}
 
     def handler(signum, _frame):
-        if os.getpid() != _state["pid"]:  # a forked DataLoader worker: the main process decides
+        if os.getpid() != _state["pid"]:
+            # A forked worker (stage two's groups): stop at its next step too, quietly; the main
+            # process speaks, and ends the workers if the user insists. (DataLoader workers
+            # ignore SIGINT: ``ignore_in_worker``.)
+            request_stop(signum)
             return
         if _stop.is_set():
             exit_now(signum)
         request_stop(signum)
+        _forward(signum)
         notice(f"featcache: {SIGNAL_NAMES[signum]}: stopping at the next safe point, keeping "
                f"what is finished ({SIGNAL_NAMES[signum]} again to exit at once)")
 
@@ -118,6 +125,19 @@ def exit_on_signals() -> None:
     installs this for the whole process."""
     for signum in SIGNALS:
         signal.signal(signum, lambda number, _frame: exit_now(number, quiet=True))
+
+
+def _forward(signum: int) -> None:
+    """Pass the stop request on to worker processes (a ``kill -INT`` reaches only this one)."""
+    try:
+        children = multiprocessing.active_children()
+    except Exception:  # never let bookkeeping break a stop
+        return
+    for child in children:
+        try:
+            os.kill(child.pid, signum)
+        except (OSError, TypeError):
+            pass
 
 
 def ignore_in_worker() -> None:

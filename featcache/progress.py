@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 
 from tqdm import tqdm
 
@@ -77,7 +76,7 @@ class LogLines(tqdm):
     def display(self, msg=None, pos=None):
         if msg == "":  # tqdm clearing a bar: nothing to clear in a log
             return False
-        now = time.monotonic()
+        now = self._time()
         final = self.disable  # close() has set it: the last line of a kept bar
         if not final and now - self._last_line < self.mininterval:
             return False

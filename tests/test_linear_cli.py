@@ -101,7 +101,8 @@ def test_features_built_from_other_labels_are_refused(toy):
         h5.attrs["labels_sha256"] = "0" * 64  # ...now pretend they came from other labels
     result = invoke("train-linear", "--dataset", "toy", "--loss", "an", *FAST)
     assert result.exit_code != 0
-    assert "Re-run `featcache features`" in result.output and str(labels) in result.output
+    assert f"{labels} was prepared again after {features} was extracted" in result.output
+    assert "run `featcache features --dataset toy --overwrite`" in result.output
 
 
 def test_nan_features_are_refused_naming_the_rows(toy):

@@ -1,0 +1,71 @@
+"""Progress in logs: when stderr is not a terminal, a line at most every interval (30 s by
+default) instead of a redrawn bar, never a carriage return; bars on a terminal."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from featcache import progress as progress_module
+from featcache.progress import LogLines, progress, progress_style
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+@pytest.fixture
+def log(monkeypatch, capsys):
+    """(stderr as captured: not a terminal, a fake clock)."""
+    monkeypatch.delenv(progress_module.PROGRESS_ENV, raising=False)
+    monkeypatch.delenv(progress_module.INTERVAL_ENV, raising=False)
+    clock = FakeClock()
+    monkeypatch.setattr("tqdm.std.time", clock)  # the clock of tqdm and of its log lines
+    return capsys, clock
+
+
+def test_a_log_gets_a_line_every_30_seconds_not_a_bar_per_step(log):
+    capsys, clock = log
+    bar = progress(total=1000, desc="features x", unit="img")
+    assert isinstance(bar, LogLines)
+    for _ in range(1000):  # 1000 steps over 100 s
+        clock.now += 0.1
+        bar.update(1)
+    bar.close()
+    text = capsys.readouterr().err
+    lines = text.splitlines()
+    assert "\r" not in text and "\x1b" not in text
+    assert 3 <= len(lines) <= 6  # the start, about every 30 s, and the end
+    assert lines[0].startswith("features x:   0% 0/1000")
+    assert lines[-1].startswith("features x: 100% 1000/1000")
+
+
+def test_bars_that_are_not_kept_leave_no_last_line_and_the_interval_can_change(log, monkeypatch):
+    capsys, clock = log
+    monkeypatch.setenv(progress_module.INTERVAL_ENV, "5")
+    bar = progress(total=97, desc="epoch 1", leave=False)
+    for _ in range(97):
+        clock.now += 1.0
+        bar.update(1)
+    bar.close()
+    lines = capsys.readouterr().err.splitlines()
+    assert 18 <= len(lines) <= 22  # one every 5 s over 97 s
+    assert not lines[-1].startswith("epoch 1: 100%")  # a bar that is not kept says nothing more
+
+
+def test_the_style_follows_the_stream_unless_forced(monkeypatch):
+    monkeypatch.delenv(progress_module.PROGRESS_ENV, raising=False)
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    assert progress_style(Terminal()) == "bars" and progress_style(io.StringIO()) == "lines"
+    monkeypatch.setenv(progress_module.PROGRESS_ENV, "off")
+    assert progress_style(Terminal()) == "off"
+    assert progress(total=3).disable
