@@ -7,7 +7,7 @@ job never leaves a half-written file under a name that looks finished.
 A full device (``ENOSPC``), an exhausted quota (``EDQUOT``) or a file-size limit (``EFBIG``,
 ``ulimit -f``) while writing becomes one :class:`~featcache.errors.DiskFullError` that names the
 file, the space free and the space needed; the partial file is removed and every finished
-file is left as it was. Files built in memory (HDF5 images, ``torch.save`` payloads) are written
+file is left as it was. Files built in memory (small HDF5 files, ``torch.save`` payloads) are written
 with :func:`write_bytes_atomic`, which refuses before writing a byte when they cannot fit, and
 whose only writes are plain Python writes: a failed write never reaches HDF5's or PyTorch's C++
 writers (a failed HDF5 write once crashed the process, and ``torch.save`` to a path loses the

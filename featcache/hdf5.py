@@ -1,11 +1,14 @@
 """HDF5 conventions shared by the labels and features files: how they are written, and how
 attributes are stored.
 
-Files are built in memory and then written with plain writes (:func:`write_hdf5_atomic`): a
-write that fails on a full disk inside HDF5 leaves the library in a state that can crash the
-process later (a segfault was seen while assembling a features file), whereas a failed plain
-write is an ordinary, clean error. Scalars and strings are stored as they are; dicts and lists
-as JSON strings, decoded back on read.
+Small files (labels, pseudo-labels) are built in memory and then written with plain writes
+(:func:`write_hdf5_atomic`): a write that fails on a full disk inside HDF5 can leave the
+library in a state that crashes the process later (a segfault was seen while assembling a
+features file), whereas a failed plain write is an ordinary, clean error. Features files may be
+larger than memory, so they are written row block by row block instead
+(:func:`featcache.data.featurefile.write_features`), after an up-front check that the disk can
+hold the estimated size. Scalars and strings are stored as they are; dicts and lists as JSON
+strings, decoded back on read.
 """
 
 from __future__ import annotations
