@@ -11,7 +11,7 @@ what was kept and how to resume, and the command line prints that as one line an
 Worker processes forked by a command (stage two's groups) stop at their next step too: the
 signal reaches them from the terminal, or is passed on by the main process. A second signal
 exits at once: the temporary files being written (:func:`partial_file`) are removed, worker
-processes are terminated, and the process ends with ``os._exit`` without
+processes are killed (they write no files), and the process ends with ``os._exit`` without
 tearing down the interpreter. That teardown, with stage two's worker threads still inside
 PyTorch, is what used to abort with "terminate called without an active exception" (SIGABRT).
 
@@ -95,8 +95,9 @@ def stop_signals(message=None) -> Iterator[None]:
     def handler(signum, _frame):
         if os.getpid() != _state["pid"]:
             # A forked worker (stage two's groups): stop at its next step too, quietly; the main
-            # process speaks, and ends the workers if the user insists. (DataLoader workers
-            # ignore SIGINT: ``ignore_in_worker``.)
+            # process speaks, and kills the workers on a second signal (:func:`exit_now`; were a
+            # worker to exit first, the main process would see a broken pool, not a stop).
+            # DataLoader workers ignore SIGINT: ``ignore_in_worker``.
             request_stop(signum)
             return
         if _stop.is_set():
@@ -140,6 +141,22 @@ def _forward(signum: int) -> None:
             pass
 
 
+def die_with_parent() -> None:
+    """In a forked worker: end when the process that forked it ends, even by ``kill -9``
+    (Linux ``PR_SET_PDEATHSIG``; elsewhere a no-op). Without it an orphaned worker would wait
+    for work forever, holding the command's output pipes."""
+    parent = os.getppid()
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux
+        return
+    if os.getppid() != parent:  # the parent died before the request took effect
+        os._exit(1)
+
+
 def ignore_in_worker() -> None:
     """In a DataLoader worker: leave SIGINT to the main process (a terminal's Ctrl-C reaches
     the whole process group), which stops the loader itself."""
@@ -155,9 +172,12 @@ def exit_now(signum: int, quiet: bool = False) -> None:
             Path(path).unlink(missing_ok=True)
         except OSError:
             pass
-    try:
-        for child in multiprocessing.active_children():
-            child.terminate()
+    try:  # killed, not asked: workers write no file, and must not outlive the command
+        children = multiprocessing.active_children()
+        for child in children:
+            child.kill()
+        for child in children:  # reaped, not left as zombies
+            child.join(timeout=1.0)
     except Exception:  # exiting anyway
         pass
     if not quiet:

@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from featcache.errors import FeatcacheError, FeatcacheWarning, OptionError
+from featcache.interrupt import check_stop
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -237,6 +238,7 @@ class Ranks:
         if error is not None:
             raise error
         if failed:
+            check_stop()  # stopped by Ctrl-C while the others stopped: say so, not "failed"
             raise FeatcacheError("another rank failed (see its message); run the same command "
                                  "again to resume")
         return result

@@ -75,3 +75,16 @@ def interrupt(process: subprocess.Popen, times: int = 1, gap: float = 0.3,
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
     return time.monotonic() - started, out, err
+
+
+def group_gone(process) -> bool:
+    """Whether no live process of the command's process group (its forked workers) is left
+    (zombies, already dead, are not counted)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == process.pid and fields[0] != "Z":  # (state, ppid, pgrp, ...)
+            return False
+    return True

@@ -5,8 +5,12 @@ terminal's Ctrl-C does, so DataLoader workers receive them too."""
 
 from __future__ import annotations
 
-from faults import interrupt, run, start, wait_for
+import json
+import time
+
+from faults import group_gone, interrupt, run, start, wait_for
 from helpers_images import make_dataset
+from linear_fixtures import synthetic_dataset
 
 #: seconds from Ctrl-C to the exit, generous for a loaded 2-core machine (a step here is ~0.5 s)
 STOP_BOUND = 15.0
@@ -87,3 +91,77 @@ def test_ctrl_c_stops_finetuning_within_seconds_and_resume_ends_like_an_uninterr
     resumed = run([*args, "--resume"], tmp_path)
     assert resumed.returncode == 0, resumed.stderr
     assert _metrics(run_dir) == _metrics(cache / NAME / "finetune" / "role" / "whole")
+
+
+# ------------------------------------------------------------------ stage two: forked workers
+LINEAR = ["train-linear", "--dataset", "toy", "--loss", "an,role", "--epochs", "3",
+          "--lr", "1e-2,1e-3", "--bsize", "8,16", "--jobs", "2", "--run-id", "r1", "--quiet",
+          "--no-plots", "--device", "cpu"]
+#: a training step slowed to 0.1 s: a group of the first loss takes ~2-4 s
+SLOW_STEPS = "from featcache.linear.trainer import GroupTrainer\n_slow(GroupTrainer, 'train_step', 0.1)"
+
+
+def _selected(run_dir) -> list[dict]:
+    document = json.loads((run_dir / "results.json").read_text())
+    return [seed["selected"] for seed in document["seeds"]]
+
+
+def test_ctrl_c_stops_train_linear_workers_at_their_next_step_and_a_rerun_reuses_the_finished_loss(
+        tmp_path):
+    cache = tmp_path / "cache"
+    synthetic_dataset(cache, name="toy")
+    env = {"FEATCACHE_CACHE": str(cache)}
+    runs = cache / "toy" / "runs"
+    process = start(LINEAR, tmp_path, SLOW_STEPS, env=env)
+    wait_for(lambda: (runs / "an" / "r1" / "results.json").exists(), process)
+    seconds, out, err = interrupt(process)
+    _assert_clean_exit(process.returncode, err)
+    assert seconds < STOP_BOUND
+    line = err.strip().splitlines()[-1]
+    assert line == ("featcache: interrupted: stopped by Ctrl-C; 1 of 2 losses finished and kept "
+                    "under run id r1 (an); run the same command again to reuse them and train "
+                    "the rest"), err
+    assert group_gone(process)  # no worker outlives the command
+    assert not (runs / "role" / "r1" / "results.json").exists()
+    assert not list(cache.rglob(".*tmp-*")) and not list(cache.rglob("*.lock"))
+
+    again = run(LINEAR, tmp_path, env=env)
+    assert again.returncode == 0, again.stderr
+    assert "an: run r1 already finished with these settings; reusing it" in again.stderr
+    reference = tmp_path / "reference"
+    synthetic_dataset(reference, name="toy")
+    fresh = run(LINEAR, tmp_path, env={"FEATCACHE_CACHE": str(reference)})
+    assert fresh.returncode == 0, fresh.stderr
+    for loss in ("an", "role"):  # the interrupted-then-resumed run equals an uninterrupted one
+        assert _selected(runs / loss / "r1") == _selected(reference / "toy" / "runs" / loss / "r1")
+
+
+def test_ctrl_c_before_any_loss_finished_names_the_run_id_to_reuse(tmp_path):
+    cache = tmp_path / "cache"
+    synthetic_dataset(cache, name="toy")
+    args = [a for a in LINEAR if a not in ("--run-id", "r1")]
+    process = start(args, tmp_path, SLOW_STEPS, env={"FEATCACHE_CACHE": str(cache)})
+    wait_for(lambda: any((cache / "toy" / "runs" / "an").glob("*/run.json")), process)
+    seconds, out, err = interrupt(process)
+    _assert_clean_exit(process.returncode, err)
+    run_id = next((cache / "toy" / "runs" / "an").glob("*/run.json")).parent.name
+    assert err.strip().splitlines()[-1] == (
+        f"featcache: interrupted: stopped by Ctrl-C; no loss had finished (run id {run_id}); run "
+        f"the same command again with --run-id {run_id} to train them from the start")
+    assert group_gone(process)
+
+
+def test_a_second_ctrl_c_ends_train_linear_and_its_workers_at_once(tmp_path):
+    cache = tmp_path / "cache"
+    synthetic_dataset(cache, name="toy")
+    slower = "from featcache.linear.trainer import GroupTrainer\n_slow(GroupTrainer, 'train_step', 3.0)"
+    process = start(LINEAR, tmp_path, slower, env={"FEATCACHE_CACHE": str(cache)})
+    wait_for(lambda: (cache / "toy" / "runs" / "an" / "r1" / "run.json").exists(), process)
+    time.sleep(1.0)  # the workers are inside their first 3 s step
+    seconds, out, err = interrupt(process, times=2)
+    _assert_clean_exit(process.returncode, err)
+    assert "Ctrl-C again: exiting now" in err
+    assert seconds < 2.5
+    time.sleep(0.5)
+    assert group_gone(process)
+    assert not list(cache.rglob(".*tmp-*"))

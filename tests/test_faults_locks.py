@@ -4,13 +4,16 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 from dataset_fixtures import invoke
-from faults import start, wait_for
+from faults import group_gone, start, wait_for
 from linear_fixtures import synthetic_dataset
 
 from featcache.errors import LockedError
@@ -117,3 +120,28 @@ def test_an_unreadable_holder_record_still_gives_one_clear_line(tmp_path):
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_train_linear_with_worker_processes_holds_its_lock_and_kill_9_frees_it(cache_dir, tmp_path):
+    """Forked workers (--jobs 2, two groups) neither keep the lock nor outlive a killed run."""
+    synthetic_dataset(cache_dir, name="toy")
+    args = ["train-linear", "--dataset", "toy", "--loss", "an", "--epochs", "2", "--run-id",
+            "same", "--jobs", "2", "--lr", "1e-2,1e-3", "--bsize", "8,16", "--quiet",
+            "--no-plots", "--device", "cpu"]
+    slow = "from featcache.linear.trainer import GroupTrainer\n_slow(GroupTrainer, 'train_step', 0.5)"
+    first = start(args, tmp_path, slow)
+    run_dir = cache_dir / "toy" / "runs" / "an" / "same"
+    wait_for(lambda: (run_dir / "run.json").exists(), first)
+    time.sleep(1.0)  # the workers are training
+    second = invoke(*args)
+    assert second.exit_code == 1
+    assert f"is being written by another featcache process (pid {first.pid} on " in second.output
+    os.kill(first.pid, signal.SIGKILL)  # the main process only: its workers are orphaned
+    first.communicate(timeout=30)
+    deadline = time.monotonic() + 5
+    while not group_gone(first) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert group_gone(first)  # the workers died with their parent
+    again = invoke(*args)
+    assert again.exit_code == 0, again.output  # the lock died with its holder
+    assert (run_dir / "results.json").is_file()

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from featcache.data.featurefile import open_features
 from featcache.data.labelfile import load_labels
-from featcache.errors import FeatcacheWarning
+from featcache.errors import FeatcacheWarning, Interrupted
 from featcache.fileio import write_text_atomic
 from featcache.linear.data import TrainingSplits, read_linear_data, split_rows
 from featcache.linear.memory import (
@@ -193,8 +193,12 @@ def _run_linear(options: LinearOptions, budget: int, job: Ranks, say: Callable[[
                 keep(reused)
             else:
                 todo.append(spec)
-        run_searches(data, todo, device, options.progress, jobs, job, on_done=lambda result: keep(
-            write_loss_run(data, result, folders[result.spec.loss], options, device, job)))
+        try:
+            run_searches(data, todo, device, options.progress, jobs, job,
+                         on_done=lambda result: keep(write_loss_run(
+                             data, result, folders[result.spec.loss], options, device, job)))
+        except Interrupted as exc:
+            raise exc.adding(interrupted_detail(specs, done, run_id, options.run_id)) from None
     runs = [done[spec.loss] for spec in specs]
     outcome = LinearOutcome(runs, skipped)
     if len(runs) > 1:
@@ -207,6 +211,18 @@ def _run_linear(options: LinearOptions, budget: int, job: Ranks, say: Callable[[
                               json.dumps(outcome.table.records(), indent=2) + "\n")
         outcome.table_path = out.with_suffix(".md")
     return outcome
+
+
+def interrupted_detail(specs: Sequence[SearchSpec], done: Mapping[str, LossRun], run_id: str,
+                       given_id: str | None) -> str:
+    """What an interrupted search kept, and the command that picks it up."""
+    finished = [spec.loss for spec in specs if spec.loss in done]
+    again = ("run the same command again" if given_id else
+             f"run the same command again with --run-id {run_id}")
+    if not finished:
+        return (f"no loss had finished (run id {run_id}); {again} to train them from the start")
+    return (f"{len(finished)} of {len(specs)} losses finished and kept under run id {run_id} "
+            f"({', '.join(finished)}); {again} to reuse them and train the rest")
 
 
 def load_training_data(labels, features, device, budget: int, stream: bool,

@@ -7,6 +7,11 @@ then evaluates every head on the whole validation and test splits (the reference
 last partial batch there; we evaluate every example). Per-head selection follows the reference:
 the best epoch is the first one with the highest validation mAP
 (:mod:`featcache.protocol.selection`).
+
+A stop request (Ctrl-C, :mod:`featcache.interrupt`) is honoured at the next training step or
+before the next evaluation: the group is abandoned (it has no partial output) and
+:class:`~featcache.errors.Interrupted` rises to the search, which keeps the losses whose groups
+all finished.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from featcache.errors import OptionError
+from featcache.interrupt import check_stop
 from featcache.linear.data import TrainingSplits
 from featcache.linear.heads import StackedAdam, StackedLinear
 from featcache.linear.rows import FeatureRows, MemoryRows
@@ -145,6 +151,7 @@ class GroupTrainer:
                                        self.data.num_classes, self.device)
                    if train.clean is not None else None)
         for step, (index, x) in enumerate(self.rows["train"].epoch(self.order, self.batch_size)):
+            check_stop()
             per_head, logits = self.train_step(x, index, epoch)
             loss_sum += per_head
             if running is not None:
@@ -170,6 +177,7 @@ class GroupTrainer:
     def end_epoch(self, epoch: int, loss_sum: Tensor,
                   running: TrainingPredictions | None) -> None:
         """The loss's end-of-epoch update, evaluation, per-head best epoch and early stopping."""
+        check_stop()
         self.record(self.evaluate(self.finish_epoch(epoch, loss_sum, running)))
 
     def finish_epoch(self, epoch: int, loss_sum: Tensor,

@@ -11,6 +11,13 @@ from the group, and no reduction crosses groups. So the groups can go anywhere:
 - under ``torchrun`` every rank (one per GPU, or CPU processes with gloo) takes its share of
   the groups, balanced by their cost, and every rank receives every group's results;
 - otherwise (one GPU, or ``jobs=1``) the groups train one after the other.
+
+Ctrl-C (:mod:`featcache.interrupt`): forked workers inherit the command's signal handler, so
+each stops at its next step (the signal reaches them from the terminal, or is passed on by the
+main process) and its :class:`~featcache.errors.Interrupted` comes back through its future; the
+pool then cancels the groups not started and ends its workers before the error goes on, so no
+worker outlives the command. Under ``torchrun`` the ranks agree on the failure before
+exchanging results (:meth:`Ranks.together`), so no rank waits for one that stopped.
 """
 
 from __future__ import annotations
@@ -18,12 +25,14 @@ from __future__ import annotations
 import multiprocessing
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from contextlib import nullcontext
 from typing import TypeVar
 
 import torch
 import torch.distributed as dist
 
+from featcache.interrupt import check_stop, die_with_parent
 from featcache.runtime import Ranks, intraop_threads
 
 G = TypeVar("G")
@@ -58,8 +67,8 @@ def map_groups(train: Callable[[G], R], groups: Sequence[G], costs: Sequence[flo
     """
     if job is not None and job.world > 1:
         mine = balance(costs, job.world)[job.rank]
-        local = dict(zip(mine, _run_local(train, [groups[i] for i in mine], device, jobs),
-                         strict=True))
+        local = dict(zip(mine, job.together(
+            lambda: _run_local(train, [groups[i] for i in mine], device, jobs)), strict=True))
         everyone: list[dict[int, R] | None] = [None] * job.world
         dist.all_gather_object(everyone, local)
         merged = {index: result for part in everyone for index, result in part.items()}
@@ -92,7 +101,7 @@ def _run_local(train: Callable[[G], R], groups: Sequence[G], device: torch.devic
             key = id(train)
             _TASKS[key] = train
             try:
-                with ProcessPoolExecutor(max_workers=jobs, initializer=_one_thread,
+                with ProcessPoolExecutor(max_workers=jobs, initializer=_start_worker,
                                          mp_context=multiprocessing.get_context("fork")) as pool:
                     _collect(pool, [pool.submit(_run_task, key, g) for g in groups], keep)
             finally:
@@ -106,13 +115,17 @@ def _collect(pool, futures: list[Future], keep: Callable[[int, R], None]) -> Non
     try:
         for future in as_completed(futures):
             keep(index[future], future.result())
+    except BrokenProcessPool:
+        check_stop()  # a worker ended by a signal meant for the command: a stop, not a failure
+        raise
     except BaseException:
         pool.shutdown(wait=True, cancel_futures=True)
         raise
 
 
-def _one_thread() -> None:
+def _start_worker() -> None:
     torch.set_num_threads(1)
+    die_with_parent()  # a main process killed with kill -9 leaves no worker behind
 
 
 def _run_task(key: int, group):
