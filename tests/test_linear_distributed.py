@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import textwrap
+import time
 
 import pytest
 import torch
 from dataset_fixtures import invoke
+from faults import group_gone, interrupt, wait_for
 from linear_fixtures import synthetic_dataset
 from test_features_distributed import free_port
 
@@ -51,3 +55,40 @@ def test_two_ranks_write_the_same_runs_as_one_process(tmp_path, monkeypatch):
         assert torch.equal(head_one["weight"], head_two["weight"])
         for name, value in head_one["handoff"].items():
             assert torch.equal(value, head_two["handoff"][name])
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_every_rank_at_its_next_step_and_leaves_nothing_behind(tmp_path):
+    """torchrun passes Ctrl-C on to its ranks: each stops at its next step, they agree on the
+    stop (no rank waits in a collective for one that stopped), and no process or file is left."""
+    synthetic_dataset(tmp_path / "cache")
+    entry = tmp_path / "entry.py"  # featcache with every training step slowed to 0.2 s
+    entry.write_text(textwrap.dedent("""
+        import sys, time
+        from featcache.linear.trainer import GroupTrainer
+        original = GroupTrainer.train_step
+        def slowed(*args, **kwargs):
+            time.sleep(0.2)
+            return original(*args, **kwargs)
+        GroupTrainer.train_step = slowed
+        from featcache.cli import main
+        sys.argv = ["featcache", *sys.argv[1:]]
+        main()
+    """))
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+               "--master_addr", "127.0.0.1", "--master_port", str(free_port()), str(entry),
+               "train-linear", *ARGS, "--run-id", "r", "--cache", str(tmp_path / "cache")]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    runs = tmp_path / "cache" / "toy" / "runs"
+    wait_for(lambda: (runs / "role" / "r" / "run.json").exists(), process)
+    time.sleep(2.0)  # every rank is training
+    seconds, out, err = interrupt(process)
+    assert seconds < 15.0, err
+    assert err.count("featcache: interrupted: stopped by Ctrl-C; no loss had finished (run id "
+                     "r); run the same command again to train them from the start") == 2, err
+    assert "another rank failed" not in err and "terminate called" not in err
+    time.sleep(0.5)
+    assert group_gone(process)
+    assert not list((tmp_path / "cache").rglob(".*tmp-*"))
+    assert not list((tmp_path / "cache").rglob("*.lock"))
