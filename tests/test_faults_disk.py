@@ -239,3 +239,34 @@ def test_a_disk_that_fills_during_extraction_keeps_the_chunks_and_the_run_resume
     assert "second=0" in done.stdout, second
     assert f"resuming: {chunks} of 8 chunks already done" in second
     assert "features-resnet18-random.h5" in done.stdout
+
+
+def test_a_features_file_is_refused_before_its_row_blocks_are_read_when_it_cannot_fit(
+        tmp_path, monkeypatch):
+    """Features files stream row blocks into HDF5 (a file may be larger than memory), so the
+    space is checked up front, from the estimated size, before the first block is consumed."""
+    from linear_fixtures import synthetic_dataset
+
+    from featcache.data.featurefile import features_file_bytes, write_features
+    from featcache.data.labelfile import load_labels
+
+    labels_path, _ = synthetic_dataset(tmp_path, name="toy", n_train=40, n_test=20, dim=256)
+    labels = load_labels(labels_path)
+    consumed = []
+
+    def blocks(rows):
+        for start in range(0, rows, 8):
+            consumed.append(start)
+            yield np.zeros((min(8, rows - start), 256), dtype=np.float32)
+
+    images = [*labels.train.images, *labels.test.images]
+    needed = features_file_bytes(images, 256)
+    assert 60 * 256 * 4 < needed < 60 * 256 * 4 + (80 << 10)  # rows x dim x 4 bytes, plus names
+    monkeypatch.setattr(fileio, "free_bytes", lambda directory: needed // 2)
+    target = tmp_path / "toy" / "features-big.h5"
+    with pytest.raises(DiskFullError, match=r"not enough free space in .* to write "
+                                            r"features-big.h5: about .* needed"):
+        write_features(target, labels, {"train": blocks(40), "test": blocks(20)},
+                       {"backbone": "big"})
+    assert consumed == [0, 0]  # only the first block of each split, for the width
+    assert not target.exists() and not _leftovers(tmp_path)
