@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -270,3 +271,44 @@ def test_a_features_file_is_refused_before_its_row_blocks_are_read_when_it_canno
                        {"backbone": "big"})
     assert consumed == [0, 0]  # only the first block of each split, for the width
     assert not target.exists() and not _leftovers(tmp_path)
+
+
+@pytest.mark.parametrize("size", ["256k", "1m", "1700k"])  # full at the start, middle, end
+def test_a_disk_that_fills_while_a_features_file_streams_in_is_one_clear_error(tmp_path, size):
+    """The up-front check passed (here: patched, as if another process filled the disk right
+    after it): HDF5's failed write becomes one DiskFullError, the temporary file is removed,
+    and the process goes on (no crash inside HDF5)."""
+    write = tmp_path / "write.py"
+    write.write_text(textwrap.dedent(f"""
+        import sys
+        import numpy as np
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        from linear_fixtures import synthetic_dataset
+        from featcache import fileio
+        from featcache.data.featurefile import write_features
+        from featcache.data.labelfile import load_labels
+        from featcache.errors import DiskFullError
+        root = sys.argv[1]
+        from pathlib import Path
+        small = Path({str(tmp_path)!r}) / "small"  # the labels, outside the tiny disk
+        labels = load_labels(synthetic_dataset(small, name="toy", n_train=40, n_test=20)[0])
+        fileio.free_bytes = lambda directory: 1 << 40  # the check passes; the disk is 1 MB
+        def blocks(rows):  # 8 rows of 32 kB at a time: 1.9 MB in all
+            for start in range(0, rows, 8):
+                yield np.ones((min(8, rows - start), 8192), np.float32)
+        blocks = {{"train": blocks(40), "test": blocks(20)}}
+        try:
+            write_features(root + "/features-big.h5", labels, blocks, {{"backbone": "big"}})
+        except DiskFullError as exc:
+            print("refused:", exc)
+        print("still running")
+    """))
+    done = _in_tmpfs(tmp_path, size, f"""
+        {sys.executable} {write} $MNT; echo "rc=$?"; ls -a $MNT
+    """)
+    assert "rc=0" in done.stdout and "still running" in done.stdout, done.stdout + done.stderr
+    refused = next(line for line in done.stdout.splitlines() if line.startswith("refused:"))
+    assert "could not write " in refused and "features-big.h5: the device holding" in refused
+    assert "The partial file was removed" in refused
+    assert "features-big.h5" not in done.stdout.split("still running")[1]
+    assert ".tmp-" not in done.stdout

@@ -51,7 +51,7 @@ from featcache import __version__
 from featcache.data.labelfile import LabelSet
 from featcache.errors import InputError
 from featcache.fileio import atomic_output, require_space, sha256_file
-from featcache.hdf5 import decode_attrs, encode_attr
+from featcache.hdf5 import StreamingSink, decode_attrs, encode_attr
 
 FORMAT = "featcache-features"
 FORMAT_VERSION = 1
@@ -127,7 +127,7 @@ def write_features(path: str | os.PathLike, labels: LabelSet,
     text = h5py.string_dtype("utf-8")
     now = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
     with (atomic_output(path, overwrite=overwrite, needed=needed) as tmp,
-          h5py.File(tmp, "w") as h5):
+          StreamingSink(tmp) as sink, h5py.File(sink, "w") as h5):
         h5.attrs["format"] = FORMAT
         h5.attrs["format_version"] = FORMAT_VERSION
         h5.attrs["feature_dim"] = dims[0]
@@ -141,7 +141,7 @@ def write_features(path: str | os.PathLike, labels: LabelSet,
         for name in OFFICIAL_SPLITS:
             part = labels.test if name == "test" else labels.train
             group = h5.create_group(name)
-            _write_rows(group, name, len(part.images), *sources[name], dtype)
+            _write_rows(group, name, len(part.images), *sources[name], dtype, sink)
             group.create_dataset("images", data=np.asarray(part.images, dtype=object), dtype=text)
             flags = (np.zeros(len(part.images), dtype=np.uint8) if name not in bad
                      else bad[name].astype(np.uint8))
@@ -167,8 +167,9 @@ def _first_block(name: str, source) -> tuple[np.ndarray, Iterable]:
 
 
 def _write_rows(group: h5py.Group, name: str, rows: int, first: np.ndarray, rest: Iterable,
-                dtype: str) -> None:
-    """Write the features of one split, block by block as they come."""
+                dtype: str, sink: StreamingSink) -> None:
+    """Write the features of one split, block by block as they come (stopping at the first
+    block that did not fit on the disk)."""
     width = int(first.shape[1])
     dataset = group.create_dataset("features", shape=(rows, width), dtype=dtype,
                                    chunks=(min(rows, BLOCK_ROWS), width))
@@ -179,6 +180,7 @@ def _write_rows(group: h5py.Group, name: str, rows: int, first: np.ndarray, rest
             raise InputError(f"{name} features: a block of shape {block.shape} does not continue "
                              f"the {rows} x {width} rows of the labels file's {name} split")
         dataset[filled:filled + len(block)] = block
+        sink.raise_failure()
         filled += len(block)
     if filled != rows:
         raise InputError(f"{name} features: the blocks hold {filled} rows; the labels file has "
