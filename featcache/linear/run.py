@@ -220,7 +220,8 @@ def interrupted_detail(specs: Sequence[SearchSpec], done: Mapping[str, LossRun],
     again = ("run the same command again" if given_id else
              f"run the same command again with --run-id {run_id}")
     if not finished:
-        return (f"no loss had finished (run id {run_id}); {again} to train them from the start")
+        them = "them" if len(specs) > 1 else "it"
+        return f"no loss had finished (run id {run_id}); {again} to train {them} from the start"
     return (f"{len(finished)} of {len(specs)} losses finished and kept under run id {run_id} "
             f"({', '.join(finished)}); {again} to reuse them and train the rest")
 
