@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 import h5py
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -321,3 +322,40 @@ def test_the_bce_is_computed_with_logits_without_the_1e5_guard():
     # Cole's an: -log(f + 1e-5) on saturated probabilities is about -log(1 + 1e-5) per entry
     cole = create_loss("an", 2)(logits, Targets(z, torch.tensor([0]))).item()
     assert cole == pytest.approx(-math.log(1 + 1e-5), rel=1e-3)
+
+
+# ------------------------------------------------------------------------------- the Python API
+def test_the_estimator_trains_boostlu_on_spatial_rows_and_predicts_boosted(spatial):
+    from featcache.api import SPMLClassifier, load_run
+
+    cache, path = spatial
+    data = load_linear_data(cache / "toy" / "labels.h5", path)
+    X = data.train.features.numpy()
+    Z = data.train.observed.numpy().astype(np.int8)
+    clf = SPMLClassifier(loss="ll-r+boostlu", epochs=2, lr=1e-2, spatial_shape=(2, 2, 6)).fit(X, Z)
+    assert clf.coef_.shape == (5, 6) and clf.loss_params_ == {"delta_rel": 0.5, "alpha": 5.0}
+    head = StackedBoostLU(torch.from_numpy(clf.coef_).t()[None], torch.from_numpy(clf.intercept_)
+                          .view(1, 1, -1), positions=4, alpha=[5.0])
+    torch.testing.assert_close(torch.from_numpy(clf.predict_proba(X)),
+                               head.scores(torch.from_numpy(X))[0])
+    with pytest.raises(LossNeedError, match="spatial_shape=\\(h, w, D\\)"):
+        SPMLClassifier(loss="ll-r+boostlu", epochs=1).fit(X, Z)
+    with pytest.raises(ValueError, match="spatial_shape \\(2, 2, 5\\) makes 20"):
+        SPMLClassifier(loss="ll-r+boostlu", epochs=1, spatial_shape=(2, 2, 5)).fit(X, Z)
+
+    # a stage-two BoostLU run predicts from spatial rows with its boosted head
+    result = invoke("train-linear", "--dataset", "toy", "--loss", "ll-r+boostlu", "--run-id", "a",
+                    *FAST)
+    assert result.exit_code == 0, result.output
+    run = load_run(cache / "toy" / "runs" / "ll-r+boostlu" / "a")
+    assert run.boostlu_alpha == 5.0 and run.feature_dim == 24
+    saved = load_head(run.path)
+    expected = StackedBoostLU(saved["weight"].t()[None], saved["bias"].view(1, 1, -1), 4, [5.0])
+    test = data.test.features
+    torch.testing.assert_close(torch.from_numpy(run.predict_proba(test.numpy())),
+                               expected.scores(test)[0])
+    estimator = run.to_estimator()
+    assert estimator.spatial_shape == [2, 2, 6]
+    np.testing.assert_allclose(estimator.predict_proba(test.numpy()), run.predict_proba(test.numpy()))
+    with pytest.raises(InputError, match="takes \\(n, 24\\)"):
+        run.predict_proba(test.numpy()[:, :6])

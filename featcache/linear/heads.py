@@ -170,17 +170,23 @@ class StackedBoostLU(StackedLinear):
         return weight, grad_cam.sum(dim=1, keepdim=True)
 
     @torch.no_grad()
-    def scores(self, features: Tensor) -> Tensor:
-        """Probabilities (H, N, L) of rows ``features`` (N, P * D), a block of rows at a time
-        (the class activation maps of a whole split would not fit)."""
+    def logits(self, features: Tensor) -> Tensor:
+        """Logits (H, N, L) of rows ``features`` (N, P * D), a block of rows at a time (the
+        class activation maps of a whole split would not fit)."""
         weight, bias = self.weight.detach(), self.bias.detach()
         heads, _, classes = weight.shape
         step = max(1, CAM_BLOCK // max(1, self.positions * heads * classes))
-        out = torch.empty(heads, features.shape[0], classes, device=weight.device)
+        out = torch.empty(heads, features.shape[0], classes, device=weight.device,
+                          dtype=weight.dtype)
         for start in range(0, features.shape[0], step):
             chunk = features[start:start + step].to(device=weight.device, dtype=weight.dtype)
-            out[:, start:start + step] = torch.sigmoid(self.pool(self.cam(chunk, weight, bias)))
+            out[:, start:start + step] = self.pool(self.cam(chunk, weight, bias))
         return out
+
+    @torch.no_grad()
+    def scores(self, features: Tensor) -> Tensor:
+        """Probabilities (H, N, L) of rows ``features`` (N, P * D)."""
+        return torch.sigmoid_(self.logits(features))
 
     def scores_wide(self, features: Tensor, rows: int | None = None) -> Tensor:
         """:meth:`scores` (BoostLU heads have no faster all-heads form)."""
