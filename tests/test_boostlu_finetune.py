@@ -9,23 +9,17 @@ import numpy as np
 import pytest
 import torch
 from dataset_fixtures import invoke
-from helpers_finetune import NAME, SIZE, copy_cache, finetune
+from helpers_finetune import NAME, SIZE, config_trainer, copy_cache, finetune
 
 from featcache.data.featurefile import load_features, read_feature_attrs, write_features
 from featcache.data.labelfile import load_labels
 from featcache.errors import InputError
-from featcache.finetune.data import load_finetune_data
-from featcache.finetune.loop import ConfigTrainer, Settings
 from featcache.finetune.model import BoostLUHead
 from featcache.finetune.options import FinetuneOptions
-from featcache.finetune.run import loss_params
-from featcache.finetune.start import linear_features, resolve_start
+from featcache.finetune.start import linear_features
 from featcache.linear.heads import StackedBoostLU
-from featcache.protocol.grid import GridPoint
 from featcache.protocol.handoff import load_head
-from featcache.runtime import Ranks
 
-CPU = Ranks(0, 1, 0, 1, torch.device("cpu"))
 POOLED = "features-resnet50-random.h5"
 SPATIAL = "spatial-resnet50-random.h5"
 
@@ -50,12 +44,7 @@ def cache(tmp_path_factory, tmp_path):
 
 
 def _trainer(cache, loss, init="best", **start_kw):
-    data = load_finetune_data(cache / NAME / "labels.h5")
-    start = resolve_start(FinetuneOptions(init=init, loss=loss, dataset=NAME, cache=str(cache),
-                                          progress=False, **start_kw), data, CPU)
-    settings = Settings(loss=loss, params=loss_params(loss, start.params, data), epochs=1,
-                        progress=False, eval_batch_size=8)
-    return ConfigTrainer(GridPoint(1e-3, 4), settings, start, data, CPU), data
+    return config_trainer(cache, init=init, loss=loss, **start_kw)
 
 
 def test_init_best_loads_the_stage_two_boostlu_head_as_the_1x1_convolution(cache):

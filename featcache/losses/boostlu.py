@@ -155,9 +155,6 @@ class LargeLossRejectBoostLU(ReferenceLargeLoss, BoostLULoss, LargeLossReject):
 
     name = "ll-r+boostlu"
     summary = "LL-R on a BoostLU head (spatial features; the BoostLU code's conventions)."
-    reference = BOOSTLU
-    paper = BOOSTLU_PAPER
-    year = 2023
     params = _delta(0.5)
 
 
@@ -167,9 +164,6 @@ class LargeLossCorrectTemporaryBoostLU(ReferenceLargeLoss, BoostLULoss, LargeLos
 
     name = "ll-ct+boostlu"
     summary = "LL-Ct on a BoostLU head (spatial features; the BoostLU code's conventions)."
-    reference = BOOSTLU
-    paper = BOOSTLU_PAPER
-    year = 2023
     params = _delta(0.2)
 
 
@@ -179,7 +173,4 @@ class LargeLossCorrectPermanentBoostLU(ReferenceLargeLoss, BoostLULoss, LargeLos
 
     name = "ll-cp+boostlu"
     summary = "LL-Cp on a BoostLU head (spatial features; flips >= the k-th, the BoostLU code)."
-    reference = BOOSTLU
-    paper = BOOSTLU_PAPER
-    year = 2023
     params = _delta(0.1)
