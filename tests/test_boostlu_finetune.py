@@ -97,6 +97,14 @@ def test_a_fresh_boostlu_head_on_a_random_backbone(cache):
 def test_the_linear_phase_of_a_boostlu_loss_trains_on_the_spatial_file(cache, tmp_path):
     options = FinetuneOptions(init="best", loss="ll-r+boostlu", dataset=NAME, cache=str(cache))
     assert linear_features(options).name == SPATIAL
+    result = finetune(cache, "--loss", "ll-r+boostlu", "--epochs", "1", "--lr", "1e-3",
+                      "--bsize", "4", "--linear-lr", "1e-2", "--linear-batch-size", "4",
+                      "--run-id", "ft")
+    assert result.exit_code == 0, result.output
+    document = json.loads((cache / NAME / "finetune" / "ll-r+boostlu" / "ft" / "results.json")
+                          .read_text())
+    assert document["init"]["ran_linear_phase"] is True
+    assert document["init"]["features_path"].endswith(SPATIAL)
     (cache / NAME / SPATIAL).unlink()
     with pytest.raises(InputError, match=r"no spatial features file .* --spatial`"):
         linear_features(options)

@@ -44,7 +44,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from featcache.losses.base import SPATIAL_FEATURES, Param, SPMLLoss, matrix_mean
+from featcache.losses.base import (
+    SPATIAL_FEATURES,
+    Param,
+    SPMLLoss,
+    device_constant,
+    matrix_mean,
+)
 from featcache.losses.large_loss import (
     LargeLossCorrectPermanent,
     LargeLossCorrectTemporary,
@@ -82,7 +88,7 @@ def alpha_value(alphas: Sequence[float], like: Tensor, shape: Sequence[int]) -> 
     """One alpha for every head (a float), or a per-head tensor of ``shape``."""
     if all(a == alphas[0] for a in alphas):
         return float(alphas[0])
-    return torch.tensor(list(alphas), dtype=like.dtype, device=like.device).view(*shape)
+    return device_constant(alphas, like.device, like.dtype).view(*shape)
 
 
 # ---------------------------------------------------------------------------------- the losses
