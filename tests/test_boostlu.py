@@ -359,3 +359,17 @@ def test_the_estimator_trains_boostlu_on_spatial_rows_and_predicts_boosted(spati
     np.testing.assert_allclose(estimator.predict_proba(test.numpy()), run.predict_proba(test.numpy()))
     with pytest.raises(InputError, match="takes \\(n, 24\\)"):
         run.predict_proba(test.numpy()[:, :6])
+
+
+def test_a_spatial_file_named_by_the_backbone_alone_is_found_for_the_same_weights(spatial):
+    cache, path = spatial
+    root = cache / "toy"
+    (root / "features-toy.h5").rename(root / "features-toy-random.h5")  # tag: backbone-weights
+    result = invoke("train-linear", "--dataset", "toy", "--loss", "an,ll-r+boostlu",
+                    "--run-id", "t", *FAST)
+    assert result.exit_code == 0, result.output
+    assert load_results(root / "runs" / "ll-r+boostlu" / "t")["features"]["path"] == str(path)
+    with h5py.File(path, "a") as h5:
+        h5.attrs["weights_sha256"] = "0" * 64  # other weights: not this pooled file's maps
+    other = invoke("train-linear", "--dataset", "toy", "--loss", "an,ll-r+boostlu", *FAST)
+    assert other.exit_code != 0 and "--spatial" in other.output

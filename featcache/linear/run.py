@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from featcache.data.featurefile import FeatureFile, open_features
+from featcache.data.featurefile import FeatureFile, open_features, read_feature_attrs
 from featcache.data.labelfile import load_labels
 from featcache.errors import FeatcacheWarning, InputError
 from featcache.fileio import write_text_atomic
@@ -254,6 +254,13 @@ def feature_files(options: LinearOptions, labels) -> FeatureFiles:
                                     else _only_spatial_backbone(options))
     path = (spatial_features_path(options.dataset, backbone, options.cache)
             if backbone is not None else None)
+    if (path is not None and not path.exists() and pooled is not None
+            and pooled.backbone != backbone):
+        # a spatial file named by the backbone alone, of the same weights as the pooled file
+        named = spatial_features_path(options.dataset, pooled.backbone, options.cache)
+        if named.exists() and (read_feature_attrs(named).get("weights_sha256")
+                               == pooled.attrs.get("weights_sha256")):
+            path = named
     spatial = None
     if spatial_named and path is not None and path.exists():
         spatial = open_features(path, labels)
