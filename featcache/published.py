@@ -37,11 +37,14 @@ _LATER_FINETUNE = {
     # Chen et al. IJCAI 2024 (GR loss), ResNet-50 end to end, as cited in AEVLP's results table
     # (github Fsoft-AIC/AEVLP assets/results.png; the GR paper's own table was not readable)
     "gr": (89.83, 73.17, 49.08, 21.64),
-    # Kim et al. CVPR 2023, LL-R with BoostLU (alpha = 5) on the class activation map, from the
-    # authors' README table (youngwk/BridgeGapExplanationPAMC imgs/quantitative1.png). No
-    # registered loss has this name yet: BoostLU needs the spatial feature cache (issue 12,
-    # item 3), which will decide how its runs are named.
+    # Kim et al. CVPR 2023: the LL schemes with BoostLU (alpha = 5) on the class activation map,
+    # ResNet-50 end to end, from the authors' README table (youngwk/BridgeGapExplanationPAMC
+    # @ 4a1986cc, imgs/quantitative1.png = the paper's table). The same table re-runs LL-R /
+    # LL-Ct / LL-Cp without BoostLU (88.27/70.70/48.76/19.56, 87.79/70.29/48.08/19.06,
+    # 87.44/70.27/47.92/19.21); the ll-* keys above keep Kim et al. 2022's own numbers.
     "ll-r+boostlu": (89.29, 72.89, 49.59, 19.80),
+    "ll-ct+boostlu": (88.61, 71.78, 48.37, 19.25),
+    "ll-cp+boostlu": (87.81, 71.41, 48.61, 19.34),
 }
 
 # Cole et al. supplement Table A2: 5-95 % intervals of k estimated from M fully labelled

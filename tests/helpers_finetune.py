@@ -53,6 +53,28 @@ def fresh_setup(tmp_root: Path):
     return data, start
 
 
+def config_trainer(cache: Path, init: str = "best", loss: str = "role", **start_kw):
+    """(ConfigTrainer of one configuration (lr 1e-3, batch 4, 1 epoch) on the CPU, its data),
+    started as ``featcache finetune --init INIT`` would start it."""
+    import torch
+
+    from featcache.finetune.data import load_finetune_data
+    from featcache.finetune.loop import ConfigTrainer, Settings
+    from featcache.finetune.options import FinetuneOptions
+    from featcache.finetune.run import loss_params
+    from featcache.finetune.start import resolve_start
+    from featcache.protocol.grid import GridPoint
+    from featcache.runtime import Ranks
+
+    cpu = Ranks(0, 1, 0, 1, torch.device("cpu"))
+    data = load_finetune_data(cache / NAME / "labels.h5")
+    start = resolve_start(FinetuneOptions(init=init, loss=loss, dataset=NAME, cache=str(cache),
+                                          progress=False, **start_kw), data, cpu)
+    settings = Settings(loss=loss, params=loss_params(loss, start.params, data), epochs=1,
+                        progress=False, eval_batch_size=8)
+    return ConfigTrainer(GridPoint(1e-3, 4), settings, start, data, cpu), data
+
+
 def copy_cache(tmp_root: Path, target: Path) -> Path:
     """A private copy of the base cache at ``target``."""
     shutil.copytree(base_cache(tmp_root), target)

@@ -69,3 +69,29 @@ def pseudo_label_sets(labels_path: Path, names=("vlpl", "aevlp"), seed: int = 0)
         matrix = rng.choice([-1, 0, 0, 1], size=(len(labels.train), labels.num_classes))
         write_pseudo_labels(pseudo_labels_path(labels_path, name), labels, matrix.astype(np.int8),
                             {"name": name, "rule": name}, overwrite=True)
+
+
+def spatial_features_file(labels_path: Path, shape: tuple[int, int, int] = (2, 2, 6),
+                          seed: int = 0, backbone: str = "toy", dtype: str = "float16") -> Path:
+    """``spatial-<backbone>.h5`` beside ``labels_path``, in the spatial-cache layout (rows of
+    (h, w, D) maps in C order; ``layout`` and ``spatial_shape`` attributes), written with
+    ``write_features`` directly: each class lights up at one position of its own, so a map
+    carries more than its average (what BoostLU's heads look at)."""
+    labels = load_labels(labels_path)
+    height, width, dim = shape
+    positions = height * width
+    rng = np.random.default_rng(seed)
+    basis = rng.standard_normal((labels.num_classes, dim)).astype(np.float32)
+    where = rng.integers(0, positions, size=labels.num_classes)
+
+    def maps(clean):
+        rows = 0.5 * rng.standard_normal((len(clean), positions, dim)).astype(np.float32)
+        for c in range(labels.num_classes):
+            rows[clean[:, c] == 1, where[c]] += 2.0 * basis[c]
+        return rows.reshape(len(clean), positions * dim)
+
+    path = labels_path.parent / f"spatial-{backbone}.h5"
+    write_features(path, labels, {"train": maps(labels.train.clean), "test": maps(labels.test.clean)},
+                   {"backbone": backbone, "weights": "none", "layout": "spatial",
+                    "spatial_shape": [height, width, dim]}, overwrite=True, dtype=dtype)
+    return path

@@ -22,7 +22,13 @@ from featcache.data.labelfile import load_labels
 from featcache.data.sampling import observe_uniform, split_train_val
 from featcache.errors import FeatcacheWarning, LossNeedError, OptionError
 from featcache.linear.data import load_linear_data
-from featcache.losses import FULL_LABELS, OBSERVED_NEGATIVES, loss_class, loss_names
+from featcache.losses import (
+    FULL_LABELS,
+    OBSERVED_NEGATIVES,
+    SPATIAL_FEATURES,
+    loss_class,
+    loss_names,
+)
 from featcache.metrics import mean_average_precision
 from featcache.protocol.handoff import load_head
 from featcache.protocol.runs import load_results
@@ -159,7 +165,9 @@ def _needs_full(name):
 def test_every_loss_trains_when_its_needs_are_met(arrays, name):
     X, Z, full = arrays
     y = observe_uniform(full, num_neg=1) if OBSERVED_NEGATIVES in loss_class(name).needs else Z
-    clf = SPMLClassifier(loss=name, epochs=2, batch_size=16, lr=1e-2)
+    # BoostLU's losses take rows of feature maps: here 1 x 1 maps of the D features
+    spatial = (1, 1, X.shape[1]) if SPATIAL_FEATURES in loss_class(name).needs else None
+    clf = SPMLClassifier(loss=name, epochs=2, batch_size=16, lr=1e-2, spatial_shape=spatial)
     pseudo = None
     if "pseudo_labels" in {need.key for need in loss_class(name).needs}:  # vlpl, gpr
         pseudo = np.random.default_rng(0).choice([-1, 0, 0, 1], size=full.shape)

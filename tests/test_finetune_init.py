@@ -7,30 +7,22 @@ import shutil
 
 import numpy as np
 import torch
-from helpers_finetune import NAME, SIZE, base_cache, copy_cache, finetune, linear_run
+from helpers_finetune import (
+    NAME,
+    SIZE,
+    base_cache,
+    config_trainer,
+    copy_cache,
+    finetune,
+    linear_run,
+)
 
 from featcache.data.featurefile import load_features
 from featcache.fileio import sha256_file
-from featcache.finetune.data import load_finetune_data
-from featcache.finetune.loop import ConfigTrainer, Settings
-from featcache.finetune.options import FinetuneOptions
-from featcache.finetune.run import loss_params
-from featcache.finetune.start import resolve_start
 from featcache.losses.terms import inverse_sigmoid_tensor
-from featcache.protocol.grid import GridPoint
 from featcache.protocol.handoff import load_head
-from featcache.runtime import Ranks
 
-CPU = Ranks(0, 1, 0, 1, torch.device("cpu"))
-
-
-def _trainer(cache, init="best", loss="role", **start_kw):
-    data = load_finetune_data(cache / NAME / "labels.h5")
-    start = resolve_start(FinetuneOptions(init=init, loss=loss, dataset=NAME, cache=str(cache),
-                                          progress=False, **start_kw), data, CPU)
-    settings = Settings(loss=loss, params=loss_params(loss, start.params, data), epochs=1,
-                        progress=False, eval_batch_size=8)
-    return ConfigTrainer(GridPoint(1e-3, 4), settings, start, data, CPU), data
+_trainer = config_trainer
 
 
 def test_linearinit_starts_from_exactly_the_linear_head_and_phi(tmp_path_factory):

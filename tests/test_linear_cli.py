@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 from dataset_fixtures import invoke
-from linear_fixtures import pseudo_label_sets, synthetic_dataset
+from linear_fixtures import pseudo_label_sets, spatial_features_file, synthetic_dataset
 
 from featcache.losses import loss_names
 from featcache.protocol.handoff import load_head
@@ -68,6 +68,7 @@ def test_rerunning_a_finished_run_reuses_it_and_other_settings_are_refused(toy):
 
 def test_loss_all_trains_every_loss_and_writes_a_table(toy):
     pseudo_label_sets(toy / "toy" / "labels.h5")  # what vlpl and gpr train on
+    spatial_features_file(toy / "toy" / "labels.h5")  # what the BoostLU losses train on
     result = invoke("train-linear", "--dataset", "toy", "--loss", "all", "--run-id", "all",
                     "--epochs", "1", "--lr", "1e-2", "--bsize", "16", "--quiet", "--no-plots")
     assert result.exit_code == 0, result.output

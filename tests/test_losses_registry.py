@@ -14,6 +14,7 @@ EXPECTED_NAMES = [
     "bce", "bce-ls", "iun", "iu", "an", "an-ls", "n-ls", "wan", "epr", "role", "pr",
     "em", "em-apl", "entmin", "ll-r", "ll-ct", "ll-cp", "ll-r-abs", "ll-ct-abs", "ll-cp-abs",
     "opml", "opml-sp", "zlpr", "focal", "asl", "dw", "l1r", "l2r", "gr", "hill", "splc", "vlpl", "gpr",
+    "an+boostlu", "ll-r+boostlu", "ll-ct+boostlu", "ll-cp+boostlu",
 ]
 DATA_PARAMS = {"k": 1.5}  # what the trainer supplies from the labels file
 
@@ -40,6 +41,8 @@ def test_needs_are_declared_for_the_losses_that_need_more_data():
     assert needs.pop("bce") == needs.pop("bce-ls") == needs.pop("iun") == {"full_labels"}
     assert needs.pop("iu") == {"observed_negatives"}
     assert needs.pop("vlpl") == needs.pop("gpr") == {"pseudo_labels"}
+    for name in ("an+boostlu", "ll-r+boostlu", "ll-ct+boostlu", "ll-cp+boostlu"):
+        assert needs.pop(name) == {"spatial_features"}
     assert all(not value for value in needs.values())
 
 

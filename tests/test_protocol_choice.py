@@ -10,7 +10,13 @@ import pytest
 from dataset_fixtures import invoke
 from helpers_images import write_image
 
-from featcache.losses import FULL_LABELS, OBSERVED_NEGATIVES, loss_class, loss_names
+from featcache.losses import (
+    FULL_LABELS,
+    OBSERVED_NEGATIVES,
+    SPATIAL_FEATURES,
+    loss_class,
+    loss_names,
+)
 
 CLASSES = ("cat", "dog", "car")
 
@@ -48,12 +54,16 @@ def test_loss_all_on_real_single_positives_skips_what_it_cannot_train(single_pos
     unservable += ["epr", "role"]  # no k: the CSV has no full labels and none was given
     unservable += [n for n in loss_names() if "pseudo_labels" in {need.key for need in
                                                                     loss_class(n).needs}]
+    boostlu = [n for n in loss_names() if SPATIAL_FEATURES in loss_class(n).needs]
+    assert boostlu == ["an+boostlu", "ll-r+boostlu", "ll-ct+boostlu", "ll-cp+boostlu"]
+    unservable += boostlu  # no spatial features file
     lines = result.output.splitlines()
     for name in unservable:
         skipped = [line for line in lines if line.startswith(f"skipping {name}:")]
         assert len(skipped) == 1, name
         reason = {"iu": "--num-neg 1", "epr": "needs k", "role": "needs k"}.get(
-            name, "needs pseudo-labels" if name in ("vlpl", "gpr") else "single positives only")
+            name, "needs pseudo-labels" if name in ("vlpl", "gpr") else
+            "--spatial` first" if name in boostlu else "single positives only")
         assert reason in skipped[0], skipped[0]
     runs = single_positive_cache / "mine" / "runs"
     trained = sorted(p.parent.parent.name for p in runs.glob("*/all/results.json"))

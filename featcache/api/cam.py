@@ -11,7 +11,9 @@ logit shown is the pooled path's. Maps are upsampled bilinearly to the part of t
 backbone saw (all of it after a squash resize; the centre crop of a ``center`` preprocessing,
 the rest of the image left at the map's minimum), scaled to [0, 1] per map (CAM's usual
 display) and overlaid on the image. Several runs side by side (``featcache cam --run A --run B``) make
-the figure Kim et al.'s supplement uses to show what large-loss rejection changes.
+the figure Kim et al.'s supplement uses to show what large-loss rejection changes. For a
+BoostLU run (Kim et al. 2023) the maps are its class activation maps before boosting, and the
+logit shown is the boosted one its predictions use.
 """
 
 from __future__ import annotations
@@ -84,6 +86,8 @@ def logit_maps(run, image, device: torch.device) -> tuple[torch.Tensor, np.ndarr
         else:
             pooled = trunk(batch).float().cpu().numpy()
     maps = torch.einsum("dhw,ld->lhw", spatial, weight) + bias[:, None, None]
+    if run.boostlu_alpha is not None:  # BoostLU: the logit is the boosted mean of these maps
+        return maps, run.logits(spatial.permute(1, 2, 0).reshape(1, -1).numpy())[0]
     return maps, run.logits(pooled)[0]
 
 

@@ -32,7 +32,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 from featcache.data.sampling import split_train_val
 from featcache.errors import FeatcacheWarning, LossNeedError, OptionError
 from featcache.linear.data import LinearData
-from featcache.linear.heads import StackedLinear
+from featcache.linear.heads import StackedBoostLU, StackedLinear
 from featcache.linear.search import SearchSpec, run_search
 from featcache.losses import loss_class
 from featcache.metrics import average_precision
@@ -44,7 +44,8 @@ from featcache.runtime import pick_device
 SOURCE = "the y given to SPMLClassifier.fit"
 #: what a loss that needs more than single positives can be given
 NEED_HINT = ("SPMLClassifier.fit takes full labels as y_full=Y_full, observed negatives as "
-             "-1 entries of y, and pseudo-labels (1, 0, -1) as y_pseudo=P")
+             "-1 entries of y, pseudo-labels (1, 0, -1) as y_pseudo=P, and spatial feature maps "
+             "as rows of X with SPMLClassifier(spatial_shape=(h, w, D))")
 
 
 class SPMLClassifier(ClassifierMixin, BaseEstimator):
@@ -74,6 +75,11 @@ class SPMLClassifier(ClassifierMixin, BaseEstimator):
         ``"cpu"``, ``"cuda"``, ``"cuda:N"``, or ``"auto"`` (a GPU when there is one).
     progress : bool
         Show a progress bar while training.
+    spatial_shape : tuple (h, w, D) or None
+        The rows of ``X`` are feature maps of h x w positions of D channels, laid out (h, w, D)
+        in C order (a spatial features file's rows): what the BoostLU losses (``ll-r+boostlu``
+        ...) train on. ``coef_`` is then the 1 x 1 convolution (n_classes, D) and predictions
+        are BoostLU's boosted logits.
 
     Attributes
     ----------
@@ -96,7 +102,7 @@ class SPMLClassifier(ClassifierMixin, BaseEstimator):
 
     def __init__(self, loss="an-ls", loss_params=None, lr=1e-3, batch_size=16, epochs=25,
                  seed=0, validation_fraction=None, early_stop="none", device="cpu",
-                 progress=False):
+                 progress=False, spatial_shape=None):
         self.loss = loss
         self.loss_params = loss_params
         self.lr = lr
@@ -107,6 +113,7 @@ class SPMLClassifier(ClassifierMixin, BaseEstimator):
         self.early_stop = early_stop
         self.device = device
         self.progress = progress
+        self.spatial_shape = spatial_shape
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
@@ -173,6 +180,11 @@ class SPMLClassifier(ClassifierMixin, BaseEstimator):
                 raise OptionError(f"{name} must be at least 1, got {getattr(self, name)!r}")
         if not float(self.lr) > 0:
             raise OptionError(f"lr must be positive, got {self.lr!r}")
+        if self.spatial_shape is not None and (
+                len(tuple(self.spatial_shape)) != 3
+                or any(int(v) < 1 for v in self.spatial_shape)):
+            raise OptionError(f"spatial_shape must be (h, w, D) of positive sizes, got "
+                              f"{self.spatial_shape!r}")
         if self.loss_params is not None and not isinstance(self.loss_params, dict):
             raise OptionError(f"loss_params must be a dict or None, got "
                               f"{type(self.loss_params).__name__}")
@@ -198,8 +210,16 @@ class SPMLClassifier(ClassifierMixin, BaseEstimator):
             variant = "clean" if full is not None else "observed"
         else:
             val, variant = train, LAST_EPOCH
+        attrs = {"backbone": "arrays"}
+        if self.spatial_shape is not None:
+            shape = [int(v) for v in self.spatial_shape]
+            if X.shape[1] != shape[0] * shape[1] * shape[2]:
+                raise ValueError(f"X has {X.shape[1]} features per row, but spatial_shape "
+                                 f"{tuple(shape)} makes {shape[0] * shape[1] * shape[2]}")
+            attrs.update(layout="spatial", spatial_shape=shape)
         data = LinearData.from_arrays(train, val, classes=[str(c) for c in self.classes_],
-                                      source=SOURCE, device=self._device(), pseudo=pseudo)
+                                      source=SOURCE, attrs=attrs, device=self._device(),
+                                      pseudo=pseudo)
         return data, variant
 
     def _check_needs(self, data: LinearData) -> None:
@@ -216,6 +236,8 @@ class SPMLClassifier(ClassifierMixin, BaseEstimator):
             if (reason is None and need.key == "observed_negatives"
                     and not facts.has_observed_negatives):
                 reason = f"needs {need.description}"
+            if reason is not None and need.key == "spatial_features":
+                reason = "trains a BoostLU head on spatial feature maps, one (h, w, D) map per row"
             if reason is not None:
                 raise LossNeedError(f"loss {self.loss!r} {reason} ({NEED_HINT})")
         given = set(self.loss_params or {})
@@ -237,7 +259,11 @@ class SPMLClassifier(ClassifierMixin, BaseEstimator):
         """Logits (n, L), computed as stage two evaluates its heads."""
         check_is_fitted(self)
         X = validate_data(self, X, reset=False, dtype=np.float32)
-        return linear_logits(X, self.coef_, self.intercept_, self._device())
+        if self.spatial_shape is None or loss_class(self.loss).head != "boostlu":
+            return linear_logits(X, self.coef_, self.intercept_, self._device())
+        height, width, _ = (int(v) for v in self.spatial_shape)
+        return boostlu_logits(X, self.coef_, self.intercept_, height * width,
+                              self.loss_params_["alpha"], self._device())
 
     def predict_proba(self, X) -> np.ndarray:
         """Probabilities (n, L), float32: the sigmoid of the logits (one independent label per
@@ -273,6 +299,18 @@ def linear_logits(X: np.ndarray, weight: np.ndarray, bias: np.ndarray,
     with torch.no_grad():
         features = torch.as_tensor(np.ascontiguousarray(X), dtype=torch.float32, device=device)
         return head(features)[0].cpu().numpy()
+
+
+def boostlu_logits(X: np.ndarray, weight: np.ndarray, bias: np.ndarray, positions: int,
+                   alpha: float, device: torch.device | str = "cpu") -> np.ndarray:
+    """Logits of one BoostLU head (the 1 x 1 convolution weight (L, D), bias (L,)) on rows of
+    (h, w, D) maps of ``positions`` = h w positions, through stage two's stacked BoostLU head."""
+    head = StackedBoostLU(
+        torch.as_tensor(weight, dtype=torch.float32).t().contiguous()[None].to(device),
+        torch.as_tensor(bias, dtype=torch.float32).reshape(1, 1, -1).to(device),
+        positions=positions, alpha=[float(alpha)], trainable=False)
+    features = torch.as_tensor(np.ascontiguousarray(X), dtype=torch.float32, device=device)
+    return head.logits(features)[0].cpu().numpy()
 
 
 def protocol_map(probs: torch.Tensor, y: np.ndarray, classes: list[str],

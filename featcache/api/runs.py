@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from featcache.api.estimator import SPMLClassifier, linear_logits
+from featcache.api.estimator import SPMLClassifier, boostlu_logits, linear_logits
 from featcache.api.images import image_paths, run_on_images
 from featcache.api.predict import check_input, read_features_input
 from featcache.backbones import Preprocess, backbone_spec
@@ -33,6 +33,7 @@ from featcache.backbones.rebuild import (
 )
 from featcache.errors import InputError, OptionError
 from featcache.finetune.search import BEST, MODEL_FORMAT, MODEL_FORMAT_VERSION
+from featcache.losses import loss_class
 from featcache.protocol.handoff import load_head, load_saved
 from featcache.protocol.runs import RESULTS, RunFolder
 from featcache.runtime import pick_device
@@ -145,7 +146,20 @@ class TrainedRun:
         return recorded_preprocess(self.about)
 
     @property
+    def boostlu_alpha(self) -> float | None:
+        """BoostLU's alpha when the run's head is a BoostLU head (a ``+boostlu`` loss), else
+        None: its logits are then the boosted mean over the positions of spatial maps."""
+        if loss_class(self.loss).head != "boostlu":
+            return None
+        return float((self.about.get("params") or {})["alpha"])
+
+    @property
     def feature_dim(self) -> int:
+        """The width of an input row: D for a linear head; h w D (a spatial map in (h, w, D)
+        order) for a stage-two BoostLU head, D per position for a fine-tuned one."""
+        shape = (self.about.get("head") or {}).get("spatial_shape")
+        if self.boostlu_alpha is not None and shape:
+            return int(np.prod(shape))
         return int(self.head[0].shape[1])
 
     # ------------------------------------------------------------------ predicting
@@ -165,7 +179,8 @@ class TrainedRun:
         return (self.predict_proba(features) >= threshold).astype(np.int64)
 
     def embed_images(self, paths: Sequence[str | Path], **options) -> np.ndarray:
-        """Pooled features (n, D) of images (files, or folders of them) from the run's trunk."""
+        """Pooled features (n, D) of images (files, or folders of them) from the run's trunk;
+        for a BoostLU run, its feature maps as rows (n, h w D) in (h, w, D) order."""
         return self.run_images(paths, **options)[1]
 
     def predict_proba_images(self, paths: Sequence[str | Path], **options) -> np.ndarray:
@@ -188,13 +203,18 @@ class TrainedRun:
         layout = (torch.channels_last if backbone_spec(self.backbone).channels_last
                   else torch.contiguous_format)
         trunk = self.trunk().to(where, memory_format=layout)
-        return run_on_images(image_paths(paths), trunk, self.image_size, self.backbone, where,
+        forward = trunk if self.boostlu_alpha is None else (
+            lambda x: trunk.feature_map(x).permute(0, 2, 3, 1).flatten(1))
+        return run_on_images(image_paths(paths), forward, self.image_size, self.backbone, where,
                              batch_size=batch_size, workers=workers, precision=precision,
                              skip_bad=skip_bad, progress=progress, desc=f"predict {self.loss}",
                              preprocess=self.preprocess)
 
     def logits(self, features: np.ndarray) -> np.ndarray:
         weight, bias = self.head
+        if self.boostlu_alpha is not None:
+            return boostlu_logits(features, weight.numpy(), bias.numpy(),
+                                  features.shape[1] // weight.shape[1], self.boostlu_alpha)
         return linear_logits(features, weight.numpy(), bias.numpy())
 
     def trunk(self) -> nn.Module:
@@ -214,7 +234,10 @@ class TrainedRun:
             return given.features
         array = np.asarray(features.cpu() if isinstance(features, Tensor) else features,
                            dtype=np.float32)
-        if array.ndim != 2 or array.shape[1] != self.feature_dim:
+        channels = int(self.head[0].shape[1])
+        maps = (self.boostlu_alpha is not None and self.stage == "finetune" and array.ndim == 2
+                and array.shape[1] % channels == 0)
+        if array.ndim != 2 or (array.shape[1] != self.feature_dim and not maps):
             raise InputError(f"features of shape {array.shape} do not fit {self.path}: it takes "
                              f"(n, {self.feature_dim}) {self.backbone} features")
         return array
@@ -259,7 +282,8 @@ class LinearRun(TrainedRun):
         clf = SPMLClassifier(loss=self.loss, loss_params=dict(config["params"]),
                              lr=config["lr"], batch_size=config["batch_size"],
                              epochs=config["epochs"], seed=config["seed"],
-                             early_stop=config["early_stop"])
+                             early_stop=config["early_stop"],
+                             spatial_shape=(self._head.get("head") or {}).get("spatial_shape"))
         weight, bias = self.head
         clf.coef_, clf.intercept_ = weight.numpy(), bias.numpy()
         clf.classes_ = np.array(self.classes)
@@ -328,8 +352,11 @@ class FinetuneRun(TrainedRun):
                                 image_size=self.image_size)
 
     def logits(self, features: np.ndarray) -> np.ndarray:
-        """The fine-tuned head as the network applies it (``nn.Linear`` in float32)."""
+        """The fine-tuned head as the network applies it (``nn.Linear`` in float32; BoostLU's
+        on feature-map rows)."""
         weight, bias = self.head
+        if self.boostlu_alpha is not None:
+            return super().logits(features)
         with torch.no_grad():
             return torch.nn.functional.linear(torch.from_numpy(features), weight, bias).numpy()
 

@@ -20,7 +20,9 @@ from featcache.commands.common import (
 @click.command("train-linear")
 @click.option("--dataset", required=True, help="Dataset name under the cache (or its directory).")
 @click.option("--loss", "loss_names", default="an-ls", show_default=True,
-              help="A loss, a comma-separated list, or 'all' (`featcache losses` lists them).")
+              help="A loss, a comma-separated list, or 'all' (`featcache losses` lists them). "
+                   "BoostLU losses (ll-r+boostlu, ...) train on the spatial features file "
+                   "(`featcache features --spatial`), the others on the pooled one.")
 @learning_rates_option()
 @batch_sizes_option()
 @click.option("--epochs", default=25, show_default=True, type=click.IntRange(min=1))

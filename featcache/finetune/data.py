@@ -83,8 +83,9 @@ class FinetuneData:
     @property
     def facts(self) -> DataFacts:
         """What a loss may ask of the training split (full labels, negatives, k)."""
+        # every trunk offers its spatial feature map (``feature_map``): BoostLU's heads use it
         return training_facts(self.labels, self.train.observed.numpy(), self.train.clean is not None,
-                              self.pseudo_choice)
+                              self.pseudo_choice, spatial=True)
 
     def with_observed_negatives(self, num_neg: int) -> FinetuneData:
         """A copy whose training observations hold ``num_neg`` negatives per row (for ``iu``)."""

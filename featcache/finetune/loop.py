@@ -183,12 +183,16 @@ class ConfigTrainer:
         num_classes = data.num_classes
         spec = backbone_spec(start.backbone)
         dim = spec.dim
+        self.loss: SPMLLoss = create_loss(settings.loss, num_classes, 1, params=settings.params,
+                                          dataset=data.dataset)
+        alpha = self.loss.params["alpha"][0] if self.loss.head == "boostlu" else None
         if start.head_weight is not None:
-            head = linear_head(dim, num_classes, start.head_weight, start.head_bias)
+            head = linear_head(dim, num_classes, start.head_weight, start.head_bias,
+                               boostlu_alpha=alpha)
         else:
             generator = torch.Generator().manual_seed(
                 derive_seed(settings.seed, "finetune-head", config.name()))
-            head = linear_head(dim, num_classes, generator=generator)
+            head = linear_head(dim, num_classes, generator=generator, boostlu_alpha=alpha)
         # channels_last: faster convolutions on GPUs (tensor cores) and on the CPU (oneDNN, ~10 %);
         # transformers gain nothing from it
         self.layout = torch.channels_last if spec.channels_last else torch.contiguous_format
@@ -197,8 +201,6 @@ class ConfigTrainer:
             # batch statistics of the whole global batch, as in one process (GPU only in torch)
             self.net = nn.SyncBatchNorm.convert_sync_batchnorm(self.net)
 
-        self.loss: SPMLLoss = create_loss(settings.loss, num_classes, 1, params=settings.params,
-                                          dataset=data.dataset)
         train = data.train
         self.observed = train.observed.to(device)
         self.clean = None if train.clean is None else train.clean.to(device)

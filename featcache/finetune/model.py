@@ -1,12 +1,15 @@
-"""The network stage three trains: stage one's backbone trunk with a linear head on top."""
+"""The network stage three trains: stage one's backbone trunk with a linear head on top, or a
+BoostLU head (Kim et al. 2023) on the trunk's feature map."""
 
 from __future__ import annotations
 
 import copy
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
+from featcache.losses.boostlu import boostlu_pool
 from featcache.protocol.seeds import init_linear
 
 
@@ -23,18 +26,41 @@ class FinetuneNet(nn.Module):
         super().__init__()
         self.trunk = trunk
         self.head = head
+        self.spatial = isinstance(head, BoostLUHead)
 
     def forward(self, x: Tensor) -> Tensor:
-        features = self.trunk(x)
+        features = self.trunk.feature_map(x) if self.spatial else self.trunk(x)
         with torch.autocast(x.device.type, enabled=False):
             return self.head(features.float())
 
 
+class BoostLUHead(nn.Linear):
+    """BoostLU's head on a feature map (B, D, h, w): the 1x1 convolution with this layer's
+    weight (L, D) and bias (L,) gives the class activation map, whose positive entries are
+    multiplied by ``alpha`` before the mean over positions
+    (:func:`featcache.losses.boostlu.boostlu_pool`, stage two's code). Its parameters are an
+    ``nn.Linear``'s, so a stage-two BoostLU head (or any linear head) loads as it is."""
+
+    def __init__(self, in_features: int, out_features: int, alpha: float):
+        super().__init__(in_features, out_features)
+        self.alpha = float(alpha)
+
+    def forward(self, feature_map: Tensor) -> Tensor:
+        weight = self.weight.view(*self.weight.shape, 1, 1)
+        return boostlu_pool(F.conv2d(feature_map, weight, self.bias), self.alpha, dims=(2, 3))
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, alpha={self.alpha:g}"
+
+
 def linear_head(in_features: int, num_classes: int, weight: Tensor | None = None,
-                bias: Tensor | None = None, generator: torch.Generator | None = None) -> nn.Linear:
-    """An ``nn.Linear``: the given weight (L, D) and bias (L,), or PyTorch's default
-    initialisation drawn from ``generator`` (the same draw as stage two's fresh heads)."""
-    head = nn.Linear(in_features, num_classes)
+                bias: Tensor | None = None, generator: torch.Generator | None = None,
+                boostlu_alpha: float | None = None) -> nn.Linear:
+    """An ``nn.Linear`` (a :class:`BoostLUHead` with ``boostlu_alpha``): the given weight
+    (L, D) and bias (L,), or PyTorch's default initialisation drawn from ``generator`` (the same
+    draw as stage two's fresh heads)."""
+    head = (nn.Linear(in_features, num_classes) if boostlu_alpha is None
+            else BoostLUHead(in_features, num_classes, boostlu_alpha))
     with torch.no_grad():
         if weight is None:
             weight_t, bias = init_linear(in_features, num_classes, generator or torch.Generator())

@@ -42,9 +42,10 @@ from featcache.finetune.data import FinetuneData
 from featcache.finetune.distributed import on_main
 from featcache.finetune.options import FinetuneOptions
 from featcache.losses import loss_class
-from featcache.paths import dataset_dir, features_path, runs_dir
+from featcache.paths import dataset_dir, runs_dir
 from featcache.protocol.grid import linearinit_hparams
 from featcache.protocol.handoff import HEAD_FILE, LinearPhase, LinearPhaseRequest, load_head
+from featcache.protocol.loss_choice import needs_spatial
 from featcache.protocol.runs import best_run
 from featcache.runtime import Ranks
 
@@ -163,32 +164,37 @@ def _weights_match(attrs: dict, options: FinetuneOptions) -> bool:
 
 
 def linear_features(options: FinetuneOptions) -> Path:
-    """The features file the linear phase trains on; the error says which command makes one."""
+    """The features file the linear phase trains on (the spatial one, ``spatial-<tag>.h5``, for
+    a BoostLU loss); the error says which command makes one."""
     backbone = options.backbone or DEFAULT_BACKBONE
     spec = backbone_spec(backbone)
     root = dataset_dir(options.dataset, options.cache)
+    spatial = needs_spatial(options.loss)
+    prefix = "spatial" if spatial else "features"
     make = (f"`featcache features --dataset {options.dataset}"
             + (f" --backbone {backbone}" if backbone != DEFAULT_BACKBONE else "")
             + (f" --weights {options.weights}" if options.weights else "")
-            + (f" --image-size {options.image_size}" if options.image_size else "") + "`")
+            + (f" --image-size {options.image_size}" if options.image_size else "")
+            + (" --spatial" if spatial else "") + "`")
     if options.weights is not None:
         tag = describe_weights(spec, options.weights).tag
-        found = [features_path(options.dataset, backbone + (f"-{tag}" if tag else ""), options.cache)]
+        found = [root / f"{prefix}-{backbone}{f'-{tag}' if tag else ''}.h5"]
         found = [p for p in found if p.is_file()]
     else:
-        found = sorted(p for p in root.glob(f"features-{backbone}*.h5")
-                       if p.stem == f"features-{backbone}" or p.stem.startswith(f"features-{backbone}-"))
+        found = sorted(p for p in root.glob(f"{prefix}-{backbone}*.h5")
+                       if p.stem == f"{prefix}-{backbone}" or p.stem.startswith(f"{prefix}-{backbone}-"))
     if options.image_size is not None:
         found = [p for p in found if read_feature_attrs(p).get("image_size") == options.image_size]
     if not found:
         raise InputError(
             f"no finished linear {options.loss!r} run in {runs_dir(options.dataset, options.loss, options.cache)} "
-            f"fits, and there is no features file in {root} to train one on: run {make} first "
-            "(then this command trains the linear phase itself), or use --init none"
+            f"fits, and there is no {'spatial ' if spatial else ''}features file in {root} to "
+            f"train one on: run {make} first (then this command trains the linear phase "
+            "itself), or use --init none"
         )
     if len(found) > 1:
         names = ", ".join(p.name for p in found)
-        raise OptionError(f"{root} holds several features files for {backbone} ({names}); choose "
+        raise OptionError(f"{root} holds several {prefix} files for {backbone} ({names}); choose "
                           "the weights of the linear phase with --weights")
     return found[0]
 

@@ -66,10 +66,17 @@ class TrainingSplits:
     def facts(self) -> DataFacts:
         """What a loss may ask of the training split (full labels, negatives, k)."""
         facts = training_facts(self.labels, self.train.observed.cpu().numpy(),
-                               self.train.clean is not None, self.pseudo_choice)
+                               self.train.clean is not None, self.pseudo_choice,
+                               spatial=self.spatial_shape is not None,
+                               backbone=self.features.attrs.get("backbone"))
         if self.pseudo_labels is not None and self.pseudo_labels.name not in facts.pseudo_labels:
             facts = replace(facts, pseudo_labels=(*facts.pseudo_labels, self.pseudo_labels.name))
         return facts
+
+    @property
+    def spatial_shape(self) -> tuple[int, int, int] | None:
+        """(h, w, D) when the features are spatial maps (BoostLU's heads), None when pooled."""
+        return spatial_shape(self.features.attrs, getattr(self.features, "path", None))
 
     def with_observed_negatives(self, num_neg: int):
         """A copy whose training observations also hold ``num_neg`` negatives per row
@@ -195,6 +202,17 @@ class SplitRows:
         clean = (None if part.clean is None
                  else torch.as_tensor(part.clean[self.keep], dtype=torch.float32, device=device))
         return observed, clean
+
+
+def spatial_shape(attrs, path=None) -> tuple[int, int, int] | None:
+    """(h, w, D) of a spatial features file's attributes; None for pooled features."""
+    if attrs.get("layout") != "spatial":
+        return None
+    shape = attrs.get("spatial_shape")
+    if shape is None or len(shape) != 3:
+        raise InputError(f"features file {path or ''} says layout 'spatial' but its "
+                         f"spatial_shape attribute is {shape!r}; extract it again")
+    return tuple(int(v) for v in shape)
 
 
 def split_rows(labels: LabelSet, features: FeatureFile) -> tuple[dict[str, SplitRows], list[str]]:

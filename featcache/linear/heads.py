@@ -18,6 +18,9 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from featcache.errors import InputError
+from featcache.losses import SPMLLoss
+from featcache.losses.boostlu import alpha_value, boost_slope, boostlu_pool
 from featcache.protocol.seeds import init_linear
 
 
@@ -92,6 +95,122 @@ class StackedLinear:
     def head(self, index: int) -> tuple[Tensor, Tensor]:
         """Head ``index`` in ``nn.Linear`` layout: weight (L, D), bias (L,)."""
         return self.weight[index].detach().t().contiguous(), self.bias[index, 0].detach().clone()
+
+    def frozen(self, weight: Tensor, bias: Tensor) -> StackedLinear:
+        """Heads of this kind with other (not trained) weights: what evaluation scores."""
+        return StackedLinear(weight, bias, trainable=False)
+
+
+#: rows x positions x heads x classes of one class-activation-map block when scoring (64 MB)
+CAM_BLOCK = 1 << 24
+
+
+class StackedBoostLU(StackedLinear):
+    """H BoostLU heads (Kim et al. 2023) over spatial features.
+
+    A row holds one image's feature map laid out (positions, D) (``P = h * w`` positions, the
+    spatial features file's layout); the heads' weight (H, D, L) and bias (H, 1, L) are a 1x1
+    convolution, i.e. the linear head applied at every position, and the logits are
+    :func:`~featcache.losses.boostlu.boostlu_pool` of that class activation map. Training steps
+    differentiate only the loss, as for linear heads: :meth:`grads` is the backward pass of the
+    map and the pooling (d logit / d CAM = slope / P, slope alpha where CAM > 0 else 1).
+    """
+
+    def __init__(self, weight: Tensor, bias: Tensor, positions: int, alpha: Sequence[float],
+                 trainable: bool = True):
+        super().__init__(weight, bias, trainable)
+        self.positions = int(positions)
+        self.alpha = [float(a) for a in alpha]
+        if len(self.alpha) != self.num_heads:
+            raise ValueError(f"{len(self.alpha)} alpha values for {self.num_heads} heads")
+        self._cam: tuple[Tensor, Tensor] | None = None  # (batch, its CAM) of the last forward
+
+    @classmethod
+    def create(cls, in_features: int, out_features: int, generators: Sequence[torch.Generator],
+               device=None, positions: int = 1, alpha: Sequence[float] = ()) -> StackedBoostLU:
+        """One head per generator, drawn like a fresh ``nn.Linear(D, L)`` (the same
+        distribution as the authors' ``Conv2d(D, L, 1)``: fan-in D)."""
+        linear = StackedLinear.create(in_features, out_features, generators, device)
+        return cls(linear.weight.detach(), linear.bias.detach(), positions, alpha)
+
+    def frozen(self, weight: Tensor, bias: Tensor) -> StackedBoostLU:
+        return StackedBoostLU(weight, bias, self.positions, self.alpha, trainable=False)
+
+    def cam(self, x: Tensor, weight: Tensor | None = None, bias: Tensor | None = None) -> Tensor:
+        """The class activation maps (H, B, P, L) of rows ``x`` (B, P * D)."""
+        weight = self.weight if weight is None else weight
+        bias = self.bias if bias is None else bias
+        rows, positions = x.shape[0], self.positions
+        flat = x.reshape(rows * positions, -1)
+        return (torch.matmul(flat, weight) + bias).view(-1, rows, positions, weight.shape[-1])
+
+    def pool(self, cam: Tensor) -> Tensor:
+        return boostlu_pool(cam, alpha_value(self.alpha, cam, (-1, 1, 1, 1)), dims=2)
+
+    def __call__(self, x: Tensor) -> Tensor:
+        """Logits (H, B, L) of rows ``x`` (B, P * D) (differentiable)."""
+        return self.pool(self.cam(x))
+
+    @torch.no_grad()
+    def forward(self, x: Tensor) -> Tensor:
+        cam = self.cam(x)
+        self._cam = (x, cam)
+        return self.pool(cam)
+
+    @torch.no_grad()
+    def grads(self, x: Tensor, grad_logits: Tensor) -> tuple[Tensor, Tensor]:
+        cam = self._cam[1] if self._cam is not None and self._cam[0] is x else self.cam(x)
+        self._cam = None
+        slope = boost_slope(cam, alpha_value(self.alpha, cam, (-1, 1, 1, 1)))
+        grad_cam = (grad_logits.unsqueeze(2) * slope / self.positions)
+        heads, rows, positions, classes = grad_cam.shape
+        grad_cam = grad_cam.reshape(heads, rows * positions, classes)
+        flat = x.reshape(rows * positions, -1)
+        weight = torch.matmul(flat.t(), grad_cam)
+        return weight, grad_cam.sum(dim=1, keepdim=True)
+
+    @torch.no_grad()
+    def logits(self, features: Tensor) -> Tensor:
+        """Logits (H, N, L) of rows ``features`` (N, P * D), a block of rows at a time (the
+        class activation maps of a whole split would not fit)."""
+        weight, bias = self.weight.detach(), self.bias.detach()
+        heads, _, classes = weight.shape
+        step = max(1, CAM_BLOCK // max(1, self.positions * heads * classes))
+        out = torch.empty(heads, features.shape[0], classes, device=weight.device,
+                          dtype=weight.dtype)
+        for start in range(0, features.shape[0], step):
+            chunk = features[start:start + step].to(device=weight.device, dtype=weight.dtype)
+            out[:, start:start + step] = self.pool(self.cam(chunk, weight, bias))
+        return out
+
+    @torch.no_grad()
+    def scores(self, features: Tensor) -> Tensor:
+        """Probabilities (H, N, L) of rows ``features`` (N, P * D)."""
+        return torch.sigmoid_(self.logits(features))
+
+    def scores_wide(self, features: Tensor, rows: int | None = None) -> Tensor:
+        """:meth:`scores` (BoostLU heads have no faster all-heads form)."""
+        return self.scores(features)
+
+
+def create_heads(loss: SPMLLoss, feature_dim: int, shape: tuple[int, int, int] | None,
+                 classes: int, generators: Sequence[torch.Generator], device=None,
+                 source: str = "the features file") -> StackedLinear:
+    """The stacked heads ``loss`` trains: linear heads on pooled rows, BoostLU heads on spatial
+    rows; a loss given the other kind of features is refused, naming the fix."""
+    if loss.head == "boostlu":
+        if shape is None:
+            raise InputError(f"loss {loss.name!r} trains BoostLU heads on spatial feature maps, "
+                             f"but {source} holds pooled features: run `featcache features "
+                             "--spatial` and train on the spatial file it writes")
+        height, width, channels = shape
+        return StackedBoostLU.create(channels, classes, generators, device,
+                                     positions=height * width, alpha=loss.params["alpha"])
+    if shape is not None:
+        raise InputError(f"loss {loss.name!r} trains linear heads on pooled features, but "
+                         f"{source} holds spatial feature maps; train it on the pooled features "
+                         f"file, or use a BoostLU loss ({loss.name}+boostlu where it exists)")
+    return StackedLinear.create(feature_dim, classes, generators, device)
 
 
 class StackedAdam:

@@ -77,7 +77,9 @@ def results_document(result: SearchResult, data: TrainingSplits, device: str) ->
             "backbone": data.features.backbone, "dim": data.feature_dim,
             "weights": data.features.attrs.get("weights"),
             "weights_sha256": data.features.attrs.get("weights_sha256"),
+            **_layout(data),
         },
+        "head": head_kind(spec.loss, data),
         "sizes": {"train": len(data.train), "val": len(data.val), "test": len(data.test),
                   "classes": data.num_classes},
         "pseudo_labels": None if data.pseudo_labels is None else data.pseudo_labels.identity(),
@@ -126,6 +128,20 @@ def results_document(result: SearchResult, data: TrainingSplits, device: str) ->
     }
 
 
+def _layout(data: TrainingSplits) -> dict:
+    shape = data.spatial_shape
+    return {} if shape is None else {"layout": "spatial", "spatial_shape": list(shape)}
+
+
+def head_kind(loss: str, data: TrainingSplits) -> dict:
+    """What the run's heads are: ``linear`` on pooled features, or ``boostlu`` (a 1x1
+    convolution over spatial maps of ``spatial_shape`` (h, w, D), boosted by the ``alpha`` of
+    the loss parameters)."""
+    kind = loss_class(loss).head
+    return {"kind": kind, **({"spatial_shape": list(data.spatial_shape)}
+                             if kind == "boostlu" else {})}
+
+
 def head_payload(result: SearchResult, data: TrainingSplits) -> dict:
     """The selected head with its loss parameters, hand-off state and input identity."""
     head = result.selected
@@ -155,6 +171,7 @@ def head_payload(result: SearchResult, data: TrainingSplits) -> dict:
         "image_size": data.features.attrs.get("image_size"),
         "transform": data.features.attrs.get("transform"),
         "feature_dim": data.feature_dim,
+        "head": head_kind(result.spec.loss, data),
     }
 
 

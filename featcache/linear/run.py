@@ -15,11 +15,11 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from featcache.data.featurefile import open_features
+from featcache.data.featurefile import FeatureFile, open_features, read_feature_attrs
 from featcache.data.labelfile import load_labels
-from featcache.errors import FeatcacheWarning, Interrupted
+from featcache.errors import FeatcacheWarning, InputError, Interrupted
 from featcache.fileio import write_text_atomic
-from featcache.linear.data import TrainingSplits, read_linear_data, split_rows
+from featcache.linear.data import TrainingSplits, read_linear_data, spatial_shape, split_rows
 from featcache.linear.memory import (
     GroupShape,
     SplitSizes,
@@ -34,12 +34,21 @@ from featcache.linear.search import SearchResult, SearchSpec, run_search, run_se
 from featcache.linear.stream import load_streamed_data
 from featcache.linear.workers import on_main
 from featcache.losses import SPMLLoss, loss_class
-from featcache.paths import dataset_dir, existing_labels, find_features, labels_path, runs_dir
+from featcache.paths import (
+    dataset_dir,
+    existing_labels,
+    find_features,
+    find_spatial_features,
+    labels_path,
+    runs_dir,
+    spatial_features_path,
+)
 from featcache.protocol.coverage import evaluation_coverage, evaluation_notes
 from featcache.protocol.grid import BATCH_SIZES, LEARNING_RATES, LINEAR_EPOCHS, check_grid
 from featcache.protocol.handoff import LinearPhaseRequest
 from featcache.protocol.loss_choice import (
     choose_losses,
+    needs_spatial,
     resolve_params,
     split_params,
     training_facts,
@@ -144,11 +153,13 @@ def _run_linear(options: LinearOptions, budget: int, job: Ranks, say: Callable[[
                 on_run: Callable[[LossRun], None] | None) -> LinearOutcome:
     device = job.device
     labels = load_labels(existing_labels(options.dataset, options.cache))
-    features = open_features(find_features(options.dataset, options.backbone, options.cache), labels)
-    parts, _ = split_rows(labels, features)
+    files = feature_files(options, labels)
+    parts, _ = split_rows(labels, files.first)
     train = parts["train"]
     facts = training_facts(labels, train.labels.observed[train.keep],
-                           labels.train.clean is not None, options.pseudo_labels)
+                           labels.train.clean is not None, options.pseudo_labels,
+                           spatial=files.spatial is not None,
+                           backbone=files.pooled.backbone if files.pooled else files.backbone)
     losses, skipped = choose_losses(options.losses, facts, given=set(options.params))
     variant, note = resolve_val_variant(options.val_variant, labels.train.clean is not None,
                                         labels.path)
@@ -165,14 +176,6 @@ def _run_linear(options: LinearOptions, budget: int, job: Ranks, say: Callable[[
                         epochs=options.epochs, val_variant=options.val_variant,
                         early_stop=options.early_stop) for name in losses]
     jobs = options.jobs or max(1, usable_cpus() // job.local_world)
-    data = load_training_data(
-        labels, features, device, budget, options.stream,
-        [(spec.loss, len(spec.configs(0)) // len(spec.batch_sizes)) for spec in specs],
-        groups=len(options.seeds) * len(options.batch_sizes), jobs=jobs, say=say,
-        pseudo_choice=options.pseudo_labels)
-    if job.is_main:
-        for note in evaluation_notes(*evaluation_coverage(data, options.val_variant)):
-            warnings.warn(note, FeatcacheWarning, stacklevel=3)
     run_id = on_main(job, lambda: options.run_id or new_run_id())
     say(f"run id {run_id}: {dataset_dir(options.dataset, options.cache) / 'runs'}/<loss>/{run_id}")
     options = replace(options, jobs=jobs)
@@ -186,23 +189,36 @@ def _run_linear(options: LinearOptions, budget: int, job: Ranks, say: Callable[[
             on_run(run)
 
     with locked_folders(job, folders.values()):
-        todo = []
-        for spec in specs:
-            reused = reuse_finished(data, spec, folders[spec.loss], options, say, job)
-            if reused is not None:
-                keep(reused)
-            else:
-                todo.append(spec)
-        try:
-            run_searches(data, todo, device, options.progress, jobs, job,
-                         on_done=lambda result: keep(write_loss_run(
-                             data, result, folders[result.spec.loss], options, device, job)))
-        except Interrupted as exc:
-            raise exc.adding(interrupted_detail(specs, done, run_id, options.run_id)) from None
+        # Pooled losses train on the pooled features file, BoostLU's on the spatial one.
+        for spatial in (False, True):
+            these = [spec for spec in specs if needs_spatial(spec.loss) == spatial]
+            if not these:
+                continue
+            data = load_training_data(
+                labels, files.spatial if spatial else files.pooled, device, budget, options.stream,
+                [(spec.loss, len(spec.configs(0)) // len(spec.batch_sizes)) for spec in these],
+                groups=len(options.seeds) * len(options.batch_sizes), jobs=jobs, say=say,
+                pseudo_choice=options.pseudo_labels)
+            if job.is_main and these[0] is specs[0]:
+                for note in evaluation_notes(*evaluation_coverage(data, options.val_variant)):
+                    warnings.warn(note, FeatcacheWarning, stacklevel=3)
+            todo = []
+            for spec in these:
+                reused = reuse_finished(data, spec, folders[spec.loss], options, say, job)
+                if reused is not None:
+                    keep(reused)
+                else:
+                    todo.append(spec)
+            try:
+                run_searches(data, todo, device, options.progress, jobs, job,
+                             on_done=lambda result, data=data: keep(write_loss_run(
+                                 data, result, folders[result.spec.loss], options, device, job)))
+            except Interrupted as exc:
+                raise exc.adding(interrupted_detail(specs, done, run_id, options.run_id)) from None
     runs = [done[spec.loss] for spec in specs]
     outcome = LinearOutcome(runs, skipped)
     if len(runs) > 1:
-        outcome.table = losses_table(data.dataset, {run.loss: run.document for run in runs})
+        outcome.table = losses_table(labels.dataset, {run.loss: run.document for run in runs})
         out = dataset_dir(options.dataset, options.cache) / "runs" / f"table-{run_id}"
         if job.is_main:
             write_text_atomic(out.with_suffix(".md"), outcome.table.markdown())
@@ -224,6 +240,80 @@ def interrupted_detail(specs: Sequence[SearchSpec], done: Mapping[str, LossRun],
         return f"no loss had finished (run id {run_id}); {again} to train {them} from the start"
     return (f"{len(finished)} of {len(specs)} losses finished and kept under run id {run_id} "
             f"({', '.join(finished)}); {again} to reuse them and train the rest")
+
+
+@dataclass
+class FeatureFiles:
+    """The features files a ``train-linear`` call trains on: the pooled one (every loss but
+    BoostLU's) and the spatial one (BoostLU's), each opened only when a chosen loss needs it."""
+
+    pooled: FeatureFile | None
+    spatial: FeatureFile | None
+    backbone: str | None
+
+    @property
+    def first(self) -> FeatureFile:
+        return self.pooled if self.pooled is not None else self.spatial
+
+
+def requested_losses(spec: str | Sequence[str]) -> list[str]:
+    """The names ``--loss`` gives (``["all"]`` for all)."""
+    names = [n.strip() for n in spec.split(",")] if isinstance(spec, str) else list(spec)
+    return [n for n in names if n]
+
+
+def feature_files(options: LinearOptions, labels) -> FeatureFiles:
+    """Open the pooled features file unless only BoostLU losses are named, and the spatial one
+    when it exists and ``--loss all`` or a BoostLU loss is named (a named BoostLU loss without
+    a spatial file is refused by its need, naming the command that makes one)."""
+    names = requested_losses(options.losses)
+    every = names == ["all"]
+    spatial_named = every or any(needs_spatial(name) for name in names)
+    pooled = None
+    if every or not names or any(not needs_spatial(name) for name in names):
+        pooled = open_features(find_features(options.dataset, options.backbone, options.cache),
+                               labels)
+    # the spatial file of the same backbone and weights: spatial-<tag>.h5 beside features-<tag>.h5
+    backbone = options.backbone or (pooled.path.stem[len("features-"):] if pooled is not None
+                                    else _only_spatial_backbone(options))
+    path = (spatial_features_path(options.dataset, backbone, options.cache)
+            if backbone is not None else None)
+    if (path is not None and not path.exists() and pooled is not None
+            and pooled.backbone != backbone):
+        # a spatial file named by the backbone alone, of the same weights as the pooled file
+        named = spatial_features_path(options.dataset, pooled.backbone, options.cache)
+        if named.exists() and (read_feature_attrs(named).get("weights_sha256")
+                               == pooled.attrs.get("weights_sha256")):
+            path = named
+    spatial = None
+    if spatial_named and path is not None and path.exists():
+        spatial = open_features(path, labels)
+        if spatial_shape(spatial.attrs, path) is None:
+            raise InputError(f"{path} holds pooled features (no layout 'spatial' and "
+                             "spatial_shape attributes); BoostLU heads train on feature maps: "
+                             f"extract it again with `featcache features --dataset "
+                             f"{options.dataset} --backbone {backbone} --spatial`")
+    if pooled is not None and spatial_shape(pooled.attrs, pooled.path) is not None:
+        raise InputError(f"{pooled.path} holds spatial feature maps, not pooled features; a "
+                         "spatial file is named spatial-<backbone>.h5")
+    if pooled is None and spatial is None:
+        find_spatial_features(options.dataset, backbone or "resnet50", options.cache)
+    return FeatureFiles(pooled, spatial, backbone)
+
+
+def _only_spatial_backbone(options: LinearOptions) -> str | None:
+    """The backbone of the dataset's only spatial features file, else of its only pooled one
+    (whose spatial file is then missing); None when neither says."""
+    root = dataset_dir(options.dataset, options.cache)
+    found = sorted(root.glob("spatial-*.h5"))
+    if len(found) > 1:
+        names = ", ".join(p.stem[len("spatial-"):] for p in found)
+        raise InputError(f"{root} holds several spatial features files ({names}); choose one "
+                         "with --backbone")
+    if found:
+        return found[0].stem[len("spatial-"):]
+    pooled = sorted(root.glob("features-*.h5"))
+    return pooled[0].stem[len("features-"):] if len(pooled) == 1 else None
 
 
 def load_training_data(labels, features, device, budget: int, stream: bool,

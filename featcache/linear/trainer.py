@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 from featcache.errors import OptionError
 from featcache.interrupt import check_stop
 from featcache.linear.data import TrainingSplits
-from featcache.linear.heads import StackedAdam, StackedLinear
+from featcache.linear.heads import StackedAdam, create_heads
 from featcache.linear.rows import FeatureRows, MemoryRows
 from featcache.losses import Targets, create_loss
 from featcache.metrics import RankedScores, average_precision
@@ -95,10 +95,10 @@ class GroupTrainer:
         params = {k: [c.param_dict[k] for c in configs] for k in configs[0].param_dict}
         self.loss = create_loss(loss_name, classes, heads, params=params, facts=data.facts)
 
-        self.head = StackedLinear.create(
-            data.feature_dim, classes,
+        self.head = create_heads(
+            self.loss, data.feature_dim, data.spatial_shape, classes,
             [torch.Generator().manual_seed(derive_seed(seed, "head", c.key())) for c in configs],
-            device=device)
+            device=device, source=str(getattr(data.features, "path", None) or "the features"))
         state = self.loss.init_state(
             data.train.observed, data.train.clean,
             generator=torch.Generator().manual_seed(derive_seed(seed, "state", batch_size)))
@@ -196,7 +196,7 @@ class GroupTrainer:
         """Validation and test mAP (and the training mAP) of the heads at the end of
         ``done.epoch``."""
         data = self.data
-        head = StackedLinear(done.weight, done.bias, trainable=False)
+        head = self.head.frozen(done.weight, done.bias)
         val = RankedScores(self.rows["val"].scores(head))
         done.val_map_observed = _map(val.average_precision(self.val_observed))
         if data.val.clean is not None:

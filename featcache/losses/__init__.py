@@ -6,7 +6,8 @@ Importing this package registers all losses; use :func:`create_loss` to build on
 OPML, OPML-SP; ZLPR), ``baselines`` (focal, ASL, DW, L1R, L2R), ``gr`` (Chen et al. 2024: the GR
 loss, with its K/V terms and schedule as reusable functions), ``hill`` (Zhang et al.: Hill,
 SPLC), ``vlpl`` (Xing et al. 2024: vision-language pseudo-labels), ``gpr`` (Tran et al. 2025:
-AEVLP's GPR loss, on GR's terms). ``featcache losses`` lists them; ``docs/losses.md`` writes out
+AEVLP's GPR loss, on GR's terms), ``boostlu`` (Kim et al. 2023: BoostLU's head, shared by
+both training stages, and AN / LL-R / LL-Ct / LL-Cp on its logits). ``featcache losses`` lists them; ``docs/losses.md`` writes out
 every formula.
 """
 
@@ -14,6 +15,7 @@ from featcache.losses.base import (  # noqa: F401
     FULL_LABELS,
     LOG_EPSILON,
     OBSERVED_NEGATIVES,
+    SPATIAL_FEATURES,
     DataFacts,
     Need,
     Param,
@@ -28,5 +30,5 @@ from featcache.losses.registry import create_loss, loss_class, loss_names, regis
 
 # Registration order is the order of `featcache losses` and `--loss all`: keep it.
 # isort: off
-from featcache.losses import cole, entropy, large_loss, opml, baselines, gr, hill, vlpl, gpr  # noqa: F401
+from featcache.losses import cole, entropy, large_loss, opml, baselines, gr, hill, vlpl, gpr, boostlu  # noqa: F401
 # isort: on

@@ -100,6 +100,10 @@ class DataFacts:
     positives_histogram: tuple[tuple[int, int], ...] = ()
     pseudo_labels: tuple[str, ...] = ()  # names of the pseudo-label sets made for these labels
     pseudo_choice: str | None = None  # the set the user chose (--pseudo-labels), if any
+    #: whether the training features are spatial maps (stage two: a spatial features file,
+    #: ``featcache features --spatial``; stage three: the trunk's feature map, always)
+    spatial_features: bool = False
+    backbone: str | None = None  # the features' backbone, named in messages
 
 
 class TrainingData(Protocol):
@@ -167,11 +171,25 @@ def pseudo_labels(rule: str) -> Need:
                 unmet, adapt)
 
 
+def _needs_spatial(facts: DataFacts) -> str | None:
+    if facts.spatial_features:
+        return None
+    backbone = f" --backbone {facts.backbone}" if facts.backbone else ""
+    return ("trains a BoostLU head on spatial feature maps, but there is no spatial features "
+            f"file for {facts.dataset}: run "
+            f"`featcache features --dataset {facts.dataset}{backbone} --spatial` first")
+
+
 #: full (clean) training labels: the oracles bce, bce-ls and iun
 FULL_LABELS = Need("full_labels", "full train labels", _needs_full_labels)
 #: observed negatives (``--num-neg``), drawn with the protocol's sampler when full labels exist
 OBSERVED_NEGATIVES = Need("observed_negatives", "observed negatives", _needs_negatives,
                           adapt=_draw_negatives)
+#: spatial feature maps (B, h*w, D) instead of pooled features: BoostLU's heads (Kim et al.
+#: 2023) boost the class activation map before pooling. Stage two reads them from the spatial
+#: features file, stage three from the trunk's ``feature_map``.
+SPATIAL_FEATURES = Need("spatial_features",
+                        "spatial feature maps (`featcache features --spatial`)", _needs_spatial)
 
 
 # ------------------------------------------------------------------------------------ parameters
@@ -334,6 +352,11 @@ class SPMLLoss:
     learned_state: ClassVar[Mapping[str, str]] = {}
     #: state a linear run hands to fine-tuning (ROLE's label estimates ``phi``)
     handoff_state: ClassVar[tuple[str, ...]] = ()
+    #: the head whose logits the loss receives: ``"linear"`` (on pooled features) or
+    #: ``"boostlu"`` (Kim et al. 2023: a 1x1 convolution over the spatial map, positive entries
+    #: of the class activation map multiplied by the parameter ``alpha`` before pooling; such
+    #: losses also declare the :data:`SPATIAL_FEATURES` need)
+    head: ClassVar[str] = "linear"
 
     def __init__(self, num_classes: int, num_heads: int = 1,
                  params: Mapping[str, ParamValue] | None = None,

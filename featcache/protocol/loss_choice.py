@@ -16,14 +16,15 @@ from featcache.data.kestimate import positive_histogram
 from featcache.data.labelfile import LabelSet
 from featcache.data.pseudofile import available_pseudo_labels
 from featcache.errors import LossNeedError, OptionError, did_you_mean
-from featcache.losses import DataFacts, ResolvedParams, loss_class, loss_names
+from featcache.losses import SPATIAL_FEATURES, DataFacts, ResolvedParams, loss_class, loss_names
 
 
 def training_facts(labels: LabelSet, observed: np.ndarray, has_clean: bool,
-                   pseudo_choice: str | None = None) -> DataFacts:
+                   pseudo_choice: str | None = None, spatial: bool = False,
+                   backbone: str | None = None) -> DataFacts:
     """What a loss may ask of a training split: its observed labels, whether full labels exist,
-    and which pseudo-label sets were made for its labels file (``pseudo_choice``: the one the
-    user chose)."""
+    which pseudo-label sets were made for its labels file (``pseudo_choice``: the one the
+    user chose), and whether spatial feature maps of ``backbone`` are at hand (``spatial``)."""
     return DataFacts(
         dataset=labels.dataset, num_classes=labels.num_classes,
         source=str(labels.path or labels.provenance.get("source", "the labels")),
@@ -32,6 +33,7 @@ def training_facts(labels: LabelSet, observed: np.ndarray, has_clean: bool,
         positives_histogram=(positive_histogram(labels.train.clean)
                              if labels.train.clean is not None else ()),
         pseudo_labels=tuple(available_pseudo_labels(labels)), pseudo_choice=pseudo_choice,
+        spatial_features=spatial, backbone=backbone,
     )
 
 
@@ -62,6 +64,11 @@ def choose_losses(spec: str | Sequence[str], facts: DataFacts,
         if reason is not None:
             raise LossNeedError(f"loss {name!r} {reason}")
     return names, []
+
+
+def needs_spatial(loss: str) -> bool:
+    """Whether ``loss`` trains on spatial feature maps (it declares the spatial-features need)."""
+    return SPATIAL_FEATURES in loss_class(loss).needs
 
 
 def split_params(given: Mapping[str, Sequence[float]], losses: Sequence[str]) -> dict[str, dict]:

@@ -1,0 +1,110 @@
+"""Stage three with a BoostLU loss: the model's head is BoostLU's code on the trunk's feature
+map, and ``--init best`` starts from a stage-two BoostLU run's W, b (the 1x1 convolution)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from dataset_fixtures import invoke
+from helpers_finetune import NAME, SIZE, config_trainer, copy_cache, finetune
+
+from featcache.data.featurefile import load_features, read_feature_attrs, write_features
+from featcache.data.labelfile import load_labels
+from featcache.errors import InputError
+from featcache.finetune.model import BoostLUHead
+from featcache.finetune.options import FinetuneOptions
+from featcache.finetune.start import linear_features
+from featcache.linear.heads import StackedBoostLU
+from featcache.protocol.handoff import load_head
+
+POOLED = "features-resnet50-random.h5"
+SPATIAL = "spatial-resnet50-random.h5"
+
+
+def write_spatial(cache) -> None:
+    """The spatial file of the base cache's random ResNet-50 at 32 x 32: its last feature map
+    is 1 x 1, so each image's map is exactly its pooled feature (checked on the trunk below)."""
+    labels = load_labels(cache / NAME / "labels.h5")
+    pooled = load_features(cache / NAME / POOLED)
+    attrs = {k: v for k, v in read_feature_attrs(cache / NAME / POOLED).items()
+             if k in ("backbone", "weights", "weights_sha256", "weights_seed", "image_size",
+                      "transform", "preprocess", "pooling")}
+    write_features(cache / NAME / SPATIAL, labels, {"train": pooled.train, "test": pooled.test},
+                   {**attrs, "layout": "spatial", "spatial_shape": [1, 1, pooled.train.shape[1]]})
+
+
+@pytest.fixture
+def cache(tmp_path_factory, tmp_path):
+    cache = copy_cache(tmp_path_factory.getbasetemp(), tmp_path / "cache")
+    write_spatial(cache)
+    return cache
+
+
+def _trainer(cache, loss, init="best", **start_kw):
+    return config_trainer(cache, init=init, loss=loss, **start_kw)
+
+
+def test_init_best_loads_the_stage_two_boostlu_head_as_the_1x1_convolution(cache):
+    linear = invoke("train-linear", "--dataset", NAME, "--loss", "ll-r+boostlu", "--param",
+                    "alpha=3", "--lr", "1e-2", "--bsize", "4", "--epochs", "2", "--quiet",
+                    "--no-plots", "--cache", cache, "--run-id", "lb")
+    assert linear.exit_code == 0, linear.output
+    run = cache / NAME / "runs" / "ll-r+boostlu" / "lb"
+    head = load_head(run)
+    assert head["features_path"].endswith(SPATIAL) and head["head"]["kind"] == "boostlu"
+
+    trainer, data = _trainer(cache, "ll-r+boostlu")
+    net_head = trainer.net.head
+    assert isinstance(net_head, BoostLUHead) and trainer.net.spatial
+    assert net_head.alpha == 3.0  # the linear run's alpha, carried with its parameters
+    assert torch.equal(net_head.weight.detach(), head["weight"])
+    assert torch.equal(net_head.bias.detach(), head["bias"])
+    # the trunk's feature map at 32 x 32 is 1 x 1: the spatial rows written above are it
+    images = torch.zeros(1, 3, SIZE, SIZE)
+    assert tuple(trainer.net.trunk.feature_map(images).shape) == (1, 2048, 1, 1)
+
+    # The first forward pass (eval mode) is stage two's BoostLU head on the spatial rows.
+    spatial = load_features(cache / NAME / SPATIAL)
+    rows = torch.from_numpy(spatial.train[data.labels.train_index])
+    stacked = StackedBoostLU(head["weight"].t().unsqueeze(0), head["bias"].view(1, 1, -1),
+                             positions=1, alpha=[3.0], trainable=False)
+    probs = trainer.predict(data.train)
+    torch.testing.assert_close(probs, stacked.scores(rows)[0], rtol=1e-4, atol=1e-5)
+
+    record, _ = trainer.run_epoch(0)
+    assert np.isfinite(record.train_loss)
+    assert not torch.equal(net_head.weight.detach(), head["weight"])  # it trained
+
+    result = finetune(cache, "--loss", "ll-r+boostlu", "--epochs", "1", "--lr", "1e-3",
+                      "--bsize", "4", "--run-id", "ft")
+    assert result.exit_code == 0, result.output
+    document = json.loads((cache / NAME / "finetune" / "ll-r+boostlu" / "ft" / "results.json")
+                          .read_text())
+    assert document["init"]["run_dir"] == str(run)
+    assert document["selection"]["params"] == {"delta_rel": 0.5, "alpha": 3.0}
+
+
+def test_a_fresh_boostlu_head_on_a_random_backbone(cache):
+    trainer, _ = _trainer(cache, "an+boostlu", init="none", weights="random", image_size=SIZE)
+    assert isinstance(trainer.net.head, BoostLUHead) and trainer.net.head.alpha == 5.0
+    record, _ = trainer.run_epoch(0)
+    assert np.isfinite(record.train_loss)
+
+
+def test_the_linear_phase_of_a_boostlu_loss_trains_on_the_spatial_file(cache, tmp_path):
+    options = FinetuneOptions(init="best", loss="ll-r+boostlu", dataset=NAME, cache=str(cache))
+    assert linear_features(options).name == SPATIAL
+    result = finetune(cache, "--loss", "ll-r+boostlu", "--epochs", "1", "--lr", "1e-3",
+                      "--bsize", "4", "--linear-lr", "1e-2", "--linear-batch-size", "4",
+                      "--run-id", "ft")
+    assert result.exit_code == 0, result.output
+    document = json.loads((cache / NAME / "finetune" / "ll-r+boostlu" / "ft" / "results.json")
+                          .read_text())
+    assert document["init"]["ran_linear_phase"] is True
+    assert document["init"]["features_path"].endswith(SPATIAL)
+    (cache / NAME / SPATIAL).unlink()
+    with pytest.raises(InputError, match=r"no spatial features file .* --spatial`"):
+        linear_features(options)
