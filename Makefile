@@ -8,6 +8,8 @@ FEATCACHE := $(BIN)/featcache
 DATASET ?= voc
 # Extra options for `make features`, e.g. FEATURES_ARGS="--weights v2 --batch-size 128"
 FEATURES_ARGS ?=
+# SPATIAL=1: `make features` stores the feature maps too (--spatial: spatial-<tag>.h5, for BoostLU)
+SPATIAL ?=
 # The demo runs offline on a fresh machine: random backbone weights unless told otherwise
 # (WEIGHTS=v1 uses torchvision's ImageNet weights, found offline or downloaded).
 WEIGHTS ?= random
@@ -20,7 +22,7 @@ help:
 	@echo "make install   create .venv and install featcache with its dev tools and the timm/open_clip backbones"
 	@echo "make demo      run all three stages on the embedded 'shapes' dataset (offline, a few minutes on 2 cores)"
 	@echo "make test      the architecture contracts (lint-imports), then the test suite"
-	@echo "make features DATASET=voc [FEATURES_ARGS=...]   stage one for a prepared dataset"
+	@echo "make features DATASET=voc [SPATIAL=1] [FEATURES_ARGS=...]   stage one for a prepared dataset (SPATIAL=1: feature maps for BoostLU too)"
 	@echo "make lint      ruff and the import-linter architecture contracts"
 	@echo "make bench     speed benchmarks (benchmarks/), figures in cache/bench/"
 	@echo "make gpu-check validate the GPU paths (under 10 min on one H100; CPU-able parts only without CUDA)"
@@ -49,7 +51,7 @@ demo: install
 	@echo "demo finished: see cache/shapes/runs/table-demo-$(DEMO_TAG).md, cache/shapes/finetune/role/demo-$(DEMO_TAG)/summary.md, cache/shapes/table-demo-$(DEMO_TAG).tex, predictions-demo-$(DEMO_TAG).csv and cam-demo-$(DEMO_TAG).png"
 
 features: install
-	$(FEATCACHE) features --dataset $(DATASET) $(FEATURES_ARGS)
+	$(FEATCACHE) features --dataset $(DATASET)$(if $(SPATIAL), --spatial) $(FEATURES_ARGS)
 
 lint: install
 	$(BIN)/ruff check featcache tests benchmarks

@@ -44,3 +44,29 @@ def cache_dir(tmp_path, monkeypatch) -> Path:
     root.mkdir()
     monkeypatch.setenv("FEATCACHE_CACHE", str(root))
     return root
+
+
+@pytest.fixture(scope="module")
+def random_resnet50():
+    """One seeded random ResNet-50 per test module (building it takes a second)."""
+    from featcache.backbones.registry import create_backbone
+
+    return create_backbone("resnet50", "random")
+
+
+@pytest.fixture
+def reuse_model(monkeypatch, random_resnet50):
+    """Stage one gets a copy of ``random_resnet50`` whenever it builds that model (the stage-one
+    test modules use it for every test: ``pytestmark = pytest.mark.usefixtures(...)``)."""
+    import copy
+
+    from featcache.features import extract as extract_module
+
+    real = extract_module.create_backbone
+
+    def cached(name, weights, seed=0, image_size=None):
+        if name == "resnet50" and getattr(weights, "kind", None) == "random" and seed == 0:
+            return copy.deepcopy(random_resnet50)
+        return real(name, weights, seed=seed, image_size=image_size)
+
+    monkeypatch.setattr(extract_module, "create_backbone", cached)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import errno
 import os
 import shutil
@@ -16,7 +15,7 @@ from click.testing import CliRunner
 from helpers_images import make_dataset, write_image
 from PIL import Image
 
-from featcache.backbones.registry import create_backbone, image_transform
+from featcache.backbones.registry import image_transform
 from featcache.cli import cli
 from featcache.data.featurefile import load_features
 from featcache.data.labelfile import load_labels
@@ -33,23 +32,7 @@ from featcache.features.shards import parts_dir
 
 SIZE = 32  # the smallest input ResNet-50 takes; 64 where pooling must average a real map
 
-
-@pytest.fixture(scope="module")
-def random_resnet50():
-    return create_backbone("resnet50", "random")
-
-
-@pytest.fixture(autouse=True)
-def reuse_model(monkeypatch, random_resnet50):
-    """Building ResNet-50 takes a second; every run here gets a copy of the same seeded model."""
-    real = extract_module.create_backbone
-
-    def cached(name, weights, seed=0, image_size=None):
-        if name == "resnet50" and getattr(weights, "kind", None) == "random" and seed == 0:
-            return copy.deepcopy(random_resnet50)
-        return real(name, weights, seed=seed, image_size=image_size)
-
-    monkeypatch.setattr(extract_module, "create_backbone", cached)
+pytestmark = pytest.mark.usefixtures("reuse_model")
 
 
 def options(tmp_path, **overrides) -> ExtractOptions:

@@ -77,8 +77,12 @@ class ResNetTrunk(nn.Module):
         x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
         return self.layer4(self.layer3(self.layer2(self.layer1(x))))
 
+    def pool_map(self, fmap: Tensor) -> Tensor:
+        """The pooled features of a map from :meth:`feature_map` (what ``forward`` returns)."""
+        return torch.flatten(self.avgpool(fmap.float()), 1)
+
     def forward(self, x: Tensor) -> Tensor:
-        return torch.flatten(self.avgpool(self.feature_map(x).float()), 1)
+        return self.pool_map(self.feature_map(x))
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,15 @@ from featcache.commands.common import (
 @click.option("--crops", default=None, metavar="GxG",
               help="Also store the embeddings of a G x G grid of tiles of every training image "
                    "(AEVLP's local views, e.g. 4x4), for `featcache pseudo-label --rule aevlp`.")
+@click.option("--spatial", is_flag=True, default=False,
+              help="Store each image's last feature map (14 x 14 x 2048 for ResNet-50 at 448) in "
+                   "spatial-<tag>.h5, for BoostLU heads (docs/features.md: layout, sizes). ResNets "
+                   "also write features-<tag>.h5 in the same pass when it does not exist yet. "
+                   "The size is printed (and the free space checked) before starting.")
+@click.option("--compression", type=click.Choice(["lzf", "gzip", "none"]), default="lzf",
+              show_default=True,
+              help="How --spatial files are compressed (with HDF5's byte shuffle): lzf is fast to "
+                   "read, gzip (level 1) smaller and slower.")
 @click.option("--batch-size", type=click.IntRange(min=1), default=None,
               help="Images per forward pass  [default: 256 on a GPU, 32 on the CPU; with --crops "
                    "GxG that many tiles per pass and 1/G^2 as many images per batch].")
@@ -58,8 +67,8 @@ from featcache.commands.common import (
               show_default=True,
               help="Compute precision: auto = bf16 on GPUs that support it (else fp16), fp32 on the "
                    "CPU; fp32 on a GPU also turns TF32 off (exact fidelity).")
-@click.option("--dtype", type=click.Choice(["float32", "float16"]), default="float32",
-              show_default=True, help="How features are stored.")
+@click.option("--dtype", type=click.Choice(["float32", "float16"]), default=None,
+              help="How features are stored  [default: float32; float16 with --spatial].")
 @device_option
 @click.option("--gpu-decode", is_flag=True, default=False,
               help="Decode JPEGs on the GPU (torchvision.io.decode_jpeg, nvJPEG) and resize there: "
@@ -74,13 +83,13 @@ from featcache.commands.common import (
                    "bad_images attribute) instead of stopping at the first one.")
 @click.option("--chunk-rows", type=click.IntRange(min=1), default=None,
               help="Rows per saved chunk, the unit of resuming and of sharding across ranks; a "
-                   "multiple of the batch size  [default: about 1024].")
+                   "multiple of the batch size  [default: about 1024; --spatial: about 128 MB].")
 @overwrite_option
 @click.option("--images-root", type=click.Path(file_okay=False), default=None,
               help="Folder the labels file's image paths are relative to (default: its image_root).")
 @cache_option
 def command(dataset, backbone, weights, image_size, preprocess, text, prompt_templates, class_names,
-            text_embeddings, crops, batch_size, workers, precision, dtype, device, gpu_decode,
+            text_embeddings, crops, spatial, compression, batch_size, workers, precision, dtype, device, gpu_decode,
             jpeg_draft, skip_bad, chunk_rows, overwrite, images_root, cache):
     """Stage one: run the backbone once over every image into <cache>/<dataset>/features-<tag>.h5.
 
@@ -91,7 +100,8 @@ def command(dataset, backbone, weights, image_size, preprocess, text, prompt_tem
     resnet50-<file stem>, clip-vit-l14-336, clip-vit-l14-336-protocol.
     Rows follow the labels file (official train, then test). Work is saved in chunks: an
     interrupted run resumes when the same command runs again, and a finished, up-to-date file
-    is left alone. For several GPUs:
+    is left alone. --spatial writes <cache>/<dataset>/spatial-<tag>.h5 instead (the feature
+    maps; see docs/features.md). For several GPUs:
       torchrun --nproc_per_node N -m featcache features --dataset voc
     """
     from featcache.features.extract import ExtractOptions, extract_features
@@ -105,6 +115,7 @@ def command(dataset, backbone, weights, image_size, preprocess, text, prompt_tem
         gpu_decode=gpu_decode, jpeg_draft=jpeg_draft, skip_bad=skip_bad, chunk_rows=chunk_rows,
         overwrite=overwrite, images_root=images_root, cache=cache, text=text, prompts=tuple(prompt_templates),
         class_names=class_names, text_embeddings=text_embeddings, crops=_grid(crops),
+        spatial=spatial, compression=compression,
     )
     result = extract_features(dataset, options, say=lambda message: click.echo(message, err=True))
     if result.status != "shard":  # ranks > 0 say nothing

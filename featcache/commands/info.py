@@ -15,12 +15,13 @@ import click
 def command(path: Path, show_classes: bool) -> None:
     """Show what PATH holds, as tables.
 
-    PATH is a labels file (labels.h5), a features file (features-<backbone>.h5), a pseudo-label
-    file (pseudo-labels-<name>.h5) or a dataset folder such as cache/voc (its labels file and
-    every features and pseudo-label file in it). For labels:
+    PATH is a labels file (labels.h5), a features file (features-<backbone>.h5 or the spatial
+    spatial-<backbone>.h5), a pseudo-label file (pseudo-labels-<name>.h5) or a dataset folder
+    such as cache/voc (its labels file and every features and pseudo-label file in it). For labels:
     split sizes, positives per class and per image, observed labels, k and the provenance
     (source files with sha256, seeds, dropped rows, missing images, featcache version). For
-    features: backbone, width, dtype, rows and bad rows per split, the weights, and whether
+    features: backbone, width (and H x W x D, compression and chunks of spatial files), dtype,
+    size on disk, rows and bad rows per split, the weights, and whether
     the labels file beside it is the one the features were built from (and class-prompt or
     tile embeddings when present). For pseudo-labels: the rule, its parameters, the features
     file they came from, counts and precision/recall.
@@ -29,7 +30,8 @@ def command(path: Path, show_classes: bool) -> None:
 
     if path.is_dir():
         files = [path / "labels.h5"] if (path / "labels.h5").exists() else []
-        files += sorted(path.glob("features-*.h5")) + sorted(path.glob("pseudo-labels-*.h5"))
+        files += sorted(path.glob("features-*.h5")) + sorted(path.glob("spatial-*.h5"))
+        files += sorted(path.glob("pseudo-labels-*.h5"))
         if not files:
             raise InputError(f"{path} holds neither labels.h5 nor features-*.h5; run "
                              "`featcache prepare` (and `featcache features`) first")
@@ -161,7 +163,7 @@ def describe_features(path: Path) -> str:
     """Markdown tables for one features file (without loading the features themselves)."""
     import h5py
 
-    from featcache.data.featurefile import OFFICIAL_SPLITS, read_feature_attrs
+    from featcache.data.featurefile import OFFICIAL_SPLITS, read_feature_attrs, spatial_shape
     from featcache.fileio import sha256_file
     from featcache.tables import Table
 
@@ -172,6 +174,9 @@ def describe_features(path: Path) -> str:
             shape = h5[split]["features"].shape
             rows.add(split, shape[0], shape[1], int(h5[split]["bad"][()].sum()))
         extras = {key: h5[key].shape for key in ("text/embeddings", "train/crops") if key in h5}
+        data = h5["train/features"]
+        storage = (data.compression, data.shuffle, data.chunks, data.dtype)
+    spatial = spatial_shape(path, attrs, shape[1])
     beside = path.parent / "labels.h5"
     expected = str(attrs.get("labels_sha256", ""))
     if beside.exists():
@@ -182,7 +187,15 @@ def describe_features(path: Path) -> str:
     table = Table(["features", "value"], title="Features")
     table.add("backbone", attrs.get("backbone"))
     table.add("feature dim", attrs.get("feature_dim"))
+    if spatial is not None:
+        table.add("spatial map", f"{spatial[0]} x {spatial[1]} x {spatial[2]} (H x W x D per row, "
+                                 "C order: reshape(N, H*W, D))")
     table.add("dtype", attrs.get("dtype"))
+    compression, shuffle, chunks, dtype = storage
+    if compression or spatial is not None:
+        chunk_mb = chunks[0] * chunks[1] * dtype.itemsize / 1e6 if chunks else 0
+        table.add("storage", f"{compression or 'uncompressed'}{' + shuffle' if shuffle else ''}, "
+                             f"chunks of {chunks[0] if chunks else '-'} rows ({chunk_mb:.1f} MB)")
     table.add("weights", attrs.get("weights"))
     if attrs.get("library"):
         table.add("library", f"{attrs['library']} {attrs.get('library_model', '')} "

@@ -19,6 +19,11 @@ Optional (``featcache features --text`` / ``--crops GxG`` with a vision-language
 
 and the root attributes ``text`` (JSON: templates, source, tokenizer) and ``crops_grid`` (G).
 
+Spatial files (``spatial-<tag>.h5``, ``featcache features --spatial``) are features files whose
+row i is image i's last feature map laid out (H, W, D) in C order, with the root attributes
+``spatial_shape`` = [H, W, D] and ``layout`` = ``spatial`` (pooled files have neither): float16,
+compressed (lzf or gzip, byte shuffle) chunks of whole rows of a few MB.
+
 Root attributes: ``format``, ``format_version``, ``complete`` (True only in a finished file),
 ``backbone``, ``feature_dim``, ``dtype``, ``weights`` and ``weights_sha256``, ``transform``
 (JSON), ``torch_version``, ``torchvision_version``, ``labels_sha256`` (the labels file it was
@@ -58,6 +63,9 @@ FORMAT_VERSION = 1
 OFFICIAL_SPLITS = ("train", "test")
 #: rows per HDF5 chunk of /<split>/features
 BLOCK_ROWS = 1024
+COMPRESSIONS = (None, "lzf", "gzip")
+GZIP_LEVEL = 1  # level 1 keeps nearly all of gzip's saving on feature maps at twice level 4's speed
+SPATIAL = "spatial"
 
 
 @dataclass
@@ -92,7 +100,8 @@ class FeatureSet:
 def write_features(path: str | os.PathLike, labels: LabelSet,
                    features: Mapping[str, np.ndarray | Iterable[np.ndarray]], attrs: dict,
                    bad: dict[str, np.ndarray] | None = None, overwrite: bool = False,
-                   dtype: str = "float32", extra: Mapping[str, np.ndarray] | None = None) -> Path:
+                   dtype: str = "float32", extra: Mapping[str, np.ndarray] | None = None,
+                   compression: str | None = None, chunk_bytes: int | None = None) -> Path:
     """Write a complete features file atomically.
 
     ``features`` maps ``train`` and ``test`` to arrays whose rows follow ``labels``, or to
@@ -100,9 +109,14 @@ def write_features(path: str | os.PathLike, labels: LabelSet,
     memory); ``bad`` optionally flags unreadable rows (which must hold NaN). ``attrs`` must
     name at least the ``backbone``. The labels file's sha256 is recorded so that stage two can
     refuse a mismatch. ``extra`` maps HDF5 paths (``text/embeddings``, ``train/crops``) to
-    further arrays.
+    further arrays. ``compression`` (``lzf`` or ``gzip``, with HDF5's byte shuffle; default none)
+    and ``chunk_bytes`` (HDF5 chunks of whole rows of about that size; default
+    :data:`BLOCK_ROWS` rows) are for wide rows such as spatial maps; pooled files use neither.
+    A spatial file's attributes (``spatial_shape``, ``layout``) are checked against the width.
     """
     path = Path(path)
+    if compression not in COMPRESSIONS:
+        raise ValueError(f"compression {compression!r}: choose one of {COMPRESSIONS}")
     if "backbone" not in attrs:
         raise ValueError("write_features needs attrs['backbone']")
     if labels.sha256 is None:
@@ -119,6 +133,8 @@ def write_features(path: str | os.PathLike, labels: LabelSet,
         dims.append(int(sources[name][0].shape[1]))
     if dims[0] != dims[1]:
         raise InputError(f"train and test features differ in width: {sorted(set(dims))}")
+    if "layout" in attrs or "spatial_shape" in attrs:
+        spatial_shape(path, dict(attrs), dims[0])
     # refused before the first byte when the disk cannot hold it (a file built row block by
     # row block may be larger than memory, so it is written as it comes, not built first)
     needed = (features_file_bytes([*labels.train.images, *labels.test.images], dims[0], dtype)
@@ -141,7 +157,8 @@ def write_features(path: str | os.PathLike, labels: LabelSet,
         for name in OFFICIAL_SPLITS:
             part = labels.test if name == "test" else labels.train
             group = h5.create_group(name)
-            _write_rows(group, name, len(part.images), *sources[name], dtype, sink)
+            _write_rows(group, name, len(part.images), *sources[name], dtype, sink,
+                        compression, chunk_bytes)
             group.create_dataset("images", data=np.asarray(part.images, dtype=object), dtype=text)
             flags = (np.zeros(len(part.images), dtype=np.uint8) if name not in bad
                      else bad[name].astype(np.uint8))
@@ -167,12 +184,18 @@ def _first_block(name: str, source) -> tuple[np.ndarray, Iterable]:
 
 
 def _write_rows(group: h5py.Group, name: str, rows: int, first: np.ndarray, rest: Iterable,
-                dtype: str, sink: StreamingSink) -> None:
+                dtype: str, sink: StreamingSink, compression: str | None = None,
+                chunk_bytes: int | None = None) -> None:
     """Write the features of one split, block by block as they come (stopping at the first
     block that did not fit on the disk)."""
     width = int(first.shape[1])
+    height = min(rows, BLOCK_ROWS) if chunk_bytes is None else \
+        max(1, min(rows, chunk_bytes // (width * np.dtype(dtype).itemsize)))
+    filters = {} if compression is None else {"compression": compression, "shuffle": True}
+    if compression == "gzip":
+        filters["compression_opts"] = GZIP_LEVEL
     dataset = group.create_dataset("features", shape=(rows, width), dtype=dtype,
-                                   chunks=(min(rows, BLOCK_ROWS), width))
+                                   chunks=(height, width), **filters)
     filled = 0
     for block in itertools.chain([first], rest):
         block = np.asarray(block, dtype=dtype)
@@ -305,6 +328,11 @@ class FeatureFile:
     def backbone(self) -> str:
         return str(self.attrs.get("backbone", "unknown"))
 
+    @property
+    def spatial_shape(self) -> tuple[int, int, int] | None:
+        """(H, W, D) of a spatial file (row i reshapes to H x W x D, C order), None when pooled."""
+        return spatial_shape(self.path, self.attrs, self.dim)
+
     def rows(self, name: str) -> int:
         """Rows of the official split ``name``."""
         return int(self.shapes[name][0])
@@ -401,6 +429,7 @@ def open_features(path: str | os.PathLike, labels: LabelSet | None = None) -> Fe
             raise InputError(f"{path} is missing a required key: {exc}") from exc
         except OSError as exc:
             raise InputError(f"{path} could not be read (truncated or corrupt?): {exc}") from exc
+    spatial_shape(path, attrs, shapes["train"][1])
     return FeatureFile(path=path, attrs=attrs, sha256=sha256_file(path), shapes=shapes,
                        dtype=np.dtype(dtype), bad=flags, chunk_rows=int(max(chunk_rows)))
 
@@ -430,6 +459,28 @@ def _other_labels_message(path: Path, h5: h5py.File, attrs: dict, labels: LabelS
     return (f"{path} was extracted for other images than those of {labels.path} (its labels "
             f"file had sha256 {str(attrs.get('labels_sha256'))[:12]}…, this one "
             f"{labels.sha256[:12]}…: images added, dropped or reordered since); run {redo}")
+
+
+def spatial_shape(path, attrs: dict, width: int) -> tuple[int, int, int] | None:
+    """(H, W, D) of a spatial features file, None for a pooled one (no ``layout``); InputError
+    when the attributes do not describe rows of ``width`` values."""
+    layout, shape = attrs.get("layout"), attrs.get("spatial_shape")
+    if layout is None and shape is None:
+        return None
+    if layout != SPATIAL:
+        raise InputError(f"{path}: attribute layout is {layout!r}; a features file is pooled (no "
+                         f"layout) or {SPATIAL!r}")
+    try:
+        height, cols, depth = (int(v) for v in shape)
+    except (TypeError, ValueError):
+        raise InputError(f"{path}: a spatial file needs spatial_shape = [H, W, D], got "
+                         f"{shape!r}") from None
+    if min(height, cols, depth) < 1 or height * cols * depth != int(width):
+        raise InputError(f"{path}: spatial_shape {[height, cols, depth]} holds "
+                         f"{height * cols * depth} values per image but its rows are {width} wide; "
+                         "the file is damaged or was written by another tool: re-extract it with "
+                         "`featcache features --spatial --overwrite`")
+    return height, cols, depth
 
 
 def _attrs(path: Path, h5: h5py.File) -> dict:

@@ -72,7 +72,7 @@ from featcache.fileio import (
     require_space,
 )
 from featcache.interrupt import check_stop
-from featcache.paths import existing_labels, features_path
+from featcache.paths import existing_labels, features_path, spatial_features_path
 from featcache.progress import progress, say
 from featcache.protocol.runs import describe_differences
 from featcache.runtime import (
@@ -103,7 +103,7 @@ class ExtractOptions:
     batch_size: int | None = None
     workers: int | None = None
     precision: str = "auto"
-    dtype: str = "float32"
+    dtype: str | None = None  # float32 (pooled) or float16 (spatial) when not given
     device: str = "auto"
     gpu_decode: bool = False
     jpeg_draft: bool = False
@@ -119,12 +119,21 @@ class ExtractOptions:
     class_names: str | None = None
     text_embeddings: str | None = None
     crops: int = 0
+    spatial: bool = False  # store the last feature map (featcache.features.spatial)
+    compression: str = "lzf"  # of spatial files: lzf, gzip or none
 
     def validate(self) -> None:
-        """OptionError naming the first option that cannot be used (fills in the image size)."""
+        """OptionError naming the first option that cannot be used (fills in the image size
+        and the dtype: float32 for pooled features, float16 for ``spatial`` maps)."""
         spec = backbone_spec(self.backbone)
         self.image_size = self.image_size or spec.default_image_size
+        self.dtype = self.dtype or ("float16" if self.spatial else "float32")
         checks = [
+            (not (self.spatial and (self.text or self.crops)),
+             "--spatial stores feature maps only; extract --text or --crops in a run without "
+             "--spatial"),
+            (self.compression in ("lzf", "gzip", "none"),
+             f"--compression {self.compression!r}: choose one of lzf, gzip, none"),
             (self.image_size >= 32, f"--image-size must be at least 32, got {self.image_size}"),
             (self.preprocess in PREPROCESS_MODES,
              f"--preprocess {self.preprocess!r}: choose one of {', '.join(PREPROCESS_MODES)}"),
@@ -212,10 +221,14 @@ def extract_features(dataset: str, options: ExtractOptions | None = None,
     spec = backbone_spec(options.backbone)
     labels = load_labels(existing_labels(dataset, options.cache))
     source = describe_weights(spec, options.weights, options.seed)
-    final = features_path(dataset, options.file_tag(source), options.cache)
+    if options.spatial:
+        from featcache.features.spatial import SpatialExtraction as kind
+        final = spatial_features_path(dataset, options.file_tag(source), options.cache)
+    else:
+        kind, final = Extraction, features_path(dataset, options.file_tag(source), options.cache)
     with ranks(options.device) as job:
         say = say if job.is_main else _quiet
-        run = Extraction(options, labels, job, final, say)
+        run = kind(options, labels, job, final, say)
         if final.exists() and not options.overwrite:
             return run.check_finished(source)
         return run.execute(source)
@@ -352,6 +365,7 @@ class Extraction:
         text = self.text_embeddings(source) if self.options.text and self.job.is_main else None
         model = create_backbone(self.options.backbone, source, seed=self.options.seed,
                                 image_size=self.options.image_size)
+        width = self.row_width(model)
         attrs = self.attributes(model)
         identity = dict(attrs, labels_sha256=self.labels.sha256, dtype=self.options.dtype)
         if self.device.type == "cpu":
@@ -361,7 +375,8 @@ class Extraction:
             identity["crops_grid"] = self.crops
             identity["crops_batch_size"] = self.view_batch
             extras["crops"] = (self.num_train, (self.crops * self.crops, self.spec.dim))
-        store = ChunkStore(self.final, identity, len(self.images), self.chunk_rows, self.spec.dim,
+        self.store_extras(identity, extras)
+        store = ChunkStore(self.final, identity, len(self.images), self.chunk_rows, width,
                            extras=extras)
         try:
             self.job.together(lambda: store.open(self.say) if self.job.is_main else None)
@@ -378,8 +393,8 @@ class Extraction:
                 count = self.compute(model, store, todo, root)
                 compute_seconds = time.perf_counter() - tick
 
-            if self.job.is_main:
-                self.check_space(store, todo)
+            # together: a refusal on rank 0 stops every rank (none waits in the computation)
+            self.job.together(lambda: self.check_space(store, todo) if self.job.is_main else None)
             try:
                 self.job.together(compute)
             except Interrupted as exc:
@@ -402,6 +417,18 @@ class Extraction:
             compute_seconds=compute_seconds, device=attrs["device"], precision=self.precision,
             resumed_chunks=resumed, bad=bad,
         )
+
+    # -- hooks of the spatial extraction (featcache.features.spatial) -----------------------
+    def row_width(self, model: torch.nn.Module) -> int:
+        """Values per stored row: the pooled width here (a feature map for ``--spatial``)."""
+        return self.spec.dim
+
+    def store_extras(self, identity: dict, extras: dict) -> None:
+        """Add run identity and per-chunk arrays beside the rows (none here)."""
+
+    def write_options(self) -> dict:
+        """Further arguments of ``write_features`` (none here: pooled files keep their layout)."""
+        return {}
 
     def attributes(self, model: torch.nn.Module) -> dict:
         """Provenance recorded in the features file (and, with the labels sha256, the manifest)."""
@@ -542,7 +569,8 @@ class Extraction:
         return {"split": split, "row": index, "image": str(self.images[row]), "reason": reason,
                 "message": f"cannot read image {path} ({split} row {index} of {self.labels.path}): {reason}"}
 
-    def save(self, store: ChunkStore, chunk: int, parts, oks, root: Path, crops=()) -> None:
+    def save(self, store: ChunkStore, chunk: int, parts, oks, root: Path, crops=(),
+             extras: dict | None = None) -> None:
         features = torch.cat(parts).cpu().numpy().astype(self.options.dtype)
         ok = torch.cat(oks).numpy().astype(bool)
         rows = store.rows(chunk)
@@ -558,7 +586,7 @@ class Extraction:
         features[~ok] = np.nan
         reasons = {rows.start + int(i): self.bad_reason(root, rows.start + int(i))["reason"]
                    for i in np.flatnonzero(~ok)}
-        extras = {}
+        extras = dict(extras or {})
         if self.crops:
             tiles = torch.cat(crops).cpu().numpy().astype(self.options.dtype)
             tiles = tiles.reshape(store.extra_shape(chunk, "crops"))
@@ -575,6 +603,15 @@ class Extraction:
             first = self.bad_reason(root, missing[0])["message"]
             raise InputError(f"{len(missing)} of {len(rows)} images are missing; first: {first}. "
                              "Check --images-root, or pass --skip-bad to flag them and carry on")
+
+    def bad_entries(self, reasons: dict[int, str]) -> list[dict]:
+        """The ``bad_images`` entries of a chunk's bad rows (global row -> reason)."""
+        out = []
+        for row, reason in sorted(reasons.items()):
+            split, index = self.split_row(row)
+            out.append({"split": split, "row": index, "image": str(self.images[row]),
+                        "reason": reason})
+        return out
 
     def split_row(self, row: int) -> tuple[str, int]:
         return ("train", row) if row < self.num_train else ("test", row - self.num_train)
@@ -618,7 +655,8 @@ class Extraction:
         flags = np.zeros(n_train + n_test, dtype=bool)
         bad = []
         for chunk in range(store.num_chunks):
-            shard = store.read(chunk, self.options.dtype)
+            # the features are read (and checked) once more when they are streamed into the file
+            shard = store.read(chunk, self.options.dtype, features=False)
             if shard is None:
                 raise FeatcacheError(f"chunk {chunk} of {store.dir} is missing or damaged; run the "
                                      "same command again to recompute it")
@@ -627,10 +665,7 @@ class Extraction:
             if self.crops:
                 part = store.extra_rows(chunk, "crops")
                 crops[part.start:part.stop] = shard.extras["crops"]
-            for row, reason in sorted(shard.reasons.items()):
-                split, index = self.split_row(row)
-                bad.append({"split": split, "row": index, "image": str(self.images[row]),
-                            "reason": reason})
+            bad += self.bad_entries(shard.reasons)
         attrs = dict(attrs, bad_images=bad, num_bad_images=len(bad))
         kept = (f"the previous {self.final.name} (if any) is untouched and the computed chunks "
                 f"are kept in {store.dir}")
@@ -640,7 +675,7 @@ class Extraction:
                 {"train": stored_blocks(store, 0, n_train, self.options.dtype),
                  "test": stored_blocks(store, n_train, n_train + n_test, self.options.dtype)}, attrs,
                 bad={"train": flags[:n_train], "test": flags[n_train:]},
-                overwrite=True, dtype=self.options.dtype, extra=extra,
+                overwrite=True, dtype=self.options.dtype, extra=extra, **self.write_options(),
             )
         except OSError as exc:
             if is_disk_full(exc):

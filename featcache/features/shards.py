@@ -56,9 +56,10 @@ def parts_dir(final: Path) -> Path:
 class ChunkStore:
     """The shard directory of one features file, for one run identity.
 
-    ``extras`` maps the name of a further per-row array to ``(rows, shape)``: the first
-    ``rows`` rows of the file carry it (``crops``: the official training rows), each of
-    trailing ``shape``.
+    ``extras`` maps the name of a further per-row array to ``(rows, shape)`` or ``(rows, shape,
+    dtype)``: the first ``rows`` rows of the file carry it (``crops``: the official training
+    rows), each of trailing ``shape``, in ``dtype`` (default: the features' dtype; ``--spatial``
+    keeps the pooled features beside the maps in float32).
     """
 
     def __init__(self, final: Path, identity: dict, num_rows: int, chunk_rows: int, dim: int,
@@ -89,6 +90,10 @@ class ChunkStore:
 
     def extra_shape(self, chunk: int, name: str) -> tuple[int, ...]:
         return (len(self.extra_rows(chunk, name)), *self.extras[name][1])
+
+    def extra_dtype(self, name: str, dtype: str) -> np.dtype:
+        spec = self.extras[name]
+        return np.dtype(spec[2] if len(spec) > 2 else dtype)
 
     def path(self, chunk: int) -> Path:
         return self.dir / f"chunk-{chunk:06d}.npz"
@@ -165,8 +170,12 @@ class ChunkStore:
             ) from exc
         return path
 
-    def read(self, chunk: int, dtype: str) -> Shard | None:
-        """The saved chunk, or None when it is missing or damaged (a damaged one is deleted)."""
+    def read(self, chunk: int, dtype: str, features: bool = True) -> Shard | None:
+        """The saved chunk, or None when it is missing or damaged (a damaged one is deleted).
+
+        ``features=False`` leaves the features unread (``Shard.features`` is None) and checks
+        only the rest: for a second look at a chunk already checked in full (the bad flags and
+        extras of wide spatial rows, read before the rows themselves are streamed)."""
         path = self.path(chunk)
         if not path.exists():
             return None
@@ -174,7 +183,7 @@ class ChunkStore:
         try:
             with np.load(path, allow_pickle=False) as data:
                 shard = Shard(
-                    start=int(data["start"]), features=data["features"],
+                    start=int(data["start"]), features=data["features"] if features else None,
                     bad=data["bad"].astype(bool),
                     reasons={int(k): v for k, v in json.loads(str(data["reasons"])).items()},
                     extras={name: data[f"extra_{name}"] for name in self.extras},
@@ -185,11 +194,13 @@ class ChunkStore:
             return None
         valid = (
             digest == self.digest and shard.start == rows.start
-            and shard.features.shape == (len(rows), self.dim) and shard.features.dtype == np.dtype(dtype)
+            and (not features or (shard.features.shape == (len(rows), self.dim)
+                                  and shard.features.dtype == np.dtype(dtype)
+                                  and np.isfinite(shard.features[~shard.bad]).all()))
             and shard.bad.shape == (len(rows),)
-            and np.isfinite(shard.features[~shard.bad]).all()
             and all(shard.extras[name].shape == self.extra_shape(chunk, name)
-                    and shard.extras[name].dtype == np.dtype(dtype) for name in self.extras)
+                    and shard.extras[name].dtype == self.extra_dtype(name, dtype)
+                    for name in self.extras)
         )
         if not valid:
             path.unlink(missing_ok=True)
