@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -272,3 +273,20 @@ def test_a_transformer_map_is_its_patch_tokens_and_no_pooled_file(tmp_path):
     # its pooled feature is the class token, not the map's average: no pooled file from this pass
     assert not (folder / "features-test-vit-random.h5").exists()
     assert not any("pooled features written" in line for line in said)
+
+
+def test_boostlu_trains_on_the_extracted_file(tmp_path):
+    """The contract end to end: what `features --spatial` writes is what BoostLU heads read."""
+    make_dataset(tmp_path, num_train=20, num_test=6, num_classes=3)
+    extract_features("toy", options(tmp_path))
+    run = CliRunner().invoke(cli, [
+        "train-linear", "--dataset", "toy", "--cache", str(tmp_path / "cache"),
+        "--backbone", "resnet50-random", "--loss", "an+boostlu,an", "--lr", "1e-3",
+        "--batch-size", "8", "--epochs", "2", "--seeds", "0", "--quiet", "--device", "cpu"])
+    assert run.exit_code == 0, run.output
+    runs = tmp_path / "cache" / "toy" / "runs"
+    boostlu = json.loads(next((runs / "an+boostlu").glob("*/results.json")).read_text())
+    assert boostlu["features"]["path"].endswith("spatial-resnet50-random.h5")
+    assert boostlu["features"]["spatial_shape"] == [2, 2, 2048]
+    pooled = json.loads(next((runs / "an").glob("*/results.json")).read_text())
+    assert pooled["features"]["path"].endswith("features-resnet50-random.h5")  # the same pass's
