@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -33,7 +34,9 @@ def test_two_ranks_write_the_same_runs_as_one_process(tmp_path, monkeypatch):
     # torchrun gives each rank one thread, as the search gives each group
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     synthetic_dataset(tmp_path / "one")
-    synthetic_dataset(tmp_path / "two")
+    # one copy of the same files: files written in another second hash differently (their
+    # `created` attribute), and the fingerprint includes the files' sha256
+    shutil.copytree(tmp_path / "one", tmp_path / "two")
     single = invoke("train-linear", *ARGS, "--run-id", "r", "--cache", tmp_path / "one")
     assert single.exit_code == 0, single.output
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
