@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from featcache.data.featurefile import FeatureFile, FeatureSet, open_features
+from featcache.data.featurefile import FeatureFile, FeatureSet, open_features, spatial_shape
 from featcache.data.labelfile import LabelSet, SplitLabels, load_labels
 from featcache.data.negatives import observed_with_negatives
 from featcache.data.pseudofile import PseudoLabels, load_pseudo_labels, pseudo_labels_path
@@ -76,7 +76,7 @@ class TrainingSplits:
     @property
     def spatial_shape(self) -> tuple[int, int, int] | None:
         """(h, w, D) when the features are spatial maps (BoostLU's heads), None when pooled."""
-        return spatial_shape(self.features.attrs, getattr(self.features, "path", None))
+        return spatial_shape(self.features.path, self.features.attrs, self.features.dim)
 
     def with_observed_negatives(self, num_neg: int):
         """A copy whose training observations also hold ``num_neg`` negatives per row
@@ -202,17 +202,6 @@ class SplitRows:
         clean = (None if part.clean is None
                  else torch.as_tensor(part.clean[self.keep], dtype=torch.float32, device=device))
         return observed, clean
-
-
-def spatial_shape(attrs, path=None) -> tuple[int, int, int] | None:
-    """(h, w, D) of a spatial features file's attributes; None for pooled features."""
-    if attrs.get("layout") != "spatial":
-        return None
-    shape = attrs.get("spatial_shape")
-    if shape is None or len(shape) != 3:
-        raise InputError(f"features file {path or ''} says layout 'spatial' but its "
-                         f"spatial_shape attribute is {shape!r}; extract it again")
-    return tuple(int(v) for v in shape)
 
 
 def split_rows(labels: LabelSet, features: FeatureFile) -> tuple[dict[str, SplitRows], list[str]]:

@@ -19,7 +19,7 @@ from featcache.data.featurefile import FeatureFile, open_features, read_feature_
 from featcache.data.labelfile import load_labels
 from featcache.errors import FeatcacheWarning, InputError, Interrupted
 from featcache.fileio import write_text_atomic
-from featcache.linear.data import TrainingSplits, read_linear_data, spatial_shape, split_rows
+from featcache.linear.data import TrainingSplits, read_linear_data, split_rows
 from featcache.linear.memory import (
     GroupShape,
     SplitSizes,
@@ -288,12 +288,12 @@ def feature_files(options: LinearOptions, labels) -> FeatureFiles:
     spatial = None
     if spatial_named and path is not None and path.exists():
         spatial = open_features(path, labels)
-        if spatial_shape(spatial.attrs, path) is None:
+        if spatial.spatial_shape is None:
             raise InputError(f"{path} holds pooled features (no layout 'spatial' and "
                              "spatial_shape attributes); BoostLU heads train on feature maps: "
                              f"extract it again with `featcache features --dataset "
                              f"{options.dataset} --backbone {backbone} --spatial`")
-    if pooled is not None and spatial_shape(pooled.attrs, pooled.path) is not None:
+    if pooled is not None and pooled.spatial_shape is not None:
         raise InputError(f"{pooled.path} holds spatial feature maps, not pooled features; a "
                          "spatial file is named spatial-<backbone>.h5")
     if pooled is None and spatial is None:
