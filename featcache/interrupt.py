@@ -21,6 +21,7 @@ behaviour; :func:`request_stop` lets it ask running loops to stop the same way.
 
 from __future__ import annotations
 
+import atexit
 import multiprocessing
 import os
 import signal
@@ -126,6 +127,16 @@ def exit_on_signals() -> None:
     installs this for the whole process."""
     for signum in SIGNALS:
         signal.signal(signum, lambda number, _frame: exit_now(number, quiet=True))
+    atexit.register(_ignore_signals_in_teardown)  # registered first, so it runs last
+
+
+def _ignore_signals_in_teardown() -> None:
+    """The interpreter's last steps (after the exit hooks) put Python's default handlers back,
+    and a Ctrl-C landing there (a second Ctrl-C while a stopped command winds down, say) killed
+    the process with the signal (status -2) instead of the status it was exiting with (130).
+    The process is exiting already: let those signals pass."""
+    for signum in SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
 
 
 def _forward(signum: int) -> None:

@@ -2,7 +2,8 @@
 
 ``start`` runs ``featcache ARGS`` in its own process group (as a terminal's foreground job:
 a Ctrl-C there reaches the DataLoader workers too) after executing ``prelude`` (Python code
-that may slow a step down, so that a signal lands mid-run). ``interrupt`` sends SIGINT to the
+that may slow a step down, so that a signal lands mid-run: ``_slow(cls, name, seconds, mark)``,
+which can also leave a marker file as each slowed call begins). ``interrupt`` sends SIGINT to the
 whole group, like Ctrl-C.
 """
 
@@ -17,9 +18,12 @@ from pathlib import Path
 
 SLEEP_IN = """
 import time as _time
-def _slow(cls, name, seconds):
-    original = getattr(cls, name)
+def _slow(cls, name, seconds, mark=""):
+    original, calls = getattr(cls, name), []
     def slowed(*args, **kwargs):
+        if mark:  # a file MARK-N as the N-th call (in this process) begins
+            calls.append(None)
+            open(f"{mark}-{len(calls)}", "w").close()
         _time.sleep(seconds)
         return original(*args, **kwargs)
     setattr(cls, name, slowed)

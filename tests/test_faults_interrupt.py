@@ -6,6 +6,8 @@ terminal's Ctrl-C does, so DataLoader workers receive them too."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 
 from faults import group_gone, interrupt, run, start, wait_for
@@ -52,17 +54,45 @@ def test_ctrl_c_stops_extraction_at_the_next_batch_and_the_same_command_resumes(
     assert not _parts(tmp_path).exists()
 
 
+#: an object whose deletion, in the interpreter's last steps, leaves a marker file
+#: (``teardown``) and takes 2 s
+SLOW_TEARDOWN = """
+class _SlowToDelete:
+    def __del__(self, _open=open, _sleep=_time.sleep):  # builtins may be gone by then
+        _open("teardown", "w").close()
+        _sleep(2.0)
+_kept_until_teardown = _SlowToDelete()
+"""
+
+
 def test_a_second_ctrl_c_exits_at_once_without_abort_or_leftovers(tmp_path):
     make_dataset(tmp_path, num_train=24, num_test=8)
-    slower = "from featcache.features.extract import Extraction\n_slow(Extraction, 'forward', 3.0)"
+    slower = ("from featcache.features.extract import Extraction\n"
+              "_slow(Extraction, 'forward', 3.0, mark='forward')")
     process = start(EXTRACT, tmp_path, slower, env={"FEATCACHE_CACHE": "cache"})
-    wait_for(lambda: (_parts(tmp_path) / "chunk-000000.npz").exists(), process)
-    seconds, out, err = interrupt(process, times=2)  # the next batch's 3 s step has begun
+    wait_for(lambda: (tmp_path / "forward-2").exists(), process)
+    seconds, out, err = interrupt(process, times=2)  # both land inside the second 3 s step
     _assert_clean_exit(process.returncode, err)
     assert "Ctrl-C again: exiting now" in err
     assert seconds < 2.5  # well inside the 3 s step the first Ctrl-C would have waited for
     dataset = tmp_path / "cache" / "toy"
     assert not list(dataset.rglob(".*tmp-*"))
+
+
+def test_a_ctrl_c_while_a_stopped_command_winds_down_keeps_the_exit_status(tmp_path):
+    """The first Ctrl-C stopped the command; a second one lands in the interpreter's last steps
+    (where Python puts its default handlers back): the status stays 130, not death by SIGINT."""
+    make_dataset(tmp_path, num_train=24, num_test=8)
+    process = start(EXTRACT, tmp_path, SLOW_TEARDOWN + SLOW_EXTRACTION,
+                    env={"FEATCACHE_CACHE": "cache"})
+    wait_for(lambda: (_parts(tmp_path) / "chunk-000000.npz").exists(), process)
+    os.killpg(process.pid, signal.SIGINT)
+    wait_for(lambda: (tmp_path / "teardown").exists(), process)
+    os.killpg(process.pid, signal.SIGINT)  # inside the 2 s teardown
+    out, err = process.communicate(timeout=60)
+    _assert_clean_exit(process.returncode, err)
+    assert "featcache: interrupted: stopped by Ctrl-C" in err
+    assert "Ctrl-C again: exiting now" not in err
 
 
 def test_ctrl_c_stops_finetuning_within_seconds_and_resume_ends_like_an_uninterrupted_run(
@@ -154,11 +184,11 @@ def test_ctrl_c_before_any_loss_finished_names_the_run_id_to_reuse(tmp_path):
 def test_a_second_ctrl_c_ends_train_linear_and_its_workers_at_once(tmp_path):
     cache = tmp_path / "cache"
     synthetic_dataset(cache, name="toy")
-    slower = "from featcache.linear.trainer import GroupTrainer\n_slow(GroupTrainer, 'train_step', 3.0)"
+    slower = ("from featcache.linear.trainer import GroupTrainer\n"
+              "_slow(GroupTrainer, 'train_step', 3.0, mark='step')")
     process = start(LINEAR, tmp_path, slower, env={"FEATCACHE_CACHE": str(cache)})
-    wait_for(lambda: (cache / "toy" / "runs" / "an" / "r1" / "run.json").exists(), process)
-    time.sleep(1.0)  # the workers are inside their first 3 s step
-    seconds, out, err = interrupt(process, times=2)
+    wait_for(lambda: (tmp_path / "step-1").exists(), process)
+    seconds, out, err = interrupt(process, times=2)  # both land inside a worker's first 3 s step
     _assert_clean_exit(process.returncode, err)
     assert "Ctrl-C again: exiting now" in err
     assert seconds < 2.5
