@@ -128,11 +128,11 @@ def test_train_linear_with_worker_processes_holds_its_lock_and_kill_9_frees_it(c
     args = ["train-linear", "--dataset", "toy", "--loss", "an", "--epochs", "2", "--run-id",
             "same", "--jobs", "2", "--lr", "1e-2,1e-3", "--bsize", "8,16", "--quiet",
             "--no-plots", "--device", "cpu"]
-    slow = "from featcache.linear.trainer import GroupTrainer\n_slow(GroupTrainer, 'train_step', 0.5)"
+    slow = ("from featcache.linear.trainer import GroupTrainer\n"
+            "_slow(GroupTrainer, 'train_step', 0.5, mark='step')")
     first = start(args, tmp_path, slow)
     run_dir = cache_dir / "toy" / "runs" / "an" / "same"
-    wait_for(lambda: (run_dir / "run.json").exists(), first)
-    time.sleep(1.0)  # the workers are training
+    wait_for(lambda: (tmp_path / "step-1").exists(), first)  # the workers are training
     second = invoke(*args)
     assert second.exit_code == 1
     assert f"is being written by another featcache process (pid {first.pid} on " in second.output

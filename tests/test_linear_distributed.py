@@ -67,10 +67,12 @@ def test_ctrl_c_stops_every_rank_at_its_next_step_and_leaves_nothing_behind(tmp_
     synthetic_dataset(tmp_path / "cache")
     entry = tmp_path / "entry.py"  # featcache with every training step slowed to 0.2 s
     entry.write_text(textwrap.dedent("""
-        import sys, time
+        import os, sys, time
         from featcache.linear.trainer import GroupTrainer
         original = GroupTrainer.train_step
         def slowed(*args, **kwargs):
+            marks = os.environ["STEP_MARKS"]  # a file per rank as its steps begin
+            open(os.path.join(marks, f"step-rank{os.environ['RANK']}"), "w").close()
             time.sleep(0.2)
             return original(*args, **kwargs)
         GroupTrainer.train_step = slowed
@@ -82,10 +84,11 @@ def test_ctrl_c_stops_every_rank_at_its_next_step_and_leaves_nothing_behind(tmp_
                "--master_addr", "127.0.0.1", "--master_port", str(free_port()), str(entry),
                "train-linear", *ARGS, "--run-id", "r", "--cache", str(tmp_path / "cache")]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               start_new_session=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                               start_new_session=True, env={**os.environ, "OMP_NUM_THREADS": "1",
+                                                         "STEP_MARKS": str(tmp_path)})
     runs = tmp_path / "cache" / "toy" / "runs"
-    wait_for(lambda: (runs / "role" / "r" / "run.json").exists(), process)
-    time.sleep(2.0)  # every rank is training
+    wait_for(lambda: (runs / "role" / "r" / "run.json").exists()
+             and all((tmp_path / f"step-rank{rank}").exists() for rank in (0, 1)), process)
     seconds, out, err = interrupt(process)
     assert seconds < 15.0, err
     assert err.count("featcache: interrupted: stopped by Ctrl-C; no loss had finished (run id "
