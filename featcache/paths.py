@@ -53,8 +53,27 @@ def existing_labels(dataset: str, cache: str | os.PathLike | None = None) -> Pat
                      "with `featcache prepare` (see `featcache prepare --help`)")
 
 
+#: file name prefixes of the pooled and the spatial features files
+POOLED, SPATIAL = "features", "spatial"
+
+
+def feature_file_name(tag: str, spatial: bool = False) -> str:
+    """``features-<tag>.h5`` (pooled) or ``spatial-<tag>.h5``; ``tag`` is
+    ``<backbone>[-<weights>][-protocol]``."""
+    return f"{SPATIAL if spatial else POOLED}-{tag}.h5"
+
+
 def features_path(dataset: str, backbone: str, cache: str | os.PathLike | None = None) -> Path:
-    return dataset_dir(dataset, cache) / f"features-{backbone}.h5"
+    return dataset_dir(dataset, cache) / feature_file_name(backbone)
+
+
+def backbone_feature_files(dataset: str, backbone: str, spatial: bool = False,
+                           cache: str | os.PathLike | None = None) -> list[Path]:
+    """Every finished pooled (or spatial) features file of ``backbone``, whatever its weights:
+    ``features-<backbone>.h5`` and ``features-<backbone>-<weights...>.h5``, sorted."""
+    stem = feature_file_name(backbone, spatial)[:-len(".h5")]
+    return sorted(p for p in dataset_dir(dataset, cache).glob(f"{stem}*.h5")
+                  if p.stem == stem or p.stem.startswith(f"{stem}-"))
 
 
 def find_features(dataset: str, backbone: str | None = None,
@@ -88,7 +107,13 @@ def spatial_features_path(dataset: str, backbone: str,
     Named apart from ``features-*.h5`` so that a spatial file never makes the choice of the
     pooled features file ambiguous.
     """
-    return dataset_dir(dataset, cache) / f"spatial-{backbone}.h5"
+    return dataset_dir(dataset, cache) / feature_file_name(backbone, spatial=True)
+
+
+def pooled_twin(spatial_path: Path) -> Path:
+    """The pooled features file written beside the spatial file ``spatial_path``."""
+    return spatial_path.with_name(
+        feature_file_name(spatial_path.stem.removeprefix(f"{SPATIAL}-")))
 
 
 def find_spatial_features(dataset: str, backbone: str = "resnet50",

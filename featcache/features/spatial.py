@@ -32,6 +32,7 @@ from featcache.errors import FeatcacheError
 from featcache.features.extract import Extraction
 from featcache.features.shards import ChunkStore
 from featcache.fileio import free_bytes, human_bytes, require_space
+from featcache.paths import pooled_twin
 from featcache.runtime import autocast
 
 CHUNK_BYTES = 4 << 20  # HDF5 chunks of whole rows of about this size (5 rows at 14 x 14 x 2048 f16)
@@ -66,7 +67,7 @@ class SpatialExtraction(Extraction):
     def __init__(self, options, labels, job, final: Path, say):
         super().__init__(options, labels, job, final, say)
         self.compression = None if options.compression == "none" else options.compression
-        self.pooled_final = final.with_name(f"features-{final.stem.removeprefix('spatial-')}.h5")
+        self.pooled_final = pooled_twin(final)
         self.map_shape: tuple[int, int, int] | None = None
         self.with_pooled = False
         self.ratio: float | None = None

@@ -42,7 +42,7 @@ from featcache.finetune.data import FinetuneData
 from featcache.finetune.distributed import on_main
 from featcache.finetune.options import FinetuneOptions
 from featcache.losses import loss_class
-from featcache.paths import dataset_dir, runs_dir
+from featcache.paths import backbone_feature_files, dataset_dir, feature_file_name, runs_dir
 from featcache.protocol.grid import linearinit_hparams
 from featcache.protocol.handoff import HEAD_FILE, LinearPhase, LinearPhaseRequest, load_head
 from featcache.protocol.loss_choice import needs_spatial
@@ -170,7 +170,6 @@ def linear_features(options: FinetuneOptions) -> Path:
     spec = backbone_spec(backbone)
     root = dataset_dir(options.dataset, options.cache)
     spatial = needs_spatial(options.loss)
-    prefix = "spatial" if spatial else "features"
     make = (f"`featcache features --dataset {options.dataset}"
             + (f" --backbone {backbone}" if backbone != DEFAULT_BACKBONE else "")
             + (f" --weights {options.weights}" if options.weights else "")
@@ -178,11 +177,10 @@ def linear_features(options: FinetuneOptions) -> Path:
             + (" --spatial" if spatial else "") + "`")
     if options.weights is not None:
         tag = describe_weights(spec, options.weights).tag
-        found = [root / f"{prefix}-{backbone}{f'-{tag}' if tag else ''}.h5"]
-        found = [p for p in found if p.is_file()]
+        path = root / feature_file_name(f"{backbone}-{tag}" if tag else backbone, spatial)
+        found = [path] if path.is_file() else []
     else:
-        found = sorted(p for p in root.glob(f"{prefix}-{backbone}*.h5")
-                       if p.stem == f"{prefix}-{backbone}" or p.stem.startswith(f"{prefix}-{backbone}-"))
+        found = backbone_feature_files(options.dataset, backbone, spatial, options.cache)
     if options.image_size is not None:
         found = [p for p in found if read_feature_attrs(p).get("image_size") == options.image_size]
     if not found:
@@ -194,7 +192,8 @@ def linear_features(options: FinetuneOptions) -> Path:
         )
     if len(found) > 1:
         names = ", ".join(p.name for p in found)
-        raise OptionError(f"{root} holds several {prefix} files for {backbone} ({names}); choose "
+        kind = "spatial features" if spatial else "features"
+        raise OptionError(f"{root} holds several {kind} files for {backbone} ({names}); choose "
                           "the weights of the linear phase with --weights")
     return found[0]
 

@@ -1,0 +1,34 @@
+"""Where featcache keeps its files: one module names them (``featcache.paths``)."""
+
+from __future__ import annotations
+
+from featcache.paths import (
+    backbone_feature_files,
+    feature_file_name,
+    features_path,
+    pooled_twin,
+    spatial_features_path,
+)
+
+
+def test_pooled_and_spatial_files_are_named_from_one_tag(tmp_path):
+    assert feature_file_name("resnet50") == "features-resnet50.h5"
+    assert feature_file_name("resnet50-random", spatial=True) == "spatial-resnet50-random.h5"
+    assert features_path("voc", "resnet50", tmp_path) == tmp_path / "voc" / "features-resnet50.h5"
+    spatial = spatial_features_path("voc", "resnet50-random", tmp_path)
+    assert spatial == tmp_path / "voc" / "spatial-resnet50-random.h5"
+    assert pooled_twin(spatial) == tmp_path / "voc" / "features-resnet50-random.h5"
+
+
+def test_a_backbones_files_are_found_whatever_their_weights_and_only_its_own(tmp_path):
+    root = tmp_path / "voc"
+    root.mkdir()
+    names = ["features-resnet50.h5", "features-resnet50-random.h5", "features-resnet50x2.h5",
+             "features-resnet18.h5", "spatial-resnet50-random.h5", ".features-resnet50.h5.tmp-1"]
+    for name in names:
+        (root / name).touch()
+    assert [p.name for p in backbone_feature_files("voc", "resnet50", cache=tmp_path)] == [
+        "features-resnet50-random.h5", "features-resnet50.h5"]
+    assert [p.name for p in backbone_feature_files("voc", "resnet50", spatial=True,
+                                                   cache=tmp_path)] == ["spatial-resnet50-random.h5"]
+    assert backbone_feature_files("voc", "vit-b-16", cache=tmp_path) == []
