@@ -263,6 +263,30 @@ def test_streamed_boostlu_scores_equal_in_memory_and_a_streamed_search_runs(spat
     assert document["settings"]["streaming"]["streamed"] == ["train"]
 
 
+def test_scoring_blocks_bound_the_rows_float32_features_and_the_planner_counts_them(monkeypatch):
+    """A scoring block holds at most CAM_BLOCK elements of class activation maps and of its
+    rows' float32 features (wide feature maps: the features bound it); blocks change nothing."""
+    import featcache.linear.heads as heads_module
+    from featcache.linear.run import group_shape
+
+    head = StackedBoostLU.create(6, 2, [torch.Generator().manual_seed(1)], positions=4, alpha=[5.0])
+    features = torch.rand(10, 4 * 6, generator=torch.Generator().manual_seed(2))
+    whole = head.scores(features)
+    chunks = []
+    monkeypatch.setattr(heads_module, "CAM_BLOCK", 3 * 4 * 6)  # 3 rows of features (6 > 1 x 2)
+    original_cam = StackedBoostLU.cam
+    monkeypatch.setattr(StackedBoostLU, "cam",
+                        lambda self, x, *a: chunks.append(x.shape[0]) or original_cam(self, x, *a))
+    torch.testing.assert_close(head.scores(features), whole, rtol=0, atol=1e-7)
+    assert chunks == [3, 3, 3, 1]
+
+    sizes = SplitSizes(100, 20, 30, 5, 4 * 6)
+    linear, boostlu = group_shape(loss_class("ll-r"), 2, True), group_shape(loss_class("ll-r+boostlu"), 2, True)
+    work = heads_module.CAM_BLOCK_TENSORS * (1 << 24) * 4
+    assert linear.scoring_work == 0 and boostlu.scoring_work == work
+    assert boostlu.bytes(sizes) - linear.bytes(sizes) == work
+
+
 # ------------------------------------------------------------------------------------ refusals
 def test_no_spatial_file_is_one_clear_error_naming_the_command(cache_dir):
     synthetic_dataset(cache_dir)

@@ -101,8 +101,13 @@ class StackedLinear:
         return StackedLinear(weight, bias, trainable=False)
 
 
-#: rows x positions x heads x classes of one class-activation-map block when scoring (64 MB)
+#: elements of one scoring block of BoostLU heads (64 MB as float32): its class activation
+#: maps (rows x positions x heads x classes) and its rows' float32 features (rows x positions
+#: x channels) each stay within it
 CAM_BLOCK = 1 << 24
+#: float32 tensors of :data:`CAM_BLOCK` elements alive at once while scoring: the rows' features,
+#: the class activation maps, and BoostLU's transform of them
+CAM_BLOCK_TENSORS = 3
 
 
 class StackedBoostLU(StackedLinear):
@@ -174,8 +179,8 @@ class StackedBoostLU(StackedLinear):
         """Logits (H, N, L) of rows ``features`` (N, P * D), a block of rows at a time (the
         class activation maps of a whole split would not fit)."""
         weight, bias = self.weight.detach(), self.bias.detach()
-        heads, _, classes = weight.shape
-        step = max(1, CAM_BLOCK // max(1, self.positions * heads * classes))
+        heads, channels, classes = weight.shape
+        step = max(1, CAM_BLOCK // max(1, self.positions * max(heads * classes, channels)))
         out = torch.empty(heads, features.shape[0], classes, device=weight.device,
                           dtype=weight.dtype)
         for start in range(0, features.shape[0], step):

@@ -6,7 +6,7 @@ protocol's exact path) when everything fits; otherwise the training split is str
 the features file in blocks (:mod:`featcache.linear.stream`), the validation and test splits
 staying in memory while they fit. The estimate counts what grows with the data: features,
 labels, each concurrent group's per-example state, optimizer moments, predictions kept for
-the training mAP and evaluation buffers; the process's current resident size stands for the
+the training mAP, evaluation buffers and BoostLU's scoring blocks; the process's current resident size stands for the
 rest (the interpreter, PyTorch, the labels file).
 """
 
@@ -112,6 +112,7 @@ class GroupShape:
     learned_state: int = 0  # of which trained by Adam (with gradient and two moments)
     train_scores: bool = False  # the loss asks for predictions on the whole training split
     train_map: bool = True  # predictions kept for the training-set mAP
+    scoring_work: int = 0  # bytes a scoring pass needs beyond the scores (BoostLU's blocks)
 
     def bytes(self, sizes: SplitSizes) -> int:
         h, n, classes, dim = self.heads, sizes.train, sizes.classes, sizes.dim
@@ -120,7 +121,7 @@ class GroupShape:
         state = (self.per_example_state + 3 * self.learned_state) * per_row
         predictions = per_row * (int(self.train_map) + int(self.train_scores))
         evaluation = 4 * h * max(sizes.val, sizes.test) * classes * FLOAT32  # scores + AP work
-        return head + state + predictions + evaluation
+        return head + state + predictions + evaluation + self.scoring_work
 
 
 def labels_bytes(sizes: SplitSizes) -> int:

@@ -20,7 +20,9 @@ from featcache.data.labelfile import load_labels
 from featcache.errors import FeatcacheWarning, InputError, Interrupted
 from featcache.fileio import write_text_atomic
 from featcache.linear.data import TrainingSplits, read_linear_data, split_rows
+from featcache.linear.heads import CAM_BLOCK, CAM_BLOCK_TENSORS
 from featcache.linear.memory import (
+    FLOAT32,
     GroupShape,
     SplitSizes,
     default_budget,
@@ -344,9 +346,11 @@ def load_training_data(labels, features, device, budget: int, stream: bool,
 def group_shape(loss: type[SPMLLoss], heads: int, train_map: bool) -> GroupShape:
     """What one group of ``loss`` keeps per training row, from what the loss declares."""
     keeps_state = loss.init_state is not SPMLLoss.init_state
+    scoring = CAM_BLOCK_TENSORS * CAM_BLOCK * FLOAT32 if loss.head == "boostlu" else 0
     return GroupShape(heads=heads, per_example_state=2 * keeps_state + len(loss.learned_state),
                       learned_state=len(loss.learned_state),
-                      train_scores=loss.end_epoch is not SPMLLoss.end_epoch, train_map=train_map)
+                      train_scores=loss.end_epoch is not SPMLLoss.end_epoch, train_map=train_map,
+                      scoring_work=scoring)
 
 
 def train_loss(data: TrainingSplits, spec: SearchSpec, run_dir: Path, options: LinearOptions,
