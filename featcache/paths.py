@@ -67,13 +67,25 @@ def features_path(dataset: str, backbone: str, cache: str | os.PathLike | None =
     return dataset_dir(dataset, cache) / feature_file_name(backbone)
 
 
+def feature_file_tag(path: Path) -> str:
+    """The tag of a pooled or spatial features file: ``features-<tag>.h5`` -> ``<tag>``."""
+    for prefix in (POOLED, SPATIAL):
+        if path.stem.startswith(f"{prefix}-"):
+            return path.stem[len(prefix) + 1:]
+    return path.stem
+
+
+def features_files_in(root: Path, spatial: bool = False) -> list[Path]:
+    """The pooled (or spatial) features files in the dataset folder ``root``, sorted."""
+    return sorted(root.glob(feature_file_name("*", spatial)))
+
+
 def backbone_feature_files(dataset: str, backbone: str, spatial: bool = False,
                            cache: str | os.PathLike | None = None) -> list[Path]:
     """Every finished pooled (or spatial) features file of ``backbone``, whatever its weights:
     ``features-<backbone>.h5`` and ``features-<backbone>-<weights...>.h5``, sorted."""
-    stem = feature_file_name(backbone, spatial)[:-len(".h5")]
-    return sorted(p for p in dataset_dir(dataset, cache).glob(f"{stem}*.h5")
-                  if p.stem == stem or p.stem.startswith(f"{stem}-"))
+    return [p for p in features_files_in(dataset_dir(dataset, cache), spatial)
+            if feature_file_tag(p) == backbone or feature_file_tag(p).startswith(f"{backbone}-")]
 
 
 def find_features(dataset: str, backbone: str | None = None,
@@ -88,14 +100,14 @@ def find_features(dataset: str, backbone: str | None = None,
                 f"--backbone {backbone}` first"
             )
         return path
-    found = sorted(root.glob("features-*.h5"))
+    found = features_files_in(root)
     if not found:
         raise InputError(
             f"no features file in {root}; run `featcache features --dataset {dataset}` "
             f"(or `featcache prepare features --npz FILE --name {dataset}`) first"
         )
     if len(found) > 1:
-        names = ", ".join(p.name[len("features-"):-len(".h5")] for p in found)
+        names = ", ".join(feature_file_tag(p) for p in found)
         raise InputError(f"{root} holds several features files ({names}); choose one with --backbone")
     return found[0]
 
@@ -112,8 +124,7 @@ def spatial_features_path(dataset: str, backbone: str,
 
 def pooled_twin(spatial_path: Path) -> Path:
     """The pooled features file written beside the spatial file ``spatial_path``."""
-    return spatial_path.with_name(
-        feature_file_name(spatial_path.stem.removeprefix(f"{SPATIAL}-")))
+    return spatial_path.with_name(feature_file_name(feature_file_tag(spatial_path)))
 
 
 def find_spatial_features(dataset: str, backbone: str = "resnet50",

@@ -5,6 +5,8 @@ from __future__ import annotations
 from featcache.paths import (
     backbone_feature_files,
     feature_file_name,
+    feature_file_tag,
+    features_files_in,
     features_path,
     pooled_twin,
     spatial_features_path,
@@ -18,6 +20,8 @@ def test_pooled_and_spatial_files_are_named_from_one_tag(tmp_path):
     spatial = spatial_features_path("voc", "resnet50-random", tmp_path)
     assert spatial == tmp_path / "voc" / "spatial-resnet50-random.h5"
     assert pooled_twin(spatial) == tmp_path / "voc" / "features-resnet50-random.h5"
+    assert feature_file_tag(spatial) == "resnet50-random"
+    assert feature_file_tag(tmp_path / "features-clip-vit-b16.h5") == "clip-vit-b16"
 
 
 def test_a_backbones_files_are_found_whatever_their_weights_and_only_its_own(tmp_path):
@@ -32,3 +36,7 @@ def test_a_backbones_files_are_found_whatever_their_weights_and_only_its_own(tmp
     assert [p.name for p in backbone_feature_files("voc", "resnet50", spatial=True,
                                                    cache=tmp_path)] == ["spatial-resnet50-random.h5"]
     assert backbone_feature_files("voc", "vit-b-16", cache=tmp_path) == []
+    assert [p.name for p in features_files_in(root)] == [
+        "features-resnet18.h5", "features-resnet50-random.h5", "features-resnet50.h5",
+        "features-resnet50x2.h5"]  # never the hidden temporary file
+    assert [p.name for p in features_files_in(root, spatial=True)] == ["spatial-resnet50-random.h5"]

@@ -27,10 +27,11 @@ def command(path: Path, show_classes: bool) -> None:
     file they came from, counts and precision/recall.
     """
     from featcache.errors import InputError
+    from featcache.paths import features_files_in
 
     if path.is_dir():
         files = [path / "labels.h5"] if (path / "labels.h5").exists() else []
-        files += sorted(path.glob("features-*.h5")) + sorted(path.glob("spatial-*.h5"))
+        files += features_files_in(path) + features_files_in(path, spatial=True)
         files += sorted(path.glob("pseudo-labels-*.h5"))
         if not files:
             raise InputError(f"{path} holds neither labels.h5 nor features-*.h5; run "

@@ -72,7 +72,7 @@ from featcache.fileio import (
     require_space,
 )
 from featcache.interrupt import check_stop
-from featcache.paths import existing_labels, features_path, spatial_features_path
+from featcache.paths import existing_labels, feature_file_tag, features_path, spatial_features_path
 from featcache.progress import progress, say
 from featcache.protocol.runs import describe_differences
 from featcache.runtime import (
@@ -434,7 +434,7 @@ class Extraction:
         """Provenance recorded in the features file (and, with the labels sha256, the manifest)."""
         out = {
             "backbone": self.options.backbone,
-            "backbone_tag": self.final.stem.removeprefix("features-"),
+            "backbone_tag": feature_file_tag(self.final),
             **model.weights_identity,
             "image_size": self.options.image_size,
             "transform": self.transform,

@@ -32,7 +32,7 @@ from featcache.errors import FeatcacheError
 from featcache.features.extract import Extraction
 from featcache.features.shards import ChunkStore
 from featcache.fileio import free_bytes, human_bytes, require_space
-from featcache.paths import pooled_twin
+from featcache.paths import feature_file_tag, pooled_twin
 from featcache.runtime import autocast
 
 CHUNK_BYTES = 4 << 20  # HDF5 chunks of whole rows of about this size (5 rows at 14 x 14 x 2048 f16)
@@ -101,7 +101,7 @@ class SpatialExtraction(Extraction):
         out = super().attributes(model)
         height, cols, depth = self.map_shape
         out.update(
-            backbone_tag=self.final.stem.removeprefix("spatial-"), layout=SPATIAL,
+            backbone_tag=feature_file_tag(self.final), layout=SPATIAL,
             spatial_shape=[height, cols, depth],
             spatial_order="rows are (H, W, D) in C order: reshape(N, H*W, D); position u*W + v",
             compression=self.options.compression, hdf5_chunk_bytes=CHUNK_BYTES,
@@ -195,7 +195,7 @@ class SpatialExtraction(Extraction):
         spatial_only = ("layout", "spatial_shape", "spatial_order", "compression",
                         "hdf5_chunk_bytes")
         attrs = {k: v for k, v in attrs.items() if k not in spatial_only}
-        attrs.update(backbone_tag=self.pooled_final.stem.removeprefix("features-"),
+        attrs.update(backbone_tag=feature_file_tag(self.pooled_final),
                      extracted_with=f"featcache features --spatial (the average of each map of "
                                     f"{self.final.name}, in float32, as the trunk pools it)",
                      bad_images=bad, num_bad_images=len(bad))

@@ -39,6 +39,8 @@ from featcache.losses import SPMLLoss, loss_class
 from featcache.paths import (
     dataset_dir,
     existing_labels,
+    feature_file_tag,
+    features_files_in,
     find_features,
     find_spatial_features,
     labels_path,
@@ -276,7 +278,7 @@ def feature_files(options: LinearOptions, labels) -> FeatureFiles:
         pooled = open_features(find_features(options.dataset, options.backbone, options.cache),
                                labels)
     # the spatial file of the same backbone and weights: spatial-<tag>.h5 beside features-<tag>.h5
-    backbone = options.backbone or (pooled.path.stem[len("features-"):] if pooled is not None
+    backbone = options.backbone or (feature_file_tag(pooled.path) if pooled is not None
                                     else _only_spatial_backbone(options))
     path = (spatial_features_path(options.dataset, backbone, options.cache)
             if backbone is not None else None)
@@ -307,15 +309,15 @@ def _only_spatial_backbone(options: LinearOptions) -> str | None:
     """The backbone of the dataset's only spatial features file, else of its only pooled one
     (whose spatial file is then missing); None when neither says."""
     root = dataset_dir(options.dataset, options.cache)
-    found = sorted(root.glob("spatial-*.h5"))
+    found = features_files_in(root, spatial=True)
     if len(found) > 1:
-        names = ", ".join(p.stem[len("spatial-"):] for p in found)
+        names = ", ".join(feature_file_tag(p) for p in found)
         raise InputError(f"{root} holds several spatial features files ({names}); choose one "
                          "with --backbone")
     if found:
-        return found[0].stem[len("spatial-"):]
-    pooled = sorted(root.glob("features-*.h5"))
-    return pooled[0].stem[len("features-"):] if len(pooled) == 1 else None
+        return feature_file_tag(found[0])
+    pooled = features_files_in(root)
+    return feature_file_tag(pooled[0]) if len(pooled) == 1 else None
 
 
 def load_training_data(labels, features, device, budget: int, stream: bool,

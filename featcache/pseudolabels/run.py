@@ -25,7 +25,13 @@ from featcache.data.labelfile import LabelSet, load_labels
 from featcache.data.pseudofile import check_name, pseudo_labels_path, write_pseudo_labels
 from featcache.errors import InputError, OptionError
 from featcache.fileio import sha256_file
-from featcache.paths import dataset_dir, existing_labels, features_path
+from featcache.paths import (
+    dataset_dir,
+    existing_labels,
+    feature_file_tag,
+    features_files_in,
+    features_path,
+)
 from featcache.pseudolabels import rules
 
 BLOCK_ROWS = 4096
@@ -143,7 +149,7 @@ def choose_features(options: PseudoLabelOptions, labels: LabelSet) -> Path:
         candidates = [path]
     else:
         candidates = []
-        for path in sorted(root.glob("features-*.h5")):
+        for path in features_files_in(root):
             with h5py.File(path, "r") as h5:
                 if "text/embeddings" in h5:
                     candidates.append(path)
@@ -152,7 +158,7 @@ def choose_features(options: PseudoLabelOptions, labels: LabelSet) -> Path:
                              f"`featcache features --dataset {options.dataset} --backbone "
                              "clip-vit-l14-336 --text` (add --crops 4x4 for the aevlp rule)")
         if len(candidates) > 1:
-            names = ", ".join(p.stem.removeprefix("features-") for p in candidates)
+            names = ", ".join(feature_file_tag(p) for p in candidates)
             raise OptionError(f"several features files of {options.dataset} have text embeddings "
                               f"({names}); choose one with --backbone")
     attrs = read_feature_attrs(candidates[0])
