@@ -6,8 +6,8 @@ protocol's exact path) when everything fits; otherwise the training split is str
 the features file in blocks (:mod:`featcache.linear.stream`), the validation and test splits
 staying in memory while they fit. The estimate counts what grows with the data: features,
 labels, each concurrent group's per-example state, optimizer moments, predictions kept for
-the training mAP, evaluation buffers and BoostLU's scoring blocks; the process's current resident size stands for the
-rest (the interpreter, PyTorch, the labels file).
+the training mAP, evaluation buffers and BoostLU's scoring blocks; the process's current
+resident size stands for the rest (the interpreter, PyTorch, the labels file).
 """
 
 from __future__ import annotations
