@@ -41,9 +41,9 @@ class RankedScores:
         """AP of every column against ``targets`` (N, L) or (..., N, L) 0/1: float64 (..., L)."""
         n = self.num_examples
         positives = targets.to(device=self.rows.device).transpose(-1, -2) > 0
-        try:
-            shape = torch.broadcast_shapes(self.rows.shape, positives.shape)
-        except RuntimeError:
+        try:  # numpy's, not torch's: torch.broadcast_shapes imports sympy (~0.4 s) on first use
+            shape = torch.Size(np.broadcast_shapes(tuple(self.rows.shape), tuple(positives.shape)))
+        except ValueError:
             shape = None
         if shape != self.rows.shape:
             raise ValueError(f"targets of shape {tuple(targets.shape)} do not fit scores of "

@@ -132,6 +132,26 @@ def test_a_stacked_head_trains_exactly_like_the_same_configuration_alone(toy):
         [r.val_map for r in alone.epochs], abs=1e-4)
 
 
+@pytest.mark.parametrize("loss", ["an", "an-ls"])
+def test_training_with_a_hand_written_loss_gradient_gives_autograds_numbers(toy, loss, monkeypatch):
+    grid = [GridPoint(lr, 8) for lr in (1e-2, 1e-3)]
+    calls = []
+    hand_written = loss_class(loss).loss_and_grad
+
+    def counted(self, *args):
+        calls.append(1)
+        return hand_written(self, *args)
+
+    monkeypatch.setattr(loss_class(loss), "loss_and_grad", counted)
+    by_hand = train_group(toy, loss, grid, epochs=2, progress=False)
+    assert len(calls) == 2 * (len(toy.train) // 8)
+    monkeypatch.setattr(loss_class(loss), "loss_and_grad", lambda self, *args: None)
+    autograd = train_group(toy, loss, grid, epochs=2, progress=False)
+    for ours, theirs in zip(by_hand, autograd, strict=True):
+        assert torch.equal(ours.weight, theirs.weight) and torch.equal(ours.bias, theirs.bias)
+        assert ours.epochs == theirs.epochs
+
+
 def test_same_seed_same_numbers_and_another_seed_differs(toy):
     grid = [GridPoint(1e-2, 16, seed=0)]
     first = train_group(toy, "role", grid, epochs=2, progress=False)[0]

@@ -9,7 +9,8 @@ import torch
 from loss_math import batch_mean, cells, logit, nl, sig, tensor
 
 from featcache.errors import InputError
-from featcache.losses import Targets, create_loss, loss_class
+from featcache.losses import SPMLLoss, Targets, create_loss, loss_class, loss_names
+from featcache.losses.base import unit_gradient
 
 LOGITS = [[0.5, -1.0, 2.0], [-0.3, 0.8, 0.0]]
 CLEAN = [[1, 0, 1], [0, 1, 0]]
@@ -223,3 +224,55 @@ def test_role_reads_phi_rows_by_example_index_and_trains_phi_at_lr_mult():
     assert loss.learned_state_lr_mults() == {"phi": [10.0]}
     assert create_loss("role", 3, 2, params={"k": 1, "lr_mult": [5, 20]}).learned_state_lr_mults() == {
         "phi": [5.0, 20.0]}
+
+
+# ------------------------------------------------------------- hand-written gradients
+HAND_GRADIENT = sorted(name for name in loss_names()
+                       if loss_class(name).loss_and_grad is not SPMLLoss.loss_and_grad)
+
+
+def test_the_losses_with_a_hand_written_gradient():
+    assert HAND_GRADIENT == ["an", "an-ls", "n-ls"]
+
+
+@pytest.mark.parametrize("name", HAND_GRADIENT)
+@pytest.mark.parametrize("scale", [0.1, 3.0, 30.0])
+def test_a_hand_written_gradient_is_autograds_bit_for_bit(name, scale):
+    """Same loss and same gradient, every bit: random shapes, saturated probabilities (f = 0
+    and f = 1 exactly), observed negatives, and per-head parameters where the loss has any."""
+    generator = torch.Generator().manual_seed(int(scale * 10))
+    for trial in range(40):
+        heads, batch, classes = (int(torch.randint(1, high, (), generator=generator))
+                                 for high in (5, 17, 30))
+        logits = torch.randn(heads, batch, classes, generator=generator) * scale
+        logits[..., 0], logits[..., -1] = 100.0, -100.0
+        observed = torch.randint(-1, 2, (batch, classes), generator=generator).float()
+        params = ({"eps_pos": [0.2 * (h + 1) / heads for h in range(heads)]}
+                  if name == "an-ls" and trial % 2 else None)
+        loss = create_loss(name, classes, heads, params=params)
+        targets = Targets(observed, torch.arange(batch))
+        leaf = logits.clone().requires_grad_(True)
+        expected = loss.forward(leaf, targets, {}, 0)
+        (expected_grad,) = torch.autograd.grad(expected.sum(), [leaf])
+        value, grad = loss.loss_and_grad(logits, targets, {}, 0)
+        assert torch.equal(value, expected.detach()), (trial, heads, batch, classes)
+        assert torch.equal(grad, expected_grad), (trial, heads, batch, classes)
+
+
+def test_an_hand_written_gradient_by_hand():
+    """AN's gradient against its definition: d/dg = (-1/(f+eps) if z=1 else 1/(1-f+eps)) f(1-f)/(BL)."""
+    loss = create_loss("an", L)
+    value, grad = loss.loss_and_grad(tensor(LOGITS, 1), Targets(tensor(OBSERVED), torch.arange(B)),
+                                     {}, 0)
+    for b, i, p in cells(probs()):
+        d_f = (-1 / (p + 1e-5) if OBSERVED[b][i] == 1 else 1 / (1 - p + 1e-5)) / (B * L)
+        assert grad[0, b, i].item() == pytest.approx(d_f * p * (1 - p), rel=1e-5)
+    assert value.item() == pytest.approx(run("an").item(), rel=0, abs=0)
+
+
+@pytest.mark.parametrize("count", [1, 3, 160, 320, 1620, 7 * 13])
+def test_unit_gradient_is_autograds_seed_of_a_mean(count):
+    leaf = torch.zeros(count, requires_grad=True)
+    (leaf.sum() / count).backward()
+    assert torch.equal(unit_gradient(leaf, count), leaf.grad[0])
+    assert torch.equal(unit_gradient(leaf, count, -1.0), -leaf.grad[0])

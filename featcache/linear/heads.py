@@ -56,7 +56,7 @@ class StackedLinear:
     @torch.no_grad()
     def forward(self, x: Tensor) -> Tensor:
         """Logits (H, B, L) of a training batch, outside autograd (the kernel ``__call__`` runs)."""
-        return torch.bmm(x.expand(self.num_heads, -1, -1), self.weight) + self.bias
+        return torch.bmm(x.expand(self.num_heads, -1, -1), self.weight).add_(self.bias)
 
     @torch.no_grad()
     def grads(self, x: Tensor, grad_logits: Tensor) -> tuple[Tensor, Tensor]:
@@ -285,9 +285,10 @@ class StackedAdam:
 
     def _fused_step(self, grads: Sequence[Tensor]) -> None:
         self._step.fill_(float(self.step_count))
+        per_head = [grad.unbind(0) for grad in grads]
         for lr, slots, params, exp_avg, exp_avg_sq in self._calls:
             torch._fused_adam_(
-                params, [grads[i][head] for i, head in slots], exp_avg, exp_avg_sq, [],
+                params, [per_head[i][head] for i, head in slots], exp_avg, exp_avg_sq, [],
                 [self._step] * len(params), lr=lr, beta1=self.beta1, beta2=self.beta2,
                 weight_decay=0.0, eps=self.eps, amsgrad=False, maximize=False)
 

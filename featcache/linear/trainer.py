@@ -112,6 +112,9 @@ class GroupTrainer:
             [lr * m for lr, m in zip(lrs, self.learned[name], strict=True)] for name in self.learned])
         self.order = torch.Generator().manual_seed(derive_seed(seed, "order", batch_size))
         self.learned_tensors = [self.state[name] for name in self.learned]
+        # a hand-written loss gradient, until the loss says it has none (state it trains keeps
+        # autograd)
+        self.by_hand = not self.learned
         self.rows = {name: feature_rows(getattr(data, name)) for name in ("train", "val", "test")}
         self.val_observed = (data.val.observed == 1).float()
         self.test_targets = (data.test.clean if data.test.clean is not None
@@ -161,14 +164,23 @@ class GroupTrainer:
     def train_step(self, x: Tensor, index: Tensor, epoch: int) -> tuple[Tensor, Tensor]:
         """One Adam step of every head on the batch ``x`` (rows ``index`` of the training split).
 
-        Autograd runs through the loss only; the heads' gradients are two batched matmuls
+        The loss's gradient comes from its hand-written form where it has one
+        (:meth:`~featcache.losses.SPMLLoss.loss_and_grad`, the same bits), else from autograd
+        run through the loss only; the heads' gradients are two batched matmuls
         (:meth:`StackedLinear.grads`). Returns the per-head loss and the batch's logits.
         """
         train = self.data.train
         targets = Targets(train.observed.index_select(0, index), index,
                           None if train.clean is None else train.clean.index_select(0, index),
                           None if train.pseudo is None else train.pseudo.index_select(0, index))
-        logits = self.head.forward(x).requires_grad_(True)
+        logits = self.head.forward(x)
+        by_hand = self.loss.loss_and_grad(logits, targets, self.state, epoch) if self.by_hand else None
+        if by_hand is not None:
+            per_head, grad_logits = by_hand
+            self.adam.step(self.head.grads(x, grad_logits))
+            return per_head, logits
+        self.by_hand = False
+        logits.requires_grad_(True)
         per_head = self.loss.forward(logits, targets, self.state, epoch)
         grads = torch.autograd.grad(per_head.sum(), [logits, *self.learned_tensors])
         self.adam.step([*self.head.grads(x, grads[0]), *grads[1:]])

@@ -66,6 +66,18 @@ def device_constant(values: Sequence[float], device: torch.device | str | None,
     return tensor
 
 
+def unit_gradient(like: Tensor, count: int, sign: float = 1.0) -> Tensor:
+    """``sign / count`` as autograd's backward of ``total / count`` computes it (``1 / count``
+    on ``like``'s dtype and device; negation is exact), as a 0-d tensor built once per count,
+    sign, device and dtype: the seed of a hand-written gradient. Treat it as read-only."""
+    key = ("unit", count, sign, like.device, like.dtype)
+    tensor = _CONSTANTS.get(key)
+    if tensor is None:
+        tensor = _CONSTANTS[key] = sign * (torch.ones((), dtype=like.dtype, device=like.device)
+                                           / count)
+    return tensor
+
+
 def neglog(x: Tensor) -> Tensor:
     """``-log(x + 1e-5)``, the reference code's guarded log on probabilities."""
     return -torch.log(x + LOG_EPSILON)
@@ -512,6 +524,15 @@ class SPMLLoss:
                 epoch: int) -> Tensor:
         """Loss per head, shape (H,), for logits (H, B, L) in epoch ``epoch`` (0-based)."""
         raise NotImplementedError
+
+    def loss_and_grad(self, logits: Tensor, targets: Targets, state: dict[str, Tensor],
+                      epoch: int) -> tuple[Tensor, Tensor] | None:
+        """The loss per head (H,) and the gradient of their sum with respect to ``logits``
+        (H, B, L), written out by hand: bit for bit what autograd gives through
+        :meth:`forward`, without its bookkeeping (most of a training step's cost on small
+        batches). None, the default: the trainer runs autograd through :meth:`forward`.
+        A loss that trains state beside the head (:attr:`learned_state`) keeps autograd."""
+        return None
 
     def __call__(self, logits: Tensor, targets: Targets, state: dict[str, Tensor] | None = None,
                  epoch: int = 0) -> Tensor:

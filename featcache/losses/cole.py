@@ -17,6 +17,7 @@ from featcache.errors import InputError
 from featcache.losses.base import (
     FULL_LABELS,
     K_PARAM,
+    LOG_EPSILON,
     OBSERVED_NEGATIVES,
     SPMLLoss,
     Targets,
@@ -24,6 +25,7 @@ from featcache.losses.base import (
     matrix_mean,
     neglog,
     positive,
+    unit_gradient,
     unit_interval,
 )
 from featcache.losses.registry import register_loss
@@ -149,6 +151,24 @@ class AssumeNegative(SPMLLoss):
     def forward(self, logits, targets, state, epoch):
         return matrix_mean(assume_negative(torch.sigmoid(logits), targets.observed))
 
+    def loss_and_grad(self, logits, targets, state, epoch):
+        # forward's graph, with autograd's backward formulas applied by hand: d(sum/(B*L)) is
+        # 1/(B*L); through where(), neg and log(x + eps) each side becomes -+1/(B*L) / (x + eps)
+        # (the other side contributes an exact zero), rsub flips the sign of 1 - f's, and
+        # sigmoid_backward is the kernel autograd calls.
+        probs = torch.sigmoid(logits)
+        positive = targets.observed == 1
+        shifted_pos = probs + LOG_EPSILON
+        shifted_neg = (1.0 - probs).add_(LOG_EPSILON)
+        # negation is exact, so -(sum of logs) / n is matrix_mean of the negated logs
+        batch, classes = logits.shape[-2:]
+        loss = torch.where(positive, torch.log(shifted_pos), torch.log(shifted_neg))
+        loss = loss.sum(dim=(-2, -1)).div_(-(batch * classes))
+        count = batch * classes
+        grad_probs = torch.where(positive, unit_gradient(logits, count, -1.0) / shifted_pos,
+                                 unit_gradient(logits, count) / shifted_neg)
+        return loss, torch.ops.aten.sigmoid_backward(grad_probs, probs)
+
 
 @register_loss
 class AssumeNegativeSmoothed(SPMLLoss):
@@ -168,9 +188,26 @@ class AssumeNegativeSmoothed(SPMLLoss):
               "eps_neg": unit_interval(0.1, "smoothing of assumed negatives (target eps_neg)")}
 
     def forward(self, logits, targets, state, epoch):
+        return matrix_mean(soft_bce(torch.sigmoid(logits), self.target(targets, logits)))
+
+    def target(self, targets: Targets, logits: Tensor) -> Tensor:
+        """The smoothed target of every entry: 1 - eps_pos on positives, eps_neg elsewhere."""
         positive = targets.observed == 1
-        target = positive * (1.0 - self.value("eps_pos", logits)) + ~positive * self.value("eps_neg", logits)
-        return matrix_mean(soft_bce(torch.sigmoid(logits), target))
+        return positive * (1.0 - self.value("eps_pos", logits)) + ~positive * self.value("eps_neg", logits)
+
+    def loss_and_grad(self, logits, targets, state, epoch):
+        # soft_bce's graph by hand: with c = 1/(B*L), t * neglog(f) gives -(c * t) / (f + eps)
+        # and (1 - t) * neglog(1 - f) gives +(c * (1 - t)) / ((1 - f) + eps) (rsub flips the
+        # sign); autograd adds the two (exactly, in either order).
+        probs = torch.sigmoid(logits)
+        target = self.target(targets, logits)
+        rest = 1.0 - target
+        shifted_pos = probs + LOG_EPSILON
+        shifted_neg = (1.0 - probs).add_(LOG_EPSILON)
+        loss = matrix_mean(target * -torch.log(shifted_pos) + rest * -torch.log(shifted_neg))
+        unit = unit_gradient(logits, logits.shape[-2] * logits.shape[-1])
+        grad_probs = torch.div((unit * target).neg_(), shifted_pos).add_((unit * rest) / shifted_neg)
+        return loss, torch.ops.aten.sigmoid_backward(grad_probs, probs)
 
 
 @register_loss
