@@ -29,6 +29,7 @@ Every timed block also records the CPU time other processes took meanwhile.
     python -m benchmarks.linear --all                 # 1-4: every figure of the README
     python -m benchmarks.linear --all-losses --out-of-core --delete-big
     python -m benchmarks.linear --size coco --device cuda
+    python -m benchmarks.linear --reference-code ../single-positive-multi-label  # + the authors' loop
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ import torch
 from sklearn.metrics import average_precision_score
 
 from benchmarks._common import BENCH_DIR, Busy, describe, machine, save, tree_memory
+from benchmarks.reference_code import authors_config_epochs, write_reference_layout
 from featcache.data.featurefile import write_features
 from featcache.data.labelfile import LabelSet, SplitLabels, load_labels, write_labels
 from featcache.data.sampling import observe_uniform, split_train_val
@@ -330,7 +332,26 @@ def measure_speed(args, device, labels_path, features_path, table: Table) -> dic
     table.add(f"reference loop ({reference}), scaled to 8 x 25", baseline, baseline / 200,
               baseline / ours, busy.others)
     print(f"  reference: {baseline:.0f} s estimated; {busy.note()}", flush=True)
+    if args.reference_code:
+        out["authors_code"] = measure_authors_code(args, data, reference, ours, table)
     return out
+
+
+def measure_authors_code(args, data, loss: str, ours: float, table: Table) -> dict:
+    """The authors' own ``train.py`` (a clone at ``--reference-code``) on the same data."""
+    root = write_reference_layout(data, BENCH_DIR / "reference-code" / args.size)
+    with Busy() as busy:
+        per_epoch = {bs: authors_config_epochs(Path(args.reference_code), root, bs,
+                                               args.baseline_epochs, loss=loss) for bs in (8, 16)}
+    total = sum(4 * 25 * s for s in per_epoch.values())
+    for bs in (8, 16):
+        table.add(f"the authors' train.py ({loss}), bs {bs}, measured",
+                  per_epoch[bs] * args.baseline_epochs, per_epoch[bs], None, None)
+    table.add(f"the authors' train.py ({loss}), scaled to 8 x 25", total, total / 200,
+              total / ours, busy.others)
+    print(f"  the authors' code: {total:.0f} s estimated; {busy.note()}", flush=True)
+    return {"repository": str(args.reference_code), "seconds_per_config_epoch": per_epoch,
+            "seconds_estimated": total, "speedup": total / ours, "busy": busy.record()}
 
 
 def measure_all_losses(args, device, labels_path, table: Table) -> dict:
@@ -442,6 +463,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--baseline-epochs", type=int, default=1,
                         help="epochs of the reference loop per batch size (then scaled to 8 x 25)")
     parser.add_argument("--no-baseline", action="store_true")
+    parser.add_argument("--reference-code", metavar="PATH",
+                        help="also run the authors' own train.py from this clone of "
+                             "elijahcole/single-positive-multi-label (benchmarks.reference_code)")
     parser.add_argument("--all-losses", action="store_true", help="also time --loss all")
     parser.add_argument("--out-of-core", action="store_true", help="also the big streamed file")
     parser.add_argument("--big-rows", type=int, default=1_000_000)
