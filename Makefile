@@ -25,6 +25,7 @@ help:
 	@echo "make features DATASET=voc [SPATIAL=1] [FEATURES_ARGS=...]   stage one for a prepared dataset (SPATIAL=1: feature maps for BoostLU too)"
 	@echo "make lint      ruff and the import-linter architecture contracts"
 	@echo "make bench     speed benchmarks (benchmarks/), figures in cache/bench/"
+	@echo "               (REFERENCE_CODE=PATH: also the authors' train.py from that clone)"
 	@echo "make gpu-check validate the GPU paths (under 10 min on one H100; CPU-able parts only without CUDA)"
 	@echo "make real-features   every loss on the real feature sets of ../shared/data (README table)"
 
@@ -57,8 +58,11 @@ lint: install
 	$(BIN)/ruff check featcache tests benchmarks
 	$(BIN)/lint-imports
 
+# REFERENCE_CODE=PATH (a clone of elijahcole/single-positive-multi-label) adds the authors' own
+# train.py to stage two's side-by-side figures.
+REFERENCE_CODE ?=
 bench: install
-	$(BIN)/python -m benchmarks
+	FEATCACHE_REFERENCE_CODE=$(REFERENCE_CODE) $(BIN)/python -m benchmarks
 
 # The GPU check runs where the project is not installed too (a lent GPU machine with its own
 # PyTorch): the repository on PYTHONPATH, the venv's python if there is one, else python3.

@@ -464,8 +464,10 @@ def main(argv: list[str] | None = None) -> dict:
                         help="epochs of the reference loop per batch size (then scaled to 8 x 25)")
     parser.add_argument("--no-baseline", action="store_true")
     parser.add_argument("--reference-code", metavar="PATH",
+                        default=os.environ.get("FEATCACHE_REFERENCE_CODE") or None,
                         help="also run the authors' own train.py from this clone of "
-                             "elijahcole/single-positive-multi-label (benchmarks.reference_code)")
+                             "elijahcole/single-positive-multi-label (benchmarks.reference_code; "
+                             "default: $FEATCACHE_REFERENCE_CODE)")
     parser.add_argument("--all-losses", action="store_true", help="also time --loss all")
     parser.add_argument("--out-of-core", action="store_true", help="also the big streamed file")
     parser.add_argument("--big-rows", type=int, default=1_000_000)
