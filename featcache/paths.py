@@ -7,6 +7,7 @@ variable says otherwise.
 from __future__ import annotations
 
 import os
+from collections.abc import Collection
 from pathlib import Path
 
 from featcache.errors import InputError, did_you_mean
@@ -63,6 +64,17 @@ def feature_file_name(tag: str, spatial: bool = False) -> str:
     return f"{SPATIAL if spatial else POOLED}-{tag}.h5"
 
 
+#: the tag's suffix of features made with the protocol's transform on a backbone whose own
+#: transform differs (``featcache features --preprocess protocol``)
+PROTOCOL_SUFFIX = "-protocol"
+
+
+def feature_tag(backbone: str, weights_tag: str | None = None, protocol: bool = False) -> str:
+    """``<backbone>[-<weights>][-protocol]``: the tag a features file is named by (stage one
+    names files with it, fine-tuning's linear phase looks them up with it)."""
+    return backbone + (f"-{weights_tag}" if weights_tag else "") + (PROTOCOL_SUFFIX if protocol else "")
+
+
 def features_path(dataset: str, backbone: str, cache: str | os.PathLike | None = None) -> Path:
     return dataset_dir(dataset, cache) / feature_file_name(backbone)
 
@@ -81,11 +93,20 @@ def features_files_in(root: Path, spatial: bool = False) -> list[Path]:
 
 
 def backbone_feature_files(dataset: str, backbone: str, spatial: bool = False,
-                           cache: str | os.PathLike | None = None) -> list[Path]:
+                           cache: str | os.PathLike | None = None,
+                           backbones: Collection[str] = ()) -> list[Path]:
     """Every finished pooled (or spatial) features file of ``backbone``, whatever its weights:
-    ``features-<backbone>.h5`` and ``features-<backbone>-<weights...>.h5``, sorted."""
+    ``features-<backbone>.h5`` and ``features-<backbone>-<weights...>.h5``, sorted. Pass the
+    registered ``backbones``: a longer name that extends this one (``clip-vit-l14-336`` beside
+    ``clip-vit-l14``) owns its files."""
+    longer = [b for b in backbones if b.startswith(f"{backbone}-")]
+
+    def owns(tag: str, name: str) -> bool:
+        return tag == name or tag.startswith(f"{name}-")
+
     return [p for p in features_files_in(dataset_dir(dataset, cache), spatial)
-            if feature_file_tag(p) == backbone or feature_file_tag(p).startswith(f"{backbone}-")]
+            if owns(feature_file_tag(p), backbone)
+            and not any(owns(feature_file_tag(p), other) for other in longer)]
 
 
 def find_features(dataset: str, backbone: str | None = None,

@@ -10,9 +10,10 @@ from helpers_images import make_dataset
 from featcache.backbones.registry import create_backbone
 from featcache.data.labelfile import load_labels
 from featcache.data.synthetic import write_image_labels
+from featcache.errors import OptionError
 from featcache.finetune.data import load_finetune_data
 from featcache.finetune.options import FinetuneOptions
-from featcache.finetune.start import resolve_start
+from featcache.finetune.start import linear_features, resolve_start
 from featcache.runtime import Ranks
 
 CPU = Ranks(0, 1, 0, 1, torch.device("cpu"))
@@ -93,3 +94,18 @@ def test_missing_and_broken_images(tmp_path):
                           kinds={i: "truncated" for i in range(10)})
     _refused(finetune(broken / "cache", *args[:1], "broken", *args[2:]), "cannot read image",
              "train row", str(labels))
+
+
+def test_the_linear_phase_finds_its_features_file_by_weights_whatever_its_transform(tmp_path):
+    """--weights picks ``<backbone>-<weights>`` or ``...-protocol`` (stage one's names for the
+    backbone's own and the protocol's transform), never another backbone's or weights' file."""
+    root = tmp_path / "voc"
+    root.mkdir()
+    for name in ("features-resnet50-random-protocol.h5", "features-resnet50-random7.h5",
+                 "features-resnet18-random.h5"):
+        (root / name).touch()
+    options = FinetuneOptions(dataset="voc", loss="an", weights="random", cache=str(tmp_path))
+    assert linear_features(options).name == "features-resnet50-random-protocol.h5"
+    (root / "features-resnet50-random.h5").touch()
+    with pytest.raises(OptionError, match="several features files for resnet50.*differ in transform"):
+        linear_features(options)

@@ -6,6 +6,7 @@ from featcache.paths import (
     backbone_feature_files,
     feature_file_name,
     feature_file_tag,
+    feature_tag,
     features_files_in,
     features_path,
     pooled_twin,
@@ -40,3 +41,25 @@ def test_a_backbones_files_are_found_whatever_their_weights_and_only_its_own(tmp
         "features-resnet18.h5", "features-resnet50-random.h5", "features-resnet50.h5",
         "features-resnet50x2.h5"]  # never the hidden temporary file
     assert [p.name for p in features_files_in(root, spatial=True)] == ["spatial-resnet50-random.h5"]
+
+
+def test_a_longer_backbone_name_owns_its_files(tmp_path):
+    root = tmp_path / "voc"
+    root.mkdir()
+    for name in ("features-clip-vit-l14.h5", "features-clip-vit-l14-protocol.h5",
+                 "features-clip-vit-l14-336.h5", "features-clip-vit-l14-336-protocol.h5"):
+        (root / name).touch()
+    names = ["clip-vit-l14", "clip-vit-l14-336", "resnet50"]
+    assert [p.name for p in backbone_feature_files("voc", "clip-vit-l14", cache=tmp_path,
+                                                   backbones=names)] == [
+        "features-clip-vit-l14-protocol.h5", "features-clip-vit-l14.h5"]
+    assert [p.name for p in backbone_feature_files("voc", "clip-vit-l14-336", cache=tmp_path,
+                                                   backbones=names)] == [
+        "features-clip-vit-l14-336-protocol.h5", "features-clip-vit-l14-336.h5"]
+
+
+def test_one_function_composes_a_features_files_tag():
+    assert feature_tag("resnet50") == "resnet50"
+    assert feature_tag("resnet50", "random") == "resnet50-random"
+    assert feature_tag("clip-vit-b16", None, protocol=True) == "clip-vit-b16-protocol"
+    assert feature_tag("resnet50", "weights-ab12", protocol=True) == "resnet50-weights-ab12-protocol"

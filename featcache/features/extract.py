@@ -72,7 +72,13 @@ from featcache.fileio import (
     require_space,
 )
 from featcache.interrupt import check_stop
-from featcache.paths import existing_labels, feature_file_tag, features_path, spatial_features_path
+from featcache.paths import (
+    existing_labels,
+    feature_file_tag,
+    feature_tag,
+    features_path,
+    spatial_features_path,
+)
 from featcache.progress import progress, say
 from featcache.protocol.runs import describe_differences
 from featcache.runtime import (
@@ -165,10 +171,8 @@ class ExtractOptions:
     def file_tag(self, source: WeightsSource) -> str:
         """``<backbone>[-<weights>][-protocol]``: the features file's tag."""
         spec = backbone_spec(self.backbone)
-        tag = spec.name + (f"-{source.tag}" if source.tag else "")
-        if self.preprocess == "protocol" and spec.preprocess != PROTOCOL:
-            tag += "-protocol"
-        return tag
+        return feature_tag(spec.name, source.tag,
+                           protocol=self.preprocess == "protocol" and spec.preprocess != PROTOCOL)
 
 
 @dataclass

@@ -27,6 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from featcache.backbones import (
+    backbone_names,
     backbone_spec,
     create_backbone,
     described_image_size,
@@ -42,7 +43,13 @@ from featcache.finetune.data import FinetuneData
 from featcache.finetune.distributed import on_main
 from featcache.finetune.options import FinetuneOptions
 from featcache.losses import loss_class
-from featcache.paths import backbone_feature_files, dataset_dir, feature_file_name, runs_dir
+from featcache.paths import (
+    backbone_feature_files,
+    dataset_dir,
+    feature_file_tag,
+    feature_tag,
+    runs_dir,
+)
 from featcache.protocol.grid import linearinit_hparams
 from featcache.protocol.handoff import HEAD_FILE, LinearPhase, LinearPhaseRequest, load_head
 from featcache.protocol.loss_choice import needs_spatial
@@ -175,12 +182,13 @@ def linear_features(options: FinetuneOptions) -> Path:
             + (f" --weights {options.weights}" if options.weights else "")
             + (f" --image-size {options.image_size}" if options.image_size else "")
             + (" --spatial" if spatial else "") + "`")
+    found = backbone_feature_files(options.dataset, backbone, spatial, options.cache,
+                                   backbones=backbone_names())
     if options.weights is not None:
-        tag = describe_weights(spec, options.weights).tag
-        path = root / feature_file_name(f"{backbone}-{tag}" if tag else backbone, spatial)
-        found = [path] if path.is_file() else []
-    else:
-        found = backbone_feature_files(options.dataset, backbone, spatial, options.cache)
+        # made with these weights, with the backbone's own transform or the protocol's
+        weights_tag = describe_weights(spec, options.weights).tag
+        wanted = {feature_tag(spec.name, weights_tag, protocol) for protocol in (False, True)}
+        found = [p for p in found if feature_file_tag(p) in wanted]
     if options.image_size is not None:
         found = [p for p in found if read_feature_attrs(p).get("image_size") == options.image_size]
     if not found:
@@ -193,8 +201,10 @@ def linear_features(options: FinetuneOptions) -> Path:
     if len(found) > 1:
         names = ", ".join(p.name for p in found)
         kind = "spatial features" if spatial else "features"
-        raise OptionError(f"{root} holds several {kind} files for {backbone} ({names}); choose "
-                          "the weights of the linear phase with --weights")
+        fix = ("they differ in transform (the backbone's own and --preprocess protocol): move "
+               "away the one the linear phase should not train on" if options.weights is not None
+               else "choose the weights of the linear phase with --weights")
+        raise OptionError(f"{root} holds several {kind} files for {backbone} ({names}); {fix}")
     return found[0]
 
 
