@@ -132,7 +132,7 @@ def test_a_stacked_head_trains_exactly_like_the_same_configuration_alone(toy):
         [r.val_map for r in alone.epochs], abs=1e-4)
 
 
-@pytest.mark.parametrize("loss", ["an", "an-ls"])
+@pytest.mark.parametrize("loss", ["an", "an-ls", "wan", "bce-ls", "iun"])
 def test_training_with_a_hand_written_loss_gradient_gives_autograds_numbers(toy, loss, monkeypatch):
     grid = [GridPoint(lr, 8) for lr in (1e-2, 1e-3)]
     calls = []

@@ -232,7 +232,7 @@ HAND_GRADIENT = sorted(name for name in loss_names()
 
 
 def test_the_losses_with_a_hand_written_gradient():
-    assert HAND_GRADIENT == ["an", "an-ls", "n-ls"]
+    assert HAND_GRADIENT == ["an", "an-ls", "bce", "bce-ls", "iu", "iun", "n-ls", "wan"]
 
 
 @pytest.mark.parametrize("name", HAND_GRADIENT)
@@ -247,10 +247,12 @@ def test_a_hand_written_gradient_is_autograds_bit_for_bit(name, scale):
         logits = torch.randn(heads, batch, classes, generator=generator) * scale
         logits[..., 0], logits[..., -1] = 100.0, -100.0
         observed = torch.randint(-1, 2, (batch, classes), generator=generator).float()
-        params = ({"eps_pos": [0.2 * (h + 1) / heads for h in range(heads)]}
-                  if name == "an-ls" and trial % 2 else None)
+        clean = torch.randint(0, 2, (batch, classes), generator=generator).float()
+        per_head = [0.2 * (h + 1) / heads for h in range(heads)]
+        params = ({"an-ls": {"eps_pos": per_head}, "bce-ls": {"eps": per_head}}.get(name)
+                  if trial % 2 else None)
         loss = create_loss(name, classes, heads, params=params)
-        targets = Targets(observed, torch.arange(batch))
+        targets = Targets(observed, torch.arange(batch), clean)
         leaf = logits.clone().requires_grad_(True)
         expected = loss.forward(leaf, targets, {}, 0)
         (expected_grad,) = torch.autograd.grad(expected.sum(), [leaf])

@@ -17,7 +17,6 @@ from featcache.errors import InputError
 from featcache.losses.base import (
     FULL_LABELS,
     K_PARAM,
-    LOG_EPSILON,
     OBSERVED_NEGATIVES,
     SPMLLoss,
     Targets,
@@ -25,7 +24,6 @@ from featcache.losses.base import (
     matrix_mean,
     neglog,
     positive,
-    unit_gradient,
     unit_interval,
 )
 from featcache.losses.registry import register_loss
@@ -34,7 +32,9 @@ from featcache.losses.terms import (
     expand_initial,
     inverse_sigmoid,
     inverse_sigmoid_tensor,
+    masked_bce_with_grad,
     soft_bce,
+    soft_bce_with_grad,
     where_mask,
 )
 
@@ -76,6 +76,9 @@ class FullBCE(SPMLLoss):
         f = torch.sigmoid(logits)
         return matrix_mean(torch.where(clean_labels(targets, self.name) == 1, neglog(f), neglog(1.0 - f)))
 
+    def loss_and_grad(self, logits, targets, state, epoch):
+        return masked_bce_with_grad(logits, clean_labels(targets, self.name) == 1)
+
 
 @register_loss
 class FullBCESmoothed(SPMLLoss):
@@ -94,9 +97,16 @@ class FullBCESmoothed(SPMLLoss):
     params = {"eps": unit_interval(0.1, "smoothing: positives target 1-eps, negatives eps")}
 
     def forward(self, logits, targets, state, epoch):
+        return matrix_mean(soft_bce(torch.sigmoid(logits), self.target(targets, logits)))
+
+    def target(self, targets: Targets, logits: Tensor) -> Tensor:
+        """The smoothed full labels: 1 - eps on positives, eps on negatives."""
         clean = clean_labels(targets, self.name)
         eps = self.value("eps", logits)
-        return matrix_mean(soft_bce(torch.sigmoid(logits), clean * (1.0 - eps) + (1.0 - clean) * eps))
+        return clean * (1.0 - eps) + (1.0 - clean) * eps
+
+    def loss_and_grad(self, logits, targets, state, epoch):
+        return soft_bce_with_grad(logits, self.target(targets, logits))
 
 
 @register_loss
@@ -120,6 +130,10 @@ class IgnoreUnobservedTrueNegatives(SPMLLoss):
         negative = where_mask(clean == 0, neglog(1.0 - f))
         return matrix_mean(torch.where(targets.observed == 1, neglog(f), negative))
 
+    def loss_and_grad(self, logits, targets, state, epoch):
+        clean = clean_labels(targets, self.name)
+        return masked_bce_with_grad(logits, targets.observed == 1, negative=clean == 0)
+
 
 @register_loss
 class IgnoreUnobserved(SPMLLoss):
@@ -137,6 +151,10 @@ class IgnoreUnobserved(SPMLLoss):
         z = targets.observed
         return matrix_mean(torch.where(z == 1, neglog(f), where_mask(z == -1, neglog(1.0 - f))))
 
+    def loss_and_grad(self, logits, targets, state, epoch):
+        z = targets.observed
+        return masked_bce_with_grad(logits, z == 1, negative=z == -1)
+
 
 @register_loss
 class AssumeNegative(SPMLLoss):
@@ -152,22 +170,7 @@ class AssumeNegative(SPMLLoss):
         return matrix_mean(assume_negative(torch.sigmoid(logits), targets.observed))
 
     def loss_and_grad(self, logits, targets, state, epoch):
-        # forward's graph, with autograd's backward formulas applied by hand: d(sum/(B*L)) is
-        # 1/(B*L); through where(), neg and log(x + eps) each side becomes -+1/(B*L) / (x + eps)
-        # (the other side contributes an exact zero), rsub flips the sign of 1 - f's, and
-        # sigmoid_backward is the kernel autograd calls.
-        probs = torch.sigmoid(logits)
-        positive = targets.observed == 1
-        shifted_pos = probs + LOG_EPSILON
-        shifted_neg = (1.0 - probs).add_(LOG_EPSILON)
-        # negation is exact, so -(sum of logs) / n is matrix_mean of the negated logs
-        batch, classes = logits.shape[-2:]
-        loss = torch.where(positive, torch.log(shifted_pos), torch.log(shifted_neg))
-        loss = loss.sum(dim=(-2, -1)).div_(-(batch * classes))
-        count = batch * classes
-        grad_probs = torch.where(positive, unit_gradient(logits, count, -1.0) / shifted_pos,
-                                 unit_gradient(logits, count) / shifted_neg)
-        return loss, torch.ops.aten.sigmoid_backward(grad_probs, probs)
+        return masked_bce_with_grad(logits, targets.observed == 1)
 
 
 @register_loss
@@ -196,18 +199,7 @@ class AssumeNegativeSmoothed(SPMLLoss):
         return positive * (1.0 - self.value("eps_pos", logits)) + ~positive * self.value("eps_neg", logits)
 
     def loss_and_grad(self, logits, targets, state, epoch):
-        # soft_bce's graph by hand: with c = 1/(B*L), t * neglog(f) gives -(c * t) / (f + eps)
-        # and (1 - t) * neglog(1 - f) gives +(c * (1 - t)) / ((1 - f) + eps) (rsub flips the
-        # sign); autograd adds the two (exactly, in either order).
-        probs = torch.sigmoid(logits)
-        target = self.target(targets, logits)
-        rest = 1.0 - target
-        shifted_pos = probs + LOG_EPSILON
-        shifted_neg = (1.0 - probs).add_(LOG_EPSILON)
-        loss = matrix_mean(target * -torch.log(shifted_pos) + rest * -torch.log(shifted_neg))
-        unit = unit_gradient(logits, logits.shape[-2] * logits.shape[-1])
-        grad_probs = torch.div((unit * target).neg_(), shifted_pos).add_((unit * rest) / shifted_neg)
-        return loss, torch.ops.aten.sigmoid_backward(grad_probs, probs)
+        return soft_bce_with_grad(logits, self.target(targets, logits))
 
 
 @register_loss
@@ -231,9 +223,18 @@ class WeightedAssumeNegative(SPMLLoss):
     year = 2021
 
     def forward(self, logits, targets, state, epoch):
+        return matrix_mean(assume_negative(torch.sigmoid(logits), targets.observed,
+                                           self.neg_weight(logits)))
+
+    @staticmethod
+    def neg_weight(logits: Tensor) -> float:
+        """1 / (L - 1), the assumed negatives' weight (1 with a single class)."""
         classes = logits.shape[-1]
-        weight = 1.0 / (classes - 1) if classes > 1 else 1.0
-        return matrix_mean(assume_negative(torch.sigmoid(logits), targets.observed, weight))
+        return 1.0 / (classes - 1) if classes > 1 else 1.0
+
+    def loss_and_grad(self, logits, targets, state, epoch):
+        return masked_bce_with_grad(logits, targets.observed == 1,
+                                    neg_weight=self.neg_weight(logits))
 
 
 @register_loss

@@ -12,7 +12,14 @@ import torch
 from torch import Tensor
 
 from featcache.errors import InputError, LossStateError
-from featcache.losses.base import LOG_EPSILON, Targets, device_constant, neglog
+from featcache.losses.base import (
+    LOG_EPSILON,
+    Targets,
+    device_constant,
+    matrix_mean,
+    neglog,
+    unit_gradient,
+)
 
 
 def inverse_sigmoid(p: float) -> float:
@@ -54,6 +61,51 @@ def assume_negative(probs: Tensor, observed: Tensor, neg_weight: Tensor | float 
     are the observed labels clipped to >= 0).
     """
     return torch.where(observed == 1, neglog(probs), weighted(neg_weight, neglog(1.0 - probs)))
+
+
+# --------------------------------------------------------------- hand-written gradients
+# Each returns (loss per head (H,), d(sum of the losses) / d logits (H, B, L)) with the bits
+# autograd gives through the named expression: the same operations its backward formulas
+# run. Exact rewrites only: negation commutes with rounding, a sum of two terms rounds the
+# same in either order, and an entry where() does not pick gets an exact zero.
+
+
+def masked_bce_with_grad(logits: Tensor, positive: Tensor, negative: Tensor | None = None,
+                         neg_weight: float = 1.0) -> tuple[Tensor, Tensor]:
+    """``matrix_mean(where(positive, neglog(f), [negative] neg_weight * neglog(1 - f)))`` and
+    its gradient; ``negative`` None: every entry that is not positive (AN, WAN, BCE), else
+    only those (IU, IUN; the others contribute 0)."""
+    probs = torch.sigmoid(logits)
+    shifted_pos = probs + LOG_EPSILON
+    shifted_neg = (1.0 - probs).add_(LOG_EPSILON)
+    count = logits.shape[-2] * logits.shape[-1]
+    if negative is None:
+        # -(sum of the picked logs) / n is matrix_mean of the negated logs, bit for bit
+        picked = torch.where(positive, torch.log(shifted_pos),
+                             weighted(neg_weight, torch.log(shifted_neg)))
+        loss = picked.sum(dim=(-2, -1)).div_(-count)
+    else:
+        neg_term = where_mask(negative, weighted(neg_weight, -torch.log(shifted_neg)))
+        loss = matrix_mean(torch.where(positive, -torch.log(shifted_pos), neg_term))
+    neg_grad = weighted(neg_weight, unit_gradient(logits, count)) / shifted_neg
+    if negative is not None:
+        neg_grad = where_mask(negative, neg_grad)
+    grad_probs = torch.where(positive, unit_gradient(logits, count, -1.0) / shifted_pos, neg_grad)
+    return loss, torch.ops.aten.sigmoid_backward(grad_probs, probs)
+
+
+def soft_bce_with_grad(logits: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
+    """``matrix_mean(soft_bce(sigmoid(logits), target))`` and its gradient: with c = 1/(B*L),
+    -(c t) / (f + eps) from t * neglog(f) plus (c (1 - t)) / ((1 - f) + eps) from the other
+    term (AN-LS, N-LS, BCE-LS)."""
+    probs = torch.sigmoid(logits)
+    rest = 1.0 - target
+    shifted_pos = probs + LOG_EPSILON
+    shifted_neg = (1.0 - probs).add_(LOG_EPSILON)
+    loss = matrix_mean(target * -torch.log(shifted_pos) + rest * -torch.log(shifted_neg))
+    unit = unit_gradient(logits, logits.shape[-2] * logits.shape[-1])
+    grad_probs = torch.div((unit * target).neg_(), shifted_pos).add_((unit * rest) / shifted_neg)
+    return loss, torch.ops.aten.sigmoid_backward(grad_probs, probs)
 
 
 def per_head_labels(observed: Tensor, num_heads: int) -> Tensor:
