@@ -42,11 +42,6 @@ _partial: set[str] = set()
 _partial_lock = threading.Lock()
 
 
-def stop_requested() -> bool:
-    """Whether a stop was asked for (a signal, or :func:`request_stop`)."""
-    return _stop.is_set()
-
-
 def check_stop() -> None:
     """Raise :class:`Interrupted` if a stop was asked for; call it once per step of long loops."""
     if _stop.is_set():
@@ -81,16 +76,17 @@ def partial_file(path: str | os.PathLike) -> Iterator[None]:
 
 
 @contextmanager
-def stop_signals(message=None) -> Iterator[None]:
+def stop_signals() -> Iterator[None]:
     """Handle SIGINT and SIGTERM as described in the module docstring, for the block.
 
-    ``message(text)`` prints the first signal's notice (default: a line on stderr). Outside the
-    main thread (where Python cannot install handlers) the block runs unchanged.
+    Outside the main thread (where Python cannot install handlers) the block runs unchanged.
+    Nested inside another (a ``pipeline`` step runs a command), it leaves the outer block's
+    handlers and stop request as they are: a step stopped by Ctrl-C stops the pipeline too.
     """
-    if threading.current_thread() is not threading.main_thread():
+    if (threading.current_thread() is not threading.main_thread()
+            or _state["pid"] == os.getpid()):
         yield
         return
-    notice = message or _notice
     previous = {}
 
     def handler(signum, _frame):
@@ -105,7 +101,7 @@ def stop_signals(message=None) -> Iterator[None]:
             exit_now(signum)
         request_stop(signum)
         _forward(signum)
-        notice(f"featcache: {SIGNAL_NAMES[signum]}: stopping at the next safe point, keeping "
+        _write_stderr(f"featcache: {SIGNAL_NAMES[signum]}: stopping at the next safe point, keeping "
                f"what is finished ({SIGNAL_NAMES[signum]} again to exit at once)")
 
     clear_stop()
@@ -195,10 +191,6 @@ def exit_now(signum: int, quiet: bool = False) -> None:
         _write_stderr(f"featcache: {SIGNAL_NAMES.get(signum, 'signal')} again: exiting now; "
                       "finished work is kept (run the same command again to resume)")
     os._exit(SIGNALS.get(signum, 130))
-
-
-def _notice(text: str) -> None:
-    _write_stderr(text)
 
 
 def _write_stderr(text: str) -> None:

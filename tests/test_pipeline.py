@@ -171,3 +171,27 @@ def test_frozen_backbone_recipes_train_every_loss(path):
     assert sorted(rules) == ["aevlp"] * 4 + ["vlpl"] * 4  # what vlpl and gpr train on
     crops = [c[c.index("--crops") + 1] for c in (s.command for s in recipe.steps) if "--crops" in c]
     assert crops == ["4x4", "4x4", "4x4", "5x5"]  # AEVLP's grid_size: 5 for CUB
+
+
+def test_a_step_stopped_by_ctrl_c_stops_the_recipe(tmp_path, monkeypatch):
+    """The step's command says what it kept; the recipe does not go on to the next step, and
+    the exit status is the signal's (130)."""
+    import os
+    import signal
+
+    from featcache.commands import losses
+    from featcache.interrupt import check_stop
+
+    def interrupted_step(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)  # the handler the command line installed takes it
+        check_stop()
+
+    monkeypatch.setattr(losses.command, "callback", interrupted_step)
+    recipe = tmp_path / "stop.toml"
+    recipe.write_text('[[steps]]\nname = "first"\ncommand = ["losses"]\n'
+                      '[[steps]]\nname = "second"\ncommand = ["backbones"]\n')
+    result = invoke("pipeline", "run", recipe)
+    assert result.exit_code == 130, result.output
+    assert "[1/2] first" in result.output
+    assert "[2/2]" not in result.output
+    assert "stopped before step 2 (second); run it again" in result.output

@@ -41,10 +41,21 @@ def run(recipe, assignments, dry_run, cache):
 def run_recipe(recipe, cache: str | None = None, dry_run: bool = False) -> None:
     """Run every step of ``recipe`` through the command line, then write its report."""
     from featcache.cli import cli
-    from featcache.errors import FeatcacheError
+    from featcache.errors import FeatcacheError, Interrupted
+    from featcache.interrupt import check_stop
     from featcache.pipeline import write_report
 
+    def stop_before(what: str) -> None:
+        """A Ctrl-C during the last step (which said what it kept) or between steps ends the
+        recipe too; running it again reuses what is finished."""
+        try:
+            check_stop()
+        except Interrupted as exc:
+            raise exc.adding(f"{recipe.path} stopped before {what}; run it again to go on, "
+                             "finished runs are reused") from None
+
     for number, step in enumerate(recipe.steps, start=1):
+        stop_before(f"step {number} ({step.name})")
         line = "featcache " + shlex.join(step.command)
         if step.skip_if_exists and Path(step.skip_if_exists).exists():
             click.echo(f"[{number}/{len(recipe.steps)}] {step.name}: done already "
@@ -65,6 +76,7 @@ def run_recipe(recipe, cache: str | None = None, dry_run: bool = False) -> None:
                                  f"  the step was: {line}") from exc
     if dry_run or not recipe.report:
         return
+    stop_before("its report")
     table, out = write_report(recipe, cache)
     click.echo("")
     click.echo(table.markdown())
