@@ -26,15 +26,14 @@ from benchmarks._common import describe, machine, save
 from benchmarks.extract import generated_images
 from featcache.backbones import Uint8Normalize, create_backbone
 from featcache.backbones.inputs import ImageRows
-from featcache.data.featurefile import GZIP_LEVEL
+from featcache.data.featurefile import GZIP_LEVEL, chunk_rows, hdf5_filters
 from featcache.features.spatial import CHUNK_BYTES
 from featcache.runtime import usable_cpus
 from featcache.tables import Table
 
-FILTERS = {"none": {}, "lzf": {"compression": "lzf", "shuffle": True},
-           f"gzip {GZIP_LEVEL}": {"compression": "gzip", "compression_opts": GZIP_LEVEL,
-                                  "shuffle": True},
-           "gzip 4": {"compression": "gzip", "compression_opts": 4, "shuffle": True}}
+FILTERS = {"none": hdf5_filters(None), "lzf": hdf5_filters("lzf"),
+           f"gzip {GZIP_LEVEL}": hdf5_filters("gzip"),
+           "gzip 4": {**hdf5_filters("gzip"), "compression_opts": 4}}
 
 
 def generated_rows(images: int, image_size: int) -> np.ndarray:
@@ -52,13 +51,13 @@ def generated_rows(images: int, image_size: int) -> np.ndarray:
 
 
 def measure(rows: np.ndarray, folder: Path) -> dict:
-    height = max(1, CHUNK_BYTES // (rows.shape[1] * rows.dtype.itemsize))
+    height = chunk_rows(len(rows), rows.shape[1], rows.dtype, CHUNK_BYTES)
     out = {}
     for name, filters in FILTERS.items():
         path = folder / f"{name.replace(' ', '')}.h5"
         tick = time.perf_counter()
         with h5py.File(path, "w") as h5:
-            h5.create_dataset("rows", data=rows, chunks=(min(height, len(rows)), rows.shape[1]),
+            h5.create_dataset("rows", data=rows, chunks=(height, rows.shape[1]),
                               **filters)
         write = time.perf_counter() - tick
         tick = time.perf_counter()

@@ -133,8 +133,7 @@ def write_features(path: str | os.PathLike, labels: LabelSet,
         dims.append(int(sources[name][0].shape[1]))
     if dims[0] != dims[1]:
         raise InputError(f"train and test features differ in width: {sorted(set(dims))}")
-    if "layout" in attrs or "spatial_shape" in attrs:
-        spatial_shape(path, dict(attrs), dims[0])
+    spatial_shape(path, attrs, dims[0])  # a spatial file's attributes against the width
     # refused before the first byte when the disk cannot hold it (a file built row block by
     # row block may be larger than memory, so it is written as it comes, not built first)
     needed = (features_file_bytes([*labels.train.images, *labels.test.images], dims[0], dtype)
@@ -146,7 +145,6 @@ def write_features(path: str | os.PathLike, labels: LabelSet,
           StreamingSink(tmp) as sink, h5py.File(sink, "w") as h5):
         h5.attrs["format"] = FORMAT
         h5.attrs["format_version"] = FORMAT_VERSION
-        h5.attrs["feature_dim"] = dims[0]
         h5.attrs["dtype"] = dtype
         h5.attrs["labels_sha256"] = labels.sha256
         h5.attrs["labels_dataset"] = labels.dataset
@@ -154,6 +152,7 @@ def write_features(path: str | os.PathLike, labels: LabelSet,
         h5.attrs["created"] = now
         for key, value in attrs.items():
             h5.attrs[key] = encode_attr(value)
+        h5.attrs["feature_dim"] = dims[0]  # the rows' real width, whatever ``attrs`` said
         for name in OFFICIAL_SPLITS:
             part = labels.test if name == "test" else labels.train
             group = h5.create_group(name)
@@ -183,19 +182,33 @@ def _first_block(name: str, source) -> tuple[np.ndarray, Iterable]:
     return first, blocks
 
 
+def hdf5_filters(compression: str | None) -> dict:
+    """The h5py filters of features stored with ``compression`` (one of :data:`COMPRESSIONS`):
+    the byte shuffle before lzf or gzip, gzip at :data:`GZIP_LEVEL`."""
+    if compression is None:
+        return {}
+    filters = {"compression": compression, "shuffle": True}
+    if compression == "gzip":
+        filters["compression_opts"] = GZIP_LEVEL
+    return filters
+
+
+def chunk_rows(rows: int, width: int, dtype, chunk_bytes: int) -> int:
+    """Rows in one HDF5 chunk of whole rows of about ``chunk_bytes`` (at least 1, at most
+    ``rows``)."""
+    return max(1, min(rows, chunk_bytes // (width * np.dtype(dtype).itemsize)))
+
+
 def _write_rows(group: h5py.Group, name: str, rows: int, first: np.ndarray, rest: Iterable,
                 dtype: str, sink: StreamingSink, compression: str | None = None,
                 chunk_bytes: int | None = None) -> None:
     """Write the features of one split, block by block as they come (stopping at the first
     block that did not fit on the disk)."""
     width = int(first.shape[1])
-    height = min(rows, BLOCK_ROWS) if chunk_bytes is None else \
-        max(1, min(rows, chunk_bytes // (width * np.dtype(dtype).itemsize)))
-    filters = {} if compression is None else {"compression": compression, "shuffle": True}
-    if compression == "gzip":
-        filters["compression_opts"] = GZIP_LEVEL
+    height = (min(rows, BLOCK_ROWS) if chunk_bytes is None
+              else chunk_rows(rows, width, dtype, chunk_bytes))
     dataset = group.create_dataset("features", shape=(rows, width), dtype=dtype,
-                                   chunks=(height, width), **filters)
+                                   chunks=(height, width), **hdf5_filters(compression))
     filled = 0
     for block in itertools.chain([first], rest):
         block = np.asarray(block, dtype=dtype)

@@ -629,8 +629,7 @@ class Extraction:
         """Say how large the output will be, and refuse now when the disk cannot hold it: the
         chunks still to compute plus the features file, which is assembled beside them."""
         itemsize = np.dtype(self.options.dtype).itemsize
-        unsaved = {c for c in range(store.num_chunks) if not store.path(c).exists()} | set(todo)
-        share = sum(len(store.rows(c)) for c in unsaved) / max(1, len(self.images))
+        _, share = self.unsaved(store, todo)
         chunk_bytes = int(share * (len(self.images) * store.dim * itemsize + self.crop_bytes()))
         file_bytes = self.file_bytes(store)
         free = free_bytes(self.final.parent)
@@ -639,6 +638,11 @@ class Extraction:
                  f"{human_bytes(free)} free in {self.final.parent}")
         require_space(self.final.parent, chunk_bytes + file_bytes,
                       f"to extract the features of {len(self.images)} images", file_bytes)
+
+    def unsaved(self, store: ChunkStore, todo: list[int]) -> tuple[set[int], float]:
+        """The chunks still to compute (or not yet on disk), and their share of the images."""
+        chunks = {c for c in range(store.num_chunks) if not store.path(c).exists()} | set(todo)
+        return chunks, sum(len(store.rows(c)) for c in chunks) / max(1, len(self.images))
 
     def file_bytes(self, store: ChunkStore) -> int:
         return features_file_bytes(self.images, store.dim, self.options.dtype) + self.crop_bytes()
@@ -660,10 +664,7 @@ class Extraction:
         bad = []
         for chunk in range(store.num_chunks):
             # the features are read (and checked) once more when they are streamed into the file
-            shard = store.read(chunk, self.options.dtype, features=False)
-            if shard is None:
-                raise FeatcacheError(f"chunk {chunk} of {store.dir} is missing or damaged; run the "
-                                     "same command again to recompute it")
+            shard = store.require(chunk, self.options.dtype, features=False)
             rows = store.rows(chunk)
             flags[rows.start:rows.stop] = shard.bad
             if self.crops:

@@ -170,6 +170,15 @@ class ChunkStore:
             ) from exc
         return path
 
+    def require(self, chunk: int, dtype: str, features: bool = True) -> Shard:
+        """:meth:`read` for a chunk the assembly needs: missing or damaged is an error that
+        says how to recompute it."""
+        shard = self.read(chunk, dtype, features)
+        if shard is None:
+            raise FeatcacheError(f"chunk {chunk} of {self.dir} is missing or damaged; run the "
+                                 "same command again to recompute it")
+        return shard
+
     def read(self, chunk: int, dtype: str, features: bool = True) -> Shard | None:
         """The saved chunk, or None when it is missing or damaged (a damaged one is deleted).
 
@@ -238,9 +247,6 @@ def stored_blocks(store: ChunkStore, start: int, stop: int, dtype: str) -> Itera
         yield np.zeros((0, store.dim), dtype=dtype)
         return
     for chunk in range(start // store.chunk_rows, (stop - 1) // store.chunk_rows + 1):
-        shard = store.read(chunk, dtype)
-        if shard is None:
-            raise FeatcacheError(f"chunk {chunk} of {store.dir} is missing or damaged; run the "
-                                 "same command again to recompute it")
+        shard = store.require(chunk, dtype)
         rows = store.rows(chunk)
         yield shard.features[max(start, rows.start) - rows.start:min(stop, rows.stop) - rows.start]

@@ -27,8 +27,13 @@ import h5py
 import numpy as np
 import torch
 
-from featcache.data.featurefile import GZIP_LEVEL, SPATIAL, features_file_bytes, write_features
-from featcache.errors import FeatcacheError
+from featcache.data.featurefile import (
+    SPATIAL,
+    chunk_rows,
+    features_file_bytes,
+    hdf5_filters,
+    write_features,
+)
 from featcache.features.extract import Extraction
 from featcache.features.shards import ChunkStore
 from featcache.fileio import free_bytes, human_bytes, require_space
@@ -46,17 +51,15 @@ def file_bytes(images, width: int, dtype: str, ratio: float = 1.0) -> int:
     return features_file_bytes(images, width, dtype) - int(values * (1 - ratio))
 
 
-def compression_ratio(rows: np.ndarray, compression: str | None, chunk_rows: int) -> float:
+def compression_ratio(rows: np.ndarray, compression: str | None) -> float:
     """Stored / raw bytes of ``rows`` written with the filters and chunking the file will use
     (in memory, nothing touches the disk)."""
     if compression is None or not rows.size:
         return 1.0
-    filters = {"compression": compression, "shuffle": True}
-    if compression == "gzip":
-        filters["compression_opts"] = GZIP_LEVEL
+    height = chunk_rows(len(rows), rows.shape[1], rows.dtype, CHUNK_BYTES)
     with h5py.File(f"ratio-{id(rows)}.h5", "w", driver="core", backing_store=False) as h5:
-        data = h5.create_dataset("rows", data=rows, chunks=(min(len(rows), chunk_rows), rows.shape[1]),
-                                 **filters)
+        data = h5.create_dataset("rows", data=rows, chunks=(height, rows.shape[1]),
+                                 **hdf5_filters(compression))
         stored = data.id.get_storage_size()
     return stored / rows.nbytes
 
@@ -89,8 +92,7 @@ class SpatialExtraction(Extraction):
         return int(width)
 
     def store_extras(self, identity: dict, extras: dict) -> None:
-        identity.update(spatial_shape=list(self.map_shape), compression=self.options.compression,
-                        with_pooled=self.with_pooled)
+        identity["with_pooled"] = self.with_pooled  # spatial_shape, compression: in the attributes
         if self.with_pooled:
             extras["pooled"] = (len(self.images), (self.spec.dim,), "float32")
 
@@ -101,7 +103,7 @@ class SpatialExtraction(Extraction):
         out = super().attributes(model)
         height, cols, depth = self.map_shape
         out.update(
-            backbone_tag=feature_file_tag(self.final), layout=SPATIAL,
+            layout=SPATIAL,
             spatial_shape=[height, cols, depth],
             spatial_order="rows are (H, W, D) in C order: reshape(N, H*W, D); position u*W + v",
             compression=self.options.compression, hdf5_chunk_bytes=CHUNK_BYTES,
@@ -116,8 +118,7 @@ class SpatialExtraction(Extraction):
         height, cols, depth = self.map_shape
         upper = file_bytes(self.images, width, dtype)
         pooled = features_file_bytes(self.images, self.spec.dim) if self.with_pooled else 0
-        unsaved = {c for c in range(store.num_chunks) if not store.path(c).exists()} | set(todo)
-        share = sum(len(store.rows(c)) for c in unsaved) / max(1, len(self.images))
+        unsaved, share = self.unsaved(store, todo)
         row = width * np.dtype(dtype).itemsize + (4 * self.spec.dim if self.with_pooled else 0)
         chunks = int(share * len(self.images) * row)
         self.say(f"spatial features: {height} x {cols} x {depth} {dtype} per image, "
@@ -137,9 +138,7 @@ class SpatialExtraction(Extraction):
 
     def measure(self, rows: np.ndarray) -> None:
         """Refine the estimate with the compression ratio of one chunk's rows."""
-        height = max(1, CHUNK_BYTES // (rows.shape[1] * rows.dtype.itemsize))
-        self.ratio = compression_ratio(rows[np.isfinite(rows).all(axis=1)], self.compression,
-                                       height)
+        self.ratio = compression_ratio(rows[np.isfinite(rows).all(axis=1)], self.compression)
         if self.compression is not None:
             estimate = file_bytes(self.images, rows.shape[1], self.options.dtype, self.ratio)
             self.say(f"{self.options.compression} stores a chunk in {self.ratio:.0%} of its bytes: "
@@ -150,7 +149,7 @@ class SpatialExtraction(Extraction):
         """(B, H*W*D) maps as float32, the pooled features appended when ``with_pooled``."""
         with autocast(self.device, self.precision):
             fmap = model.feature_map(images)
-            pooled = model.pool_map(fmap).float() if self.with_pooled else None
+            pooled = model.pool_map(fmap) if self.with_pooled else None  # float32 already
         rows = fmap.float().permute(0, 2, 3, 1).reshape(len(images), -1)
         return rows if pooled is None else torch.cat([rows, pooled], 1)
 
@@ -187,7 +186,7 @@ class SpatialExtraction(Extraction):
         pooled = np.empty((total, self.spec.dim), np.float32)
         bad = []
         for chunk in range(store.num_chunks):
-            shard = self._shard(store, chunk, features=False)
+            shard = store.require(chunk, self.options.dtype, features=False)
             rows = store.rows(chunk)
             flags[rows.start:rows.stop] = shard.bad
             pooled[rows.start:rows.stop] = shard.extras["pooled"]
@@ -208,15 +207,8 @@ class SpatialExtraction(Extraction):
     def estimates(self, store: ChunkStore) -> dict:
         """The printed size estimates, recorded in the file (so that they can be checked)."""
         if self.ratio is None:  # every chunk was done before this run: measure one now
-            self.measure(self._shard(store, 0).features)
+            self.measure(store.require(0, self.options.dtype).features)
         return {"size_upper_bound_bytes": file_bytes(self.images, store.dim, self.options.dtype),
                 "size_estimate_bytes": file_bytes(self.images, store.dim, self.options.dtype,
                                                   self.ratio),
                 "size_estimate_ratio": round(float(self.ratio), 4)}
-
-    def _shard(self, store: ChunkStore, chunk: int, features: bool = True):
-        shard = store.read(chunk, self.options.dtype, features=features)
-        if shard is None:
-            raise FeatcacheError(f"chunk {chunk} of {store.dir} is missing or damaged; run the "
-                                 "same command again to recompute it")
-        return shard
