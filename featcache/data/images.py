@@ -90,17 +90,25 @@ def to_rgb(image: Image.Image) -> Image.Image:
 def image_problem(path: str | os.PathLike) -> str | None:
     """What is wrong with the image at ``path`` (missing, empty, unreadable), or None if it decodes."""
     path = Path(path)
+    problem = _file_problem(path)
+    if problem is not None:
+        return problem
+    require_strict_pil()
+    try:
+        load_rgb(path)
+    except DECODE_ERRORS as exc:
+        return _decode_reason(path, exc)
+    return None
+
+
+def _file_problem(path: Path) -> str | None:
+    """Why ``path`` cannot hold an image before any decoding: missing, not a file, empty."""
     if not path.exists():
         return "file does not exist"
     if not path.is_file():
         return "not a file"
     if path.stat().st_size == 0:
         return "file is empty (0 bytes)"
-    require_strict_pil()
-    try:
-        load_rgb(path)
-    except DECODE_ERRORS as exc:
-        return f"cannot be decoded ({type(exc).__name__}: {exc})"
     return None
 
 
@@ -180,11 +188,8 @@ def survey_images(root: str | os.PathLike, names: Iterable[str], desc: str = "ve
 
 
 def _decode_reason(path: Path, exc: Exception) -> str:
-    if not path.exists():
-        return "file does not exist"
-    if path.is_file() and path.stat().st_size == 0:
-        return "file is empty (0 bytes)"
-    return f"cannot be decoded ({type(exc).__name__}: {exc})"
+    """What an image that failed to open is: a file problem, else the decoder's error."""
+    return _file_problem(path) or f"cannot be decoded ({type(exc).__name__}: {exc})"
 
 
 def image_root(labels: LabelSet, override: str | os.PathLike | None) -> Path:
