@@ -30,11 +30,13 @@ from pathlib import Path
 from featcache.errors import DiskFullError, OutputExistsError
 from featcache.interrupt import partial_file
 
-#: errno values meaning "no room to write": device full, quota exhausted, file-size limit
-DISK_FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
-#: how the same conditions read inside messages of libraries that drop the errno (HDF5)
-DISK_FULL_TEXTS = ("errno = 28", "errno = 122", "errno = 27", "No space left on device",
-                   "Disk quota exceeded", "File too large")
+#: errno values meaning "no room to write" (file-size limit, quota exhausted, device full), each
+#: with how it reads inside messages of libraries that drop the errno (HDF5)
+_DISK_FULL_MARKS = {errno.EFBIG: ("errno = 27", "File too large"),
+                    errno.EDQUOT: ("errno = 122", "Disk quota exceeded"),
+                    errno.ENOSPC: ("errno = 28", "No space left on device")}
+DISK_FULL_ERRNOS = set(_DISK_FULL_MARKS)
+DISK_FULL_TEXTS = tuple(mark for marks in _DISK_FULL_MARKS.values() for mark in marks)
 #: free space kept in reserve by :func:`require_space` (file-system metadata, logs, other jobs)
 MARGIN_BYTES = 64 << 20
 WRITE_BLOCK = 16 << 20
@@ -43,6 +45,12 @@ WRITE_BLOCK = 16 << 20
 def temporary_sibling(path: Path, tag: str = "tmp") -> Path:
     """A hidden name in the same directory as ``path`` (same filesystem, so rename is atomic)."""
     return path.with_name(f".{path.name}.{tag}-{os.getpid()}")
+
+
+def refuse_existing(path: str | os.PathLike, overwrite: bool) -> None:
+    """Refuse an existing output early, before any work is done (unless ``overwrite``)."""
+    if Path(path).exists() and not overwrite:
+        raise OutputExistsError(f"{path} already exists; pass --overwrite to replace it")
 
 
 @contextmanager
@@ -55,8 +63,7 @@ def atomic_output(path: str | os.PathLike, overwrite: bool = False,
     :class:`DiskFullError` (``needed``, when known, is quoted as the space required).
     """
     path = Path(path)
-    if path.exists() and not overwrite:
-        raise OutputExistsError(f"{path} already exists; pass --overwrite to replace it")
+    refuse_existing(path, overwrite)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = temporary_sibling(path)
     try:
@@ -144,27 +151,32 @@ def require_space(directory: str | os.PathLike, needed: int, what: str,
     return free
 
 
-def is_disk_full(exc: BaseException) -> bool:
-    """Whether ``exc`` (or an exception it was raised from) means "no room to write"."""
+def _chain(exc: BaseException | None) -> Iterator[BaseException]:
+    """``exc`` and the exceptions it was raised from or during, each once."""
     seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
-        if isinstance(exc, DiskFullError):
-            return True
-        if isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS:
-            return True
-        if isinstance(exc, (OSError, RuntimeError)) and any(t in str(exc) for t in DISK_FULL_TEXTS):
-            return True
+        yield exc
         exc = exc.__cause__ or exc.__context__
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """Whether ``exc`` (or an exception it was raised from) means "no room to write"."""
+    for link in _chain(exc):
+        if isinstance(link, DiskFullError):
+            return True
+        if isinstance(link, OSError) and link.errno in DISK_FULL_ERRNOS:
+            return True
+        if isinstance(link, (OSError, RuntimeError)) and any(t in str(link) for t in DISK_FULL_TEXTS):
+            return True
     return False
 
 
-def disk_full_message(exc: BaseException, path: Path, needed: int | None = None,
+def disk_full_message(exc: BaseException, path: Path | None, needed: int | None = None,
                       written: int | None = None) -> str:
-    """One line for a write that failed for want of space: which file, why, free and needed."""
+    """One line for a write that failed for want of space: which file (None: the error did
+    not say), why, free and needed."""
     code = _errno_of(exc)
-    where = path.parent
-    free = free_bytes(where)
     if code == errno.EFBIG:
         limit = file_size_limit()
         cause = ("the file-size limit of this shell" + (f" (ulimit -f: {human_bytes(limit)})"
@@ -174,12 +186,16 @@ def disk_full_message(exc: BaseException, path: Path, needed: int | None = None,
     elif code == errno.EDQUOT:
         cause = "the disk quota is exhausted"
         fix = "free some space within your quota, or put the cache on another disk"
+    elif path is None:
+        cause = f"a device was full ({exc})"
+        fix = "free some space, or put the cache on a larger disk (--cache DIR or FEATCACHE_CACHE)"
     else:
-        cause = f"the device holding {where} is full ({human_bytes(free)} free)"
+        cause = f"the device holding {path.parent} is full ({human_bytes(free_bytes(path.parent))} free)"
         fix = "free some space, or put the cache on a larger disk (--cache DIR or FEATCACHE_CACHE)"
     amount = (f"; about {human_bytes(needed)} needed" if needed else
               f"; more than the {human_bytes(written)} written so far is needed" if written else "")
-    return (f"could not write {path}: {cause}{amount}. The partial file was removed and finished "
+    what = "an output file" if path is None else path
+    return (f"could not write {what}: {cause}{amount}. The partial file was removed and finished "
             f"work is kept: {fix}, then run the same command again")
 
 
@@ -196,18 +212,13 @@ def human_bytes(count: int | float | None) -> str:
 
 
 def _errno_of(exc: BaseException) -> int | None:
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS:
-            return exc.errno
-        text = str(exc)
-        for code, marks in ((errno.EFBIG, ("errno = 27", "File too large")),
-                            (errno.EDQUOT, ("errno = 122", "Disk quota exceeded")),
-                            (errno.ENOSPC, ("errno = 28", "No space left on device"))):
+    for link in _chain(exc):
+        if isinstance(link, OSError) and link.errno in DISK_FULL_ERRNOS:
+            return link.errno
+        text = str(link)
+        for code, marks in _DISK_FULL_MARKS.items():
             if any(mark in text for mark in marks):
                 return code
-        exc = exc.__cause__ or exc.__context__
     return None
 
 

@@ -23,8 +23,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from featcache.errors import OutputExistsError
-from featcache.fileio import write_bytes_atomic
+from featcache.fileio import refuse_existing, write_bytes_atomic
 
 
 def write_hdf5_atomic(path: str | os.PathLike, fill: Callable[[h5py.File], None],
@@ -33,8 +32,7 @@ def write_hdf5_atomic(path: str | os.PathLike, fill: Callable[[h5py.File], None]
     (refused before any work when it exists and ``overwrite`` is off; a full disk is refused
     before the first byte, with the size needed)."""
     path = Path(path)
-    if path.exists() and not overwrite:
-        raise OutputExistsError(f"{path} already exists; pass --overwrite to replace it")
+    refuse_existing(path, overwrite)
     buffer = io.BytesIO()
     with h5py.File(buffer, "w") as h5:
         fill(h5)

@@ -298,8 +298,8 @@ def _prepare(ctx: click.Context, name: str, read, cache=None, overwrite=False, l
         PrepareOptions,
         check_observe_options,
         prepare_dataset,
-        refuse_existing,
     )
+    from featcache.fileio import refuse_existing
     from featcache.paths import labels_path
 
     path = labels_path(name, cache)

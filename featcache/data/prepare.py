@@ -36,8 +36,8 @@ from featcache.data.sampling import (
     rows_without_positive,
     split_train_val,
 )
-from featcache.errors import InputError, OptionError, OutputExistsError
-from featcache.fileio import require_space, sha256_file
+from featcache.errors import InputError, OptionError
+from featcache.fileio import refuse_existing, require_space, sha256_file
 from featcache.locks import OutputLock
 from featcache.progress import progress
 
@@ -261,12 +261,6 @@ def _kept_rows(source: SourceDataset, split: str, options: PrepareOptions, repor
     report["dropped_no_positive"][split] = dropped
     report["missing_images"][split] = missing
     return rows
-
-
-def refuse_existing(path: str | os.PathLike, overwrite: bool) -> None:
-    """Refuse an existing output early, before any work is done (unless ``overwrite``)."""
-    if Path(path).exists() and not overwrite:
-        raise OutputExistsError(f"{path} already exists; pass --overwrite to replace it")
 
 
 def _check_options(source: SourceDataset, options: PrepareOptions) -> None:

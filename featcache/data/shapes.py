@@ -30,9 +30,9 @@ from featcache.data.prepare import (
     PrepareOptions,
     PrepareResult,
     prepare_dataset,
-    refuse_existing,
 )
 from featcache.errors import OptionError
+from featcache.fileio import refuse_existing
 from featcache.progress import progress
 
 SHAPE_CLASSES = ("circle", "square", "triangle", "star", "cross", "ring", "hexagon", "diamond",
