@@ -17,7 +17,6 @@ import click
 
 from featcache import __version__
 from featcache.errors import FeatcacheError, FeatcacheWarning, Interrupted, unknown_name
-from featcache.fileio import disk_full_message, is_disk_full
 from featcache.interrupt import exit_on_signals, stop_signals
 
 #: set to 1 to see the traceback of an unexpected error instead of its one-line summary
@@ -74,10 +73,13 @@ class LazyGroup(click.Group):
             except FeatcacheError as exc:
                 raise click.ClickException(str(exc)) from exc
             except (OSError, RuntimeError) as exc:
+                from featcache.fileio import disk_full_message, is_disk_full
+
                 if not is_disk_full(exc):
                     raise
                 where = getattr(exc, "filename", None)
-                raise click.ClickException(disk_full_message(exc, Path(where or "."))) from exc
+                raise click.ClickException(
+                    disk_full_message(exc, Path(where) if where else None)) from exc
 
 
 _default_showwarning = warnings.showwarning

@@ -22,9 +22,9 @@ behaviour; :func:`request_stop` lets it ask running loops to stop the same way.
 from __future__ import annotations
 
 import atexit
-import multiprocessing
 import os
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -135,10 +135,17 @@ def _ignore_signals_in_teardown() -> None:
         signal.signal(signum, signal.SIG_IGN)
 
 
+def _children() -> list:
+    """This process's live worker processes (none unless :mod:`multiprocessing` is in use:
+    not imported here, so that the command line starts without it)."""
+    module = sys.modules.get("multiprocessing")
+    return module.active_children() if module is not None else []
+
+
 def _forward(signum: int) -> None:
     """Pass the stop request on to worker processes (a ``kill -INT`` reaches only this one)."""
     try:
-        children = multiprocessing.active_children()
+        children = _children()
     except Exception:  # never let bookkeeping break a stop
         return
     for child in children:
@@ -180,7 +187,7 @@ def exit_now(signum: int, quiet: bool = False) -> None:
         except OSError:
             pass
     try:  # killed, not asked: workers write no file, and must not outlive the command
-        children = multiprocessing.active_children()
+        children = _children()
         for child in children:
             child.kill()
         for child in children:  # reaped, not left as zombies

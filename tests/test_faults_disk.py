@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from click.testing import CliRunner
 from faults import SLEEP_IN, run
 from helpers_images import make_dataset
 
@@ -61,6 +62,26 @@ def test_hdf5_messages_without_an_errno_are_recognised():
     hdf5 = RuntimeError("Can't close dataset (file write failed: ..., errno = 28, error message "
                         "= 'No space left on device')")
     assert fileio.is_disk_full(hdf5) and not fileio.is_disk_full(RuntimeError("other"))
+
+
+def test_a_full_disk_the_error_names_no_file_for_is_not_blamed_on_the_current_directory(
+        monkeypatch):
+    """HDF5's errors carry no file name: the command line says a device was full, quoting the
+    error, instead of naming '.' and the free space of the current directory."""
+    from featcache.cli import cli
+    from featcache.commands import losses
+
+    def full(*args, **kwargs):
+        raise RuntimeError("Can't close dataset (file write failed: errno = 28, error message "
+                           "= 'No space left on device')")
+
+    monkeypatch.setattr(losses.command, "callback", full)
+    result = CliRunner().invoke(cli, ["losses"])
+    assert result.exit_code == 1
+    error = result.output.strip().splitlines()[-1]
+    assert error.startswith("Error: could not write an output file: a device was full "
+                            "(Can't close dataset"), error
+    assert "could not write .:" not in error and error.endswith("run the same command again")
 
 
 def test_files_built_in_memory_are_refused_before_a_byte_is_written(tmp_path, monkeypatch):
