@@ -69,3 +69,19 @@ def test_the_style_follows_the_stream_unless_forced(monkeypatch):
     monkeypatch.setenv(progress_module.PROGRESS_ENV, "off")
     assert progress_style(Terminal()) == "off"
     assert progress(total=3).disable
+
+
+def test_stage_two_groups_report_progress_as_lines_in_a_log(log, tmp_path):
+    """Stage two's per-group bars go through the same mechanism: no carriage returns in logs."""
+    from linear_fixtures import synthetic_dataset
+
+    from featcache.linear.data import load_linear_data
+    from featcache.linear.trainer import train_group
+    from featcache.protocol.grid import GridPoint
+
+    capsys, _ = log
+    data = load_linear_data(*synthetic_dataset(tmp_path))
+    train_group(data, "an", [GridPoint(1e-2, 8)], epochs=2, progress=True)
+    text = capsys.readouterr().err
+    assert "an bs=8 seed=0 x1:   0%" in text
+    assert "\r" not in text and "\x1b" not in text

@@ -23,7 +23,6 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from featcache.errors import OptionError
 from featcache.interrupt import check_stop
@@ -32,6 +31,7 @@ from featcache.linear.heads import StackedAdam, create_heads
 from featcache.linear.rows import FeatureRows, MemoryRows
 from featcache.losses import Targets, create_loss
 from featcache.metrics import RankedScores, average_precision
+from featcache.progress import progress as progress_bar
 from featcache.protocol.grid import GridPoint
 from featcache.protocol.records import EpochRecord
 from featcache.protocol.seeds import derive_seed
@@ -132,9 +132,10 @@ class GroupTrainer:
 
     def run(self, progress: bool, position: int) -> list[HeadResult]:
         started = time.perf_counter()
-        bar = tqdm(total=self.epochs * self.steps, unit="step", disable=not progress, leave=False,
-                   mininterval=1.0, position=position,
-                   desc=f"{self.loss_name} bs={self.batch_size} seed={self.seed} x{len(self.configs)}")
+        bar = progress_bar(
+            total=self.epochs * self.steps, unit="step", disable=not progress, leave=False,
+            mininterval=1.0, position=position,
+            desc=f"{self.loss_name} bs={self.batch_size} seed={self.seed} x{len(self.configs)}")
         for epoch in range(self.epochs):
             self.loss.begin_epoch(epoch, self.epochs, self.state)
             loss_sum, running = self.train_epoch(epoch)
