@@ -165,7 +165,7 @@ def describe_features(path: Path) -> str:
     import h5py
 
     from featcache.data.featurefile import OFFICIAL_SPLITS, read_feature_attrs, spatial_shape
-    from featcache.fileio import sha256_file
+    from featcache.fileio import human_bytes, sha256_file
     from featcache.tables import Table
 
     attrs = read_feature_attrs(path)
@@ -194,9 +194,9 @@ def describe_features(path: Path) -> str:
     table.add("dtype", attrs.get("dtype"))
     compression, shuffle, chunks, dtype = storage
     if compression or spatial is not None:
-        chunk_mb = chunks[0] * chunks[1] * dtype.itemsize / 1e6 if chunks else 0
+        chunk = human_bytes(chunks[0] * chunks[1] * dtype.itemsize if chunks else 0)
         table.add("storage", f"{compression or 'uncompressed'}{' + shuffle' if shuffle else ''}, "
-                             f"chunks of {chunks[0] if chunks else '-'} rows ({chunk_mb:.1f} MB)")
+                             f"chunks of {chunks[0] if chunks else '-'} rows ({chunk})")
     table.add("weights", attrs.get("weights"))
     if attrs.get("library"):
         table.add("library", f"{attrs['library']} {attrs.get('library_model', '')} "
@@ -250,9 +250,6 @@ def describe_pseudo_labels(path: Path) -> str:
 
 
 def _size(path: Path) -> str:
-    size = path.stat().st_size
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{size} B"
+    from featcache.fileio import human_bytes
+
+    return human_bytes(path.stat().st_size)
