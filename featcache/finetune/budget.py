@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -115,17 +116,25 @@ def check_disk(budget: Budget, run_dir, say) -> None:
                   "--keep-checkpoints best needs the least)", largest)
 
 
-def measure_seconds(start: StartPoint, data: FinetuneData, loss: str, batch_size: int,
-                    eval_batch_size: int, precision: str, device: torch.device) -> float:
-    """Seconds of compute for one epoch of one configuration (see the module docstring)."""
-    train_each = _probe(start, data, device, precision, min(batch_size, PROBE_BATCH), train=True)
-    eval_each = _probe(start, data, device, precision, min(eval_batch_size, PROBE_BATCH),
-                       train=False)
-    trained = (len(data.train) // batch_size) * batch_size
+def measure_seconds(start: StartPoint, data: FinetuneData, loss: str,
+                    batch_sizes: Sequence[int], eval_batch_size: int, precision: str,
+                    device: torch.device) -> float:
+    """Seconds of compute for one epoch of each configuration (one batch size each), summed
+    (see the module docstring). Each probe runs once, however many configurations share it."""
+    probes: dict[tuple[int, bool], float] = {}
+
+    def seconds_per_image(batch: int, train: bool) -> float:
+        key = (min(batch, PROBE_BATCH), train)
+        if key not in probes:
+            probes[key] = _probe(start, data, device, precision, key[0], train=train)
+        return probes[key]
+
     evaluated = len(data.val) + len(data.test)
     if loss_class(loss).end_epoch is not SPMLLoss.end_epoch:
         evaluated += len(data.train)  # the loss predicts on the training split after each epoch
-    return trained * train_each + evaluated * eval_each
+    eval_each = seconds_per_image(eval_batch_size, train=False)
+    return sum((len(data.train) // batch) * batch * seconds_per_image(batch, train=True)
+               + evaluated * eval_each for batch in batch_sizes)
 
 
 def human_seconds(seconds: float) -> str:

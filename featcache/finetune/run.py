@@ -197,8 +197,7 @@ def announce_budget(settings: Settings, start: StartPoint, data: FinetuneData, c
     budget = plan_budget(start, data, settings.loss, settings.params, len(left), settings.epochs,
                          settings.keep_checkpoints)
     if left:
-        per_epoch = sum(measure_seconds(start, data, settings.loss, c.batch_size,
-                                        settings.eval_batch_size, settings.precision, job.device)
-                        for c in left)
+        per_epoch = measure_seconds(start, data, settings.loss, [c.batch_size for c in left],
+                                    settings.eval_batch_size, settings.precision, job.device)
         budget.seconds = per_epoch * settings.epochs / max(1, job.world)
     check_disk(budget, run_dir, say)
