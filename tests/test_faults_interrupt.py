@@ -181,6 +181,27 @@ def test_ctrl_c_before_any_loss_finished_names_the_run_id_to_reuse(tmp_path):
     assert group_gone(process)
 
 
+def test_ctrl_c_while_workers_evaluate_a_trained_group_stops_them_and_keeps_nothing_half_done(
+        tmp_path):
+    cache = tmp_path / "cache"
+    synthetic_dataset(cache, name="toy")
+    args = [a if a != "an,role" else "an" for a in LINEAR]
+    # an's groups train without their evaluation; each epoch's evaluation then takes 1 s
+    slow = ("from featcache.linear.trainer import Evaluation\n"
+            "_slow(Evaluation, 'evaluate', 1.0, mark='evaluate')")
+    process = start(args, tmp_path, slow, env={"FEATCACHE_CACHE": str(cache)})
+    wait_for(lambda: (tmp_path / "evaluate-1").exists(), process)
+    seconds, out, err = interrupt(process)
+    _assert_clean_exit(process.returncode, err)
+    assert seconds < STOP_BOUND
+    assert err.strip().splitlines()[-1] == (
+        "featcache: interrupted: stopped by Ctrl-C; no loss had finished (run id r1); run the "
+        "same command again to train it from the start"), err
+    assert group_gone(process)
+    assert not (cache / "toy" / "runs" / "an" / "r1" / "results.json").exists()
+    assert not list(cache.rglob(".*tmp-*")) and not list(cache.rglob("*.lock"))
+
+
 def test_a_second_ctrl_c_ends_train_linear_and_its_workers_at_once(tmp_path):
     cache = tmp_path / "cache"
     synthetic_dataset(cache, name="toy")

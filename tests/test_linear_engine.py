@@ -11,7 +11,7 @@ from sklearn.metrics import average_precision_score
 from featcache.linear.data import load_linear_data
 from featcache.linear.heads import StackedAdam, StackedLinear, init_linear
 from featcache.linear.search import SearchSpec, run_search, run_searches
-from featcache.linear.trainer import train_group
+from featcache.linear.trainer import Evaluation, GroupTrainer, train_group
 from featcache.losses import loss_class
 from featcache.metrics import RankedScores, average_precision, mean_average_precision
 from featcache.protocol.grid import GridPoint
@@ -253,3 +253,52 @@ def test_several_searches_share_the_workers_and_give_each_its_own_numbers(toy):
         for a, b in zip(alone.seeds[0].heads, shared.seeds[0].heads, strict=True):
             assert torch.equal(a.weight, b.weight)
             assert [e.to_json() for e in a.epochs] == [e.to_json() for e in b.epochs]
+
+
+# ------------------------------------------------------------------ evaluation elsewhere
+def _same_heads(ours, theirs) -> None:
+    assert len(ours) == len(theirs)
+    for a, b in zip(ours, theirs, strict=True):
+        assert a.config == b.config and a.best_epoch == b.best_epoch and a.epochs == b.epochs
+        assert torch.equal(a.weight, b.weight) and torch.equal(a.bias, b.bias)
+        assert torch.equal(a.test_ap, b.test_ap) and a.best_val == b.best_val
+        assert a.state.keys() == b.state.keys()
+        assert all(torch.equal(a.state[k], b.state[k]) for k in a.state)
+
+
+def test_a_group_trained_first_and_evaluated_afterwards_gives_the_same_results(toy):
+    grid = [GridPoint(lr, 8) for lr in (1e-2, 1e-3)]
+    in_place = GroupTrainer(toy, "an-ls", grid, 3, "clean", "none", torch.device("cpu"))
+    expected = in_place.run(progress=False, position=0)
+    trainer = GroupTrainer(toy, "an-ls", grid, 3, "clean", "none", torch.device("cpu"))
+    assert trainer.can_defer
+    trained = trainer.train_only(progress=False, position=0)
+    assert [done.epoch for done in trained.epochs] == [0, 1, 2]
+    assert [[d.epoch for d in piece] for piece in trained.chunks(2)] == [[0, 1], [2]]
+    evaluation = Evaluation(toy)
+    # each epoch keeps its own heads: evaluating them in any order gives the same numbers
+    for done in reversed(trained.epochs):
+        evaluation.evaluate(trained.kind, done)
+    _same_heads(trained.finish(trained.epochs), expected)
+
+
+@pytest.mark.parametrize(("loss", "early_stop"), [("role", "none"), ("an", "zhou")])
+def test_a_group_that_reads_its_evaluation_is_not_trained_apart_from_it(toy, loss, early_stop):
+    trainer = GroupTrainer(toy, loss, [GridPoint(1e-2, 8)], 2, "clean", early_stop,
+                           torch.device("cpu"))
+    assert not trainer.can_defer
+    with pytest.raises(ValueError, match="reads its evaluation"):
+        trainer.train_only(progress=False, position=0)
+
+
+def test_the_search_gives_the_same_numbers_with_evaluation_on_other_workers(toy):
+    # jobs=2: groups of an and an-ls evaluate on whichever worker is free, role's in place;
+    # jobs=1: every group evaluates where it trains
+    specs = [SearchSpec(loss=name, learning_rates=(1e-2, 1e-3), batch_sizes=(8, 16), epochs=3)
+             for name in ("an", "role", "an-ls")]
+    spread = run_searches(toy, specs, progress=False, jobs=2)
+    alone = run_searches(toy, specs, progress=False, jobs=1)
+    for ours, theirs in zip(spread, alone, strict=True):
+        assert ours.spec.loss == theirs.spec.loss
+        _same_heads(ours.seeds[0].heads, theirs.seeds[0].heads)
+        assert ours.seconds > 0

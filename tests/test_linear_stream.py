@@ -14,6 +14,7 @@ from featcache.errors import InputError, OptionError
 from featcache.linear.data import load_linear_data, split_rows
 from featcache.linear.heads import StackedLinear
 from featcache.linear.memory import (
+    WORKER_BYTES,
     GroupShape,
     SplitSizes,
     format_size,
@@ -55,6 +56,19 @@ def test_the_plan_keeps_what_fits_and_streams_train_then_val_then_test():
         plan_placement(sizes, 2, 1024, group, 2, 2 * GB, 400 << 20)
     forced = plan_placement(sizes, 2, 1024, group, 2, 64 * GB, 400 << 20, force_stream=True)
     assert forced.streamed == ("train",) and forced.forced and "as asked" in forced.describe()
+
+
+def test_the_plan_counts_kept_epochs_and_the_workers_that_only_evaluate():
+    sizes = SplitSizes(train=65_000, val=16_000, test=40_000, classes=80, dim=2048)
+    heads = 4 * 2048 * 80 * 4  # one copy of 4 heads' float32 weights
+    plain, kept = GroupShape(heads=4), GroupShape(heads=4, snapshots=25)
+    assert kept.heads_bytes(sizes) == heads
+    # the trainer's and the main process's copies of 25 epochs, and a piece being evaluated
+    assert kept.bytes(sizes) - plain.bytes(sizes) == 3 * 25 * heads
+    assert kept.evaluation_bytes(sizes) - plain.evaluation_bytes(sizes) == 25 * heads
+    alone = plan_placement(sizes, 4, 1024, kept, 2, 64 * GB, 400 << 20)
+    helped = plan_placement(sizes, 4, 1024, kept, 2, 64 * GB, 400 << 20, evaluators=6)
+    assert helped.estimate - alone.estimate == 6 * (kept.evaluation_bytes(sizes) + WORKER_BYTES)
 
 
 @pytest.fixture

@@ -113,15 +113,27 @@ class GroupShape:
     train_scores: bool = False  # the loss asks for predictions on the whole training split
     train_map: bool = True  # predictions kept for the training-set mAP
     scoring_work: int = 0  # bytes a scoring pass needs beyond the scores (BoostLU's blocks)
+    snapshots: int = 0  # epochs of heads kept for evaluation elsewhere (deferred evaluation)
+
+    def heads_bytes(self, sizes: SplitSizes) -> int:
+        """One copy of the heads' weights."""
+        return self.heads * sizes.dim * sizes.classes * FLOAT32
 
     def bytes(self, sizes: SplitSizes) -> int:
-        h, n, classes, dim = self.heads, sizes.train, sizes.classes, sizes.dim
-        head = 6 * h * dim * classes * FLOAT32  # weight, grad, two moments, best copy, scores
+        h, n, classes = self.heads, sizes.train, sizes.classes
+        head = 6 * self.heads_bytes(sizes)  # weight, grad, two moments, best copy, scores
         per_row = h * n * classes * FLOAT32
         state = (self.per_example_state + 3 * self.learned_state) * per_row
         predictions = per_row * (int(self.train_map) + int(self.train_scores))
-        evaluation = 4 * h * max(sizes.val, sizes.test) * classes * FLOAT32  # scores + AP work
-        return head + state + predictions + evaluation + self.scoring_work
+        # kept epochs: the trainer's, then the main process's while others evaluate them
+        kept = 2 * self.snapshots * self.heads_bytes(sizes)
+        return head + state + predictions + kept + self.evaluation_bytes(sizes)
+
+    def evaluation_bytes(self, sizes: SplitSizes) -> int:
+        """What scoring the validation and test splits takes (scores and AP work, BoostLU's
+        blocks), and a piece of kept epochs, in whichever worker evaluates."""
+        scores = 4 * self.heads * max(sizes.val, sizes.test) * sizes.classes * FLOAT32
+        return scores + self.scoring_work + self.snapshots * self.heads_bytes(sizes)
 
 
 def labels_bytes(sizes: SplitSizes) -> int:
@@ -172,13 +184,17 @@ class Placement:
 
 def plan_placement(sizes: SplitSizes, itemsize: int, chunk_rows: int, group: GroupShape,
                    concurrency: int, budget: int, resident: int,
-                   force_stream: bool = False) -> Placement:
+                   force_stream: bool = False, evaluators: int = 0) -> Placement:
     """Keep every split in memory when the search fits ``budget``; else stream the training
     split with the largest shuffle window that fits, and validation (then test) too when
-    keeping them would leave that window under :data:`MIN_WINDOW_BLOCKS` blocks."""
+    keeping them would leave that window under :data:`MIN_WINDOW_BLOCKS` blocks.
+
+    ``concurrency`` groups train at once; ``evaluators`` more workers only evaluate."""
     usable = int(budget * (1 - HEADROOM))
-    workers = WORKER_BYTES * (concurrency if concurrency > 1 else 0)
-    fixed = resident + labels_bytes(sizes) + concurrency * group.bytes(sizes) + workers
+    processes = concurrency + evaluators
+    workers = WORKER_BYTES * (processes if processes > 1 else 0)
+    fixed = (resident + labels_bytes(sizes) + concurrency * group.bytes(sizes)
+             + evaluators * group.evaluation_bytes(sizes) + workers)
     # loading reads one official split whole at the file's dtype beside the float32 tensors
     loading = max(sizes.train + sizes.val, sizes.test) * sizes.dim * itemsize
     everything = sum(sizes.features(s) for s in ("train", "val", "test"))

@@ -202,7 +202,8 @@ def _run_linear(options: LinearOptions, budget: int, job: Ranks, say: Callable[[
                 labels, files.spatial if spatial else files.pooled, device, budget, options.stream,
                 [(spec.loss, len(spec.configs(0)) // len(spec.batch_sizes)) for spec in these],
                 groups=len(options.seeds) * len(options.batch_sizes), jobs=jobs, say=say,
-                pseudo_choice=options.pseudo_labels)
+                pseudo_choice=options.pseudo_labels, epochs=options.epochs,
+                early_stop=options.early_stop)
             if job.is_main and these[0] is specs[0]:
                 for note in evaluation_notes(*evaluation_coverage(data, options.val_variant)):
                     warnings.warn(note, FeatcacheWarning, stacklevel=3)
@@ -323,36 +324,48 @@ def _only_spatial_backbone(options: LinearOptions) -> str | None:
 def load_training_data(labels, features, device, budget: int, stream: bool,
                        losses: Sequence[tuple[str, int]], groups: int, jobs: int | None,
                        say: Callable[[str], None] = _stderr,
-                       pseudo_choice: str | None = None) -> TrainingSplits:
+                       pseudo_choice: str | None = None, epochs: int = LINEAR_EPOCHS,
+                       early_stop: str = "none") -> TrainingSplits:
     """The search's data, in memory when it fits ``budget`` (the protocol's exact path), else
     with the training features streamed from the file (:mod:`featcache.linear.stream`).
 
     ``losses`` lists (loss, heads per group); ``groups`` counts the (seed, batch size) groups,
-    of which ``jobs`` (default: one per core) train at once on the CPU.
+    of which ``jobs`` (default: one per core) train at once on the CPU, the other workers
+    evaluating the groups that train without reading their evaluation
+    (:mod:`featcache.linear.search`; they keep ``epochs`` epochs of heads for it).
     """
     parts, _ = split_rows(labels, features)
     sizes = SplitSizes(len(parts["train"].rows), len(parts["val"].rows), len(parts["test"].rows),
                        labels.num_classes, features.dim)
-    shapes = [group_shape(loss_class(name), heads, labels.train.clean is not None)
+    workers = 1 if device.type != "cpu" else max(1, jobs or usable_cpus())
+    deferred = workers > 1 and early_stop == "none"
+    shapes = [group_shape(loss_class(name), heads, labels.train.clean is not None,
+                          epochs if deferred else 0)
               for name, heads in losses]
     group = max(shapes, key=lambda shape: shape.bytes(sizes), default=GroupShape(1))
-    concurrency = 1 if device.type != "cpu" else max(1, min(jobs or usable_cpus(), groups))
+    concurrency = min(workers, groups)
+    evaluators = workers - concurrency if deferred and group.snapshots else 0
     placement = plan_placement(sizes, features.dtype.itemsize, features.chunk_rows, group,
-                               concurrency, budget, resident_memory(), force_stream=stream)
+                               concurrency, budget, resident_memory(), force_stream=stream,
+                               evaluators=evaluators)
     if placement.in_memory:
         return read_linear_data(labels, features, device, pseudo_choice)
     say(placement.describe())
     return load_streamed_data(labels, features, placement, device, pseudo_choice)
 
 
-def group_shape(loss: type[SPMLLoss], heads: int, train_map: bool) -> GroupShape:
-    """What one group of ``loss`` keeps per training row, from what the loss declares."""
+def group_shape(loss: type[SPMLLoss], heads: int, train_map: bool,
+                epochs_kept: int = 0) -> GroupShape:
+    """What one group of ``loss`` keeps per training row, from what the loss declares; with
+    ``epochs_kept``, each epoch's heads too when its evaluation may run elsewhere (a loss
+    without state trained beside its heads)."""
     keeps_state = loss.init_state is not SPMLLoss.init_state
     scoring = CAM_BLOCK_TENSORS * CAM_BLOCK * FLOAT32 if loss.head == "boostlu" else 0
     return GroupShape(heads=heads, per_example_state=2 * keeps_state + len(loss.learned_state),
                       learned_state=len(loss.learned_state),
                       train_scores=loss.end_epoch is not SPMLLoss.end_epoch, train_map=train_map,
-                      scoring_work=scoring)
+                      scoring_work=scoring,
+                      snapshots=0 if loss.learned_state else epochs_kept)
 
 
 def train_loss(data: TrainingSplits, spec: SearchSpec, run_dir: Path, options: LinearOptions,

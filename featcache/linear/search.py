@@ -1,7 +1,11 @@
 """The protocol's hyperparameter search for one loss: every grid point, every seed, one selection.
 
 Grid points that share a seed and a batch size train together as stacked heads
-(:func:`featcache.linear.trainer.train_group`). Selection follows the reference code
+(:class:`featcache.linear.trainer.GroupTrainer`). With several CPU workers, a group whose
+training does not read its evaluation trains first and hands each epoch's heads back; its
+evaluation then runs in pieces on whichever worker is free (the same numbers: the same
+operations on the same weights), so a worker done with a fast group evaluates the slow one's
+epochs instead of waiting. Selection follows the reference code
 (:mod:`featcache.protocol.selection`): per configuration the best epoch by validation mAP, then
 the configuration with the best validation mAP (ties go to the earlier grid point: batch sizes
 outer, learning rates inner).
@@ -17,8 +21,10 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from featcache.interrupt import check_stop
 from featcache.linear.data import TrainingSplits
-from featcache.linear.trainer import HeadResult, train_group
+from featcache.linear.heads import StackedLinear
+from featcache.linear.trainer import EpochState, Evaluation, GroupTrainer, HeadResult, TrainedGroup
 from featcache.linear.workers import map_groups
 from featcache.losses import DataFacts, ResolvedParams, loss_class
 from featcache.protocol.grid import (
@@ -111,6 +117,33 @@ def run_search(data: TrainingSplits, spec: SearchSpec, device: torch.device | st
     return run_searches(data, [spec], device, progress, jobs, job)[0]
 
 
+@dataclass(frozen=True)
+class _Train:
+    """Train one group of a search (and evaluate it there, unless it may be deferred)."""
+
+    search: int
+    group: tuple[int, int]  # (seed, batch size)
+
+
+@dataclass
+class _Evaluate:
+    """Evaluate consecutive epochs of a group trained by :meth:`GroupTrainer.train_only`."""
+
+    search: int
+    group: tuple[int, int]
+    kind: StackedLinear
+    epochs: list[EpochState]
+
+
+@dataclass
+class _Evaluating:
+    """A trained group waiting for its epochs' evaluations."""
+
+    trained: TrainedGroup
+    pieces: int
+    seconds: float = 0.0  # evaluation time, all pieces
+
+
 @dataclass
 class _Search:
     """One search being run: its data (fitted to the loss), its resolved spec, its groups."""
@@ -119,7 +152,17 @@ class _Search:
     spec: SearchSpec
     groups: list[tuple[int, int]]
     done: dict[tuple[int, int], list[HeadResult]] = field(default_factory=dict)
+    evaluating: dict[tuple[int, int], _Evaluating] = field(default_factory=dict)
     span: tuple[float, float] = (math.inf, -math.inf)  # wall-clock start and end of its groups
+    _evaluation: Evaluation | None = None  # this process's, built on first use
+
+    def evaluation(self) -> Evaluation:
+        if self._evaluation is None:
+            self._evaluation = Evaluation(self.data)
+        return self._evaluation
+
+    def timed(self, began: float, ended: float) -> None:
+        self.span = (min(self.span[0], began), max(self.span[1], ended))
 
     def result(self, seconds: float) -> SearchResult:
         seeds = []
@@ -150,34 +193,71 @@ def run_searches(data: TrainingSplits, specs: Sequence[SearchSpec],
         spec = spec.resolved(fitted.facts)
         searches.append(_Search(fitted, spec, [(seed, batch_size) for seed in spec.seeds
                                                 for batch_size in spec.batch_sizes]))
-    tasks = [(i, group) for i, search in enumerate(searches) for group in search.groups]
+    tasks = [_Train(i, group) for i, search in enumerate(searches) for group in search.groups]
     jobs = max(1, jobs or usable_cpus())
     show = progress and (job is None or job.world == 1 or job.is_main)
+    # Evaluation leaves a group's worker only where other local workers can take it; then every
+    # worker may help, even beyond the number of groups.
+    defer = (device.type == "cpu" and jobs > 1 and (job is None or job.world == 1)
+             and any(_can_defer(search.spec) for search in searches))
+    workers = jobs if defer else min(jobs, len(tasks))
+    piece = max(1, math.ceil(max((s.spec.epochs for s in searches), default=1) / (4 * jobs)))
 
-    def train(task: tuple[int, tuple[int, int]]) -> tuple[list[HeadResult], float, float]:
-        search = searches[task[0]]
-        seed, batch_size = task[1]
-        configs = [c for c in search.spec.configs(seed) if c.batch_size == batch_size]
+    def work(task: _Train | _Evaluate) -> tuple[object, float, float]:
+        search = searches[task.search]
         started = time.time()  # wall clock: comparable between the worker processes
-        heads = train_group(search.data, search.spec.loss, configs, search.spec.epochs,
-                            search.spec.val_variant, search.spec.early_stop, device=device,
-                            progress=show, position=tasks.index(task) % jobs)
-        return heads, started, time.time()
+        if isinstance(task, _Evaluate):
+            evaluation, found = search.evaluation(), []
+            for done in task.epochs:
+                check_stop()
+                done = evaluation.evaluate(task.kind, done)
+                found.append((done.val_map, done.val_map_observed, done.test_ap))
+            return found, started, time.time()  # the weights stay where they are
+        seed, batch_size = task.group
+        configs = [c for c in search.spec.configs(seed) if c.batch_size == batch_size]
+        trainer = GroupTrainer(search.data, search.spec.loss, configs, search.spec.epochs,
+                               search.spec.val_variant, search.spec.early_stop, device)
+        position = tasks.index(task) % workers
+        outcome = (trainer.train_only(show, position) if defer and trainer.can_defer
+                   else trainer.run(show, position))
+        return outcome, started, time.time()
 
     results: list[SearchResult | None] = [None] * len(searches)
 
-    def finished(index: int, outcome: tuple[list[HeadResult], float, float]) -> None:
-        number, group = tasks[index]
-        search = searches[number]
-        heads, began, ended = outcome
-        search.done[group] = heads
-        search.span = (min(search.span[0], began), max(search.span[1], ended))
+    def finished(index: int | None, task: _Train | _Evaluate,
+                 outcome: tuple[object, float, float]) -> list[_Evaluate]:
+        search = searches[task.search]
+        value, began, ended = outcome
+        search.timed(began, ended)
+        if isinstance(task, _Evaluate):
+            waiting = search.evaluating[task.group]
+            for done, (val_map, val_map_observed, test_ap) in zip(task.epochs, value, strict=True):
+                done.val_map, done.val_map_observed, done.test_ap = val_map, val_map_observed, test_ap
+            waiting.pieces -= 1
+            waiting.seconds += ended - began
+            if waiting.pieces:
+                return []
+            del search.evaluating[task.group]
+            value = waiting.trained.finish(waiting.trained.epochs, waiting.seconds)
+        elif isinstance(value, TrainedGroup):
+            pieces = value.chunks(piece)
+            search.evaluating[task.group] = _Evaluating(value, len(pieces))
+            return [_Evaluate(task.search, task.group, value.kind, epochs) for epochs in pieces]
+        search.done[task.group] = value
         if len(search.done) == len(search.groups):
+            number = task.search
             results[number] = search.result(search.span[1] - search.span[0])
             if on_done is not None:
                 on_done(results[number])
+        return []
 
     # a group's cost: its steps per epoch, plus about a hundred steps' worth of evaluation
-    costs = [len(data.train) // batch_size + 100 for _, (_, batch_size) in tasks]
-    map_groups(train, tasks, costs, device, jobs, job, on_result=finished)
+    costs = [len(data.train) // task.group[1] + 100 for task in tasks]
+    map_groups(work, tasks, costs, device, workers, job, on_result=finished)
     return results
+
+
+def _can_defer(spec: SearchSpec) -> bool:
+    """Whether the groups of ``spec`` train without reading their evaluation
+    (:attr:`GroupTrainer.can_defer`)."""
+    return spec.early_stop == "none" and not loss_class(spec.loss).learned_state

@@ -8,6 +8,13 @@ last partial batch there; we evaluate every example). Per-head selection follows
 the best epoch is the first one with the highest validation mAP
 (:mod:`featcache.protocol.selection`).
 
+Evaluation need not run where the heads train: without early stopping and without state
+trained beside the heads, a group's training does not depend on its evaluation, so
+:meth:`GroupTrainer.train_only` keeps each epoch's heads (:class:`TrainedGroup`) and other
+workers evaluate them (:class:`Evaluation`, :meth:`TrainedGroup.finish`): the same operations
+on the same weights, so the same numbers, with no core left idle while the slowest group
+evaluates (:mod:`featcache.linear.search`).
+
 A stop request (Ctrl-C, :mod:`featcache.interrupt`) is honoured at the next training step or
 before the next evaluation: the group is abandoned (it has no partial output) and
 :class:`~featcache.errors.Interrupted` rises to the search, which keeps the losses whose groups
@@ -27,7 +34,7 @@ from torch import Tensor
 from featcache.errors import OptionError
 from featcache.interrupt import check_stop
 from featcache.linear.data import TrainingSplits
-from featcache.linear.heads import StackedAdam, create_heads
+from featcache.linear.heads import StackedAdam, StackedLinear, create_heads
 from featcache.linear.rows import FeatureRows, MemoryRows
 from featcache.losses import Targets, create_loss
 from featcache.metrics import RankedScores, average_precision
@@ -75,7 +82,8 @@ def train_group(data: TrainingSplits, loss_name: str, configs: Sequence[GridPoin
 
 
 class GroupTrainer:
-    """The stacked heads, loss state and optimizer of one group, and its per-head bookkeeping."""
+    """The stacked heads, loss state and optimizer of one group; its per-head bookkeeping is
+    :attr:`book` (:class:`GroupRecord`)."""
 
     def __init__(self, data: TrainingSplits, loss_name: str, configs: Sequence[GridPoint],
                  epochs: int, val_variant: str, early_stop: str, device: torch.device):
@@ -115,37 +123,64 @@ class GroupTrainer:
         # a hand-written loss gradient, until the loss says it has none (state it trains keeps
         # autograd)
         self.by_hand = not self.learned
-        self.rows = {name: feature_rows(getattr(data, name)) for name in ("train", "val", "test")}
-        self.val_observed = (data.val.observed == 1).float()
-        self.test_targets = (data.test.clean if data.test.clean is not None
-                             else (data.test.observed == 1).float())
+        self.train_rows = feature_rows(data.train)
+        self.book = GroupRecord(self.configs, self.steps, val_variant, early_stop,
+                                self.head.weight.detach().clone(),
+                                self.head.bias.detach().clone(),
+                                {name: self.state[name].detach().clone() for name in self.learned})
 
-        self.best_val = torch.full((heads,), -math.inf, dtype=torch.float64)
-        self.best_epoch = [-1] * heads
-        self.best_weight = self.head.weight.detach().clone()
-        self.best_bias = self.head.bias.detach().clone()
-        self.best_state = {name: self.state[name].detach().clone() for name in self.learned}
-        self.best_test_ap = torch.zeros(heads, classes, dtype=torch.float64)
-        self.active = torch.ones(heads, dtype=torch.bool)
-        self.stopped_at: list[int | None] = [None] * heads
-        self.history: list[list[EpochRecord]] = [[] for _ in configs]
+    @property
+    def can_defer(self) -> bool:
+        """Whether the training never reads its evaluation (no early stopping, no state trained
+        beside the heads): then :meth:`train_only` may leave the evaluation to others."""
+        return self.early_stop == "none" and not self.learned
 
     def run(self, progress: bool, position: int) -> list[HeadResult]:
+        """Train and evaluate every epoch here; each head's result."""
         started = time.perf_counter()
-        bar = progress_bar(
+        evaluation = Evaluation(self.data)
+        bar = self.progress_bar(progress, position)
+        for epoch in range(self.epochs):
+            done = self.train_and_finish(epoch)
+            bar.update(self.steps)
+            check_stop()
+            for h in self.book.record(evaluation.evaluate(self.head, done)):
+                # A stopped head keeps its best weights and stops moving (its learning rates are 0).
+                self.adam.set_lr(h, 0.0)
+            bar.set_postfix(best_val=f"{float(self.book.best_val.max()):.2f}")
+            if not self.book.active.any():
+                break
+        bar.close()
+        return self.book.results(time.perf_counter() - started)
+
+    def train_only(self, progress: bool, position: int) -> TrainedGroup:
+        """Train every epoch and keep each epoch's heads for evaluation elsewhere (only where
+        :attr:`can_defer`)."""
+        if not self.can_defer:
+            raise ValueError("this group's training reads its evaluation; use run()")
+        started = time.perf_counter()
+        bar = self.progress_bar(progress, position)
+        epochs = []
+        for epoch in range(self.epochs):
+            done = self.train_and_finish(epoch)
+            done.weight, done.bias = done.weight.clone(), done.bias.clone()
+            epochs.append(done)
+            bar.update(self.steps)
+        bar.close()
+        return TrainedGroup(self.head.frozen(self.book.best_weight, self.book.best_bias),
+                            epochs, self.book, time.perf_counter() - started)
+
+    def progress_bar(self, progress: bool, position: int):
+        return progress_bar(
             total=self.epochs * self.steps, unit="step", disable=not progress, leave=False,
             mininterval=1.0, position=position,
             desc=f"{self.loss_name} bs={self.batch_size} seed={self.seed} x{len(self.configs)}")
-        for epoch in range(self.epochs):
-            self.loss.begin_epoch(epoch, self.epochs, self.state)
-            loss_sum, running = self.train_epoch(epoch)
-            bar.update(self.steps)
-            self.end_epoch(epoch, loss_sum, running)
-            bar.set_postfix(best_val=f"{float(self.best_val.max()):.2f}")
-            if not self.active.any():
-                break
-        bar.close()
-        return self.results(time.perf_counter() - started)
+
+    def train_and_finish(self, epoch: int) -> EpochState:
+        """One epoch's training and the loss's end-of-epoch update: what its evaluation needs."""
+        self.loss.begin_epoch(epoch, self.epochs, self.state)
+        loss_sum, running = self.train_epoch(epoch)
+        return self.finish_epoch(epoch, loss_sum, running)
 
     def train_epoch(self, epoch: int) -> tuple[Tensor, TrainingPredictions | None]:
         """One pass in a seeded order: (per-head loss sum, the predictions made while training)."""
@@ -154,7 +189,7 @@ class GroupTrainer:
         running = (TrainingPredictions(len(self.configs), self.steps * self.batch_size,
                                        self.data.num_classes, self.device)
                    if train.clean is not None else None)
-        for step, (index, x) in enumerate(self.rows["train"].epoch(self.order, self.batch_size)):
+        for step, (index, x) in enumerate(self.train_rows.epoch(self.order, self.batch_size)):
             check_stop()
             per_head, logits = self.train_step(x, index, epoch)
             loss_sum += per_head
@@ -187,42 +222,64 @@ class GroupTrainer:
         self.adam.step([*self.head.grads(x, grads[0]), *grads[1:]])
         return per_head.detach(), logits.detach()
 
-    def end_epoch(self, epoch: int, loss_sum: Tensor,
-                  running: TrainingPredictions | None) -> None:
-        """The loss's end-of-epoch update, evaluation, per-head best epoch and early stopping."""
-        check_stop()
-        self.record(self.evaluate(self.finish_epoch(epoch, loss_sum, running)))
-
     def finish_epoch(self, epoch: int, loss_sum: Tensor,
                      running: TrainingPredictions | None) -> EpochState:
-        """The loss's end-of-epoch update, then what the evaluation of this epoch needs."""
+        """The loss's end-of-epoch update and the training mAP, then what the evaluation of
+        this epoch needs (the heads as they are now: views, not copies)."""
         with torch.no_grad():
             extra = self.loss.end_epoch(epoch, self.epochs,
-                                        lambda: self.rows["train"].scores(self.head),
+                                        lambda: self.train_rows.scores(self.head),
                                         self.state) or {}
         weight, bias = self.head.weight.detach(), self.head.bias.detach()
         state = {name: self.state[name].detach() for name in self.learned}
-        return EpochState(epoch, loss_sum, running, extra, weight, bias, state)
+        train_map = (running.mean_average_precision(self.data.train.clean)
+                     if running is not None else None)
+        return EpochState(epoch, loss_sum, extra, weight, bias, state, train_map=train_map)
+
+
+class Evaluation:
+    """What evaluating a group's heads reads: the validation and test rows and their labels."""
+
+    def __init__(self, data: TrainingSplits):
+        self.data = data
+        self.val_rows, self.test_rows = feature_rows(data.val), feature_rows(data.test)
+        self.val_observed = (data.val.observed == 1).float()
+        self.test_targets = (data.test.clean if data.test.clean is not None
+                             else (data.test.observed == 1).float())
 
     @torch.no_grad()
-    def evaluate(self, done: EpochState) -> EpochState:
-        """Validation and test mAP (and the training mAP) of the heads at the end of
-        ``done.epoch``."""
-        data = self.data
-        head = self.head.frozen(done.weight, done.bias)
-        val = RankedScores(self.rows["val"].scores(head))
+    def evaluate(self, kind: StackedLinear, done: EpochState) -> EpochState:
+        """Validation and test mAP of heads of ``kind`` (a group's heads, or a frozen copy)
+        with ``done``'s weights, the epoch ``done.epoch``."""
+        head = kind.frozen(done.weight, done.bias)
+        val = RankedScores(self.val_rows.scores(head))
         done.val_map_observed = _map(val.average_precision(self.val_observed))
-        if data.val.clean is not None:
-            done.val_map = _map(val.average_precision(data.val.clean))
-        done.test_ap = average_precision(self.rows["test"].scores(head), self.test_targets)
-        if done.running is not None:
-            done.train_map = done.running.mean_average_precision(data.train.clean)
-            done.running = None
+        if self.data.val.clean is not None:
+            done.val_map = _map(val.average_precision(self.data.val.clean))
+        done.test_ap = average_precision(self.test_rows.scores(head), self.test_targets)
         return done
 
-    def record(self, done: EpochState) -> None:
-        """Per-head history, best epoch (the first with the highest validation mAP) and early
-        stopping, from one evaluated epoch (epochs arrive in order)."""
+
+class GroupRecord:
+    """A group's per-head history, best epoch (the first with the highest validation mAP) and
+    early stopping, kept from its evaluated epochs in order."""
+
+    def __init__(self, configs: Sequence[GridPoint], steps: int, val_variant: str,
+                 early_stop: str, weight: Tensor, bias: Tensor, state: dict[str, Tensor]):
+        heads = len(configs)
+        self.configs, self.steps = list(configs), steps
+        self.val_variant, self.early_stop = val_variant, early_stop
+        self.best_val = torch.full((heads,), -math.inf, dtype=torch.float64)
+        self.best_epoch = [-1] * heads
+        self.best_weight, self.best_bias, self.best_state = weight, bias, state
+        self.best_test_ap = torch.zeros(heads, weight.shape[-1], dtype=torch.float64)
+        self.active = torch.ones(heads, dtype=torch.bool)
+        self.stopped_at: list[int | None] = [None] * heads
+        self.history: list[list[EpochRecord]] = [[] for _ in configs]
+
+    def record(self, done: EpochState) -> list[int]:
+        """Keep one evaluated epoch (epochs arrive in order); the heads early stopping stops
+        now (they keep their best weights)."""
         epoch, val_map, val_observed_map = done.epoch, done.val_map, done.val_map_observed
         test_map, train_map, extra = _map(done.test_ap), done.train_map, done.extra
         selection = selection_score(self.val_variant, val_map, val_observed_map, epoch)
@@ -242,18 +299,18 @@ class GroupTrainer:
         if improved.any():
             self.keep_best(improved, selection, done)
         stop = self.active & should_stop(self.early_stop, self.best_val, selection, improved)
-        for h in torch.nonzero(stop).flatten().tolist():
-            # A stopped head keeps its best weights and stops moving (its learning rates are 0).
+        stopped = torch.nonzero(stop).flatten().tolist()
+        for h in stopped:
             self.active[h] = False
             self.stopped_at[h] = epoch
-            self.adam.set_lr(h, 0.0)
+        return stopped
 
     def keep_best(self, improved: Tensor, selection: Tensor, done: EpochState) -> None:
-        mask = improved.to(self.device).view(-1, 1, 1)
+        mask = improved.to(self.best_weight.device).view(-1, 1, 1)
         self.best_val = torch.where(improved, selection, self.best_val)
         self.best_weight = torch.where(mask, done.weight, self.best_weight)
         self.best_bias = torch.where(mask, done.bias, self.best_bias)
-        for name in self.learned:
+        for name in self.best_state:
             self.best_state[name] = torch.where(mask, done.state[name], self.best_state[name])
         self.best_test_ap = torch.where(improved.view(-1, 1), done.test_ap.cpu(), self.best_test_ap)
 
@@ -263,9 +320,31 @@ class GroupTrainer:
             config=config, epochs=self.history[h], best_epoch=self.best_epoch[h],
             best_val=float(self.best_val[h]),
             weight=self.best_weight[h].t().contiguous().cpu(), bias=self.best_bias[h, 0].cpu(),
-            state={name: self.best_state[name][h].cpu() for name in self.learned},
+            state={name: value[h].cpu() for name, value in self.best_state.items()},
             test_ap=self.best_test_ap[h], stopped_at=self.stopped_at[h], seconds=seconds / heads,
         ) for h, config in enumerate(self.configs)]
+
+
+@dataclass
+class TrainedGroup:
+    """A group trained without its evaluation (:meth:`GroupTrainer.train_only`): each epoch's
+    heads, to evaluate anywhere (:class:`Evaluation`), then :meth:`finish` in order."""
+
+    kind: StackedLinear  # the group's kind of heads (frozen), which evaluation scores with
+    epochs: list[EpochState]
+    book: GroupRecord
+    seconds: float
+
+    def chunks(self, size: int) -> list[list[EpochState]]:
+        """The epochs in consecutive runs of ``size`` (the units handed to evaluators)."""
+        return [self.epochs[i:i + size] for i in range(0, len(self.epochs), max(1, size))]
+
+    def finish(self, evaluated: Sequence[EpochState], seconds: float = 0.0) -> list[HeadResult]:
+        """Each head's result from every epoch evaluated (in order), ``seconds`` of evaluation
+        added to the training's."""
+        for done in evaluated:
+            self.book.record(done)
+        return self.book.results(self.seconds + seconds)
 
 
 @dataclass
@@ -274,7 +353,6 @@ class EpochState:
 
     epoch: int
     loss_sum: Tensor
-    running: TrainingPredictions | None
     extra: dict
     weight: Tensor
     bias: Tensor

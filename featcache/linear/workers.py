@@ -12,6 +12,11 @@ from the group, and no reduction crosses groups. So the groups can go anywhere:
   the groups, balanced by their cost, and every rank receives every group's results;
 - otherwise (one GPU, or ``jobs=1``) the groups train one after the other.
 
+A finished task may bring follow-up tasks (``on_result`` returns them: a trained group's
+evaluation, in pieces). Locally at most ``jobs`` tasks are in flight, follow-ups first, so
+a worker done with its group helps evaluate another's instead of sitting idle, and a group's
+kept epochs wait for the next free worker, not behind every group still to train.
+
 Ctrl-C (:mod:`featcache.interrupt`): forked workers inherit the command's signal handler, so
 each stops at its next step (the signal reaches them from the terminal, or is passed on by the
 main process) and its :class:`~featcache.errors.Interrupted` comes back through its future; the
@@ -23,8 +28,15 @@ exchanging results (:meth:`Ranks.together`), so no rank waits for one that stopp
 from __future__ import annotations
 
 import multiprocessing
+from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor, as_completed
+from concurrent.futures import (
+    FIRST_COMPLETED,
+    Future,
+    ProcessPoolExecutor,
+    ThreadPoolExecutor,
+    wait,
+)
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import nullcontext
 from typing import TypeVar
@@ -54,67 +66,86 @@ def balance(costs: Sequence[float], workers: int) -> list[list[int]]:
     return [sorted(share) for share in shares]
 
 
-def map_groups(train: Callable[[G], R], groups: Sequence[G], costs: Sequence[float],
+def map_groups(run: Callable[[G], R], groups: Sequence[G], costs: Sequence[float],
                device: torch.device, jobs: int, job: Ranks | None = None,
-               on_result: Callable[[int, R], None] | None = None) -> list[R]:
-    """``train(group)`` for every group wherever it runs; the results in the order of
-    ``groups``, and each passed to ``on_result(index, result)`` as soon as it is known.
+               on_result: Callable[[int | None, G, R], Sequence[G] | None] | None = None,
+               ) -> list[R]:
+    """``run(group)`` for every group wherever it runs; the results in the order of
+    ``groups``, and each passed to ``on_result(index, group, result)`` as soon as it is known.
 
-    Locally the groups start in their order (a free worker takes the next one). Under
-    ``torchrun`` (``job.world > 1``) this rank trains its share, balanced by ``costs``, and
-    every rank receives every result once all ranks are done (``on_result`` is then called in
-    the order of ``groups`` on every rank).
+    ``on_result`` may return follow-up tasks: they run like groups (locally only, ``index``
+    None when their results arrive) and are not part of the returned list. Locally ``jobs``
+    workers (at most; started as tasks need them) take the groups in their order, a free
+    worker taking a follow-up first.
+    Under ``torchrun`` (``job.world > 1``) this rank trains its share, balanced by ``costs``,
+    and every rank receives every result once all ranks are done (``on_result`` is then called
+    in the order of ``groups`` on every rank, and may not return follow-ups).
     """
     if job is not None and job.world > 1:
         mine = balance(costs, job.world)[job.rank]
         local = dict(zip(mine, job.together(
-            lambda: _run_local(train, [groups[i] for i in mine], device, jobs)), strict=True))
+            lambda: _run_local(run, [groups[i] for i in mine], device, min(jobs, len(mine)))),
+            strict=True))
         everyone: list[dict[int, R] | None] = [None] * job.world
         dist.all_gather_object(everyone, local)
         merged = {index: result for part in everyone for index, result in part.items()}
         results = [merged[i] for i in range(len(groups))]
         for index, result in enumerate(results):
-            if on_result is not None:
-                on_result(index, result)
+            if on_result is not None and on_result(index, groups[index], result):
+                raise ValueError("follow-up tasks are not supported under torchrun")
         return results
-    return _run_local(train, groups, device, jobs, on_result)
+    return _run_local(run, groups, device, jobs, on_result)
 
 
-def _run_local(train: Callable[[G], R], groups: Sequence[G], device: torch.device, jobs: int,
-               on_result: Callable[[int, R], None] | None = None) -> list[R]:
+def _run_local(run: Callable[[G], R], groups: Sequence[G], device: torch.device, jobs: int,
+               on_result: Callable[[int | None, G, R], Sequence[G] | None] | None = None,
+               ) -> list[R]:
     results: list[R | None] = [None] * len(groups)
 
-    def keep(index: int, result: R) -> None:
-        results[index] = result
-        if on_result is not None:
-            on_result(index, result)
+    def keep(index: int | None, task: G, result: R) -> Sequence[G]:
+        if index is not None:
+            results[index] = result
+        return (on_result(index, task, result) if on_result is not None else None) or ()
 
-    jobs = max(1, min(jobs, len(groups))) if device.type == "cpu" else 1
+    jobs = max(1, jobs) if device.type == "cpu" else 1
     with intraop_threads(1) if device.type == "cpu" else nullcontext():
         if jobs == 1:
-            for index, group in enumerate(groups):
-                keep(index, train(group))
+            waiting: deque[tuple[int | None, G]] = deque(enumerate(groups))
+            while waiting:
+                index, task = waiting.popleft()
+                waiting.extendleft((None, t) for t in reversed(keep(index, task, run(task))))
         elif "fork" not in multiprocessing.get_all_start_methods():  # pragma: no cover - Windows
             with ThreadPoolExecutor(max_workers=jobs) as pool:
-                _collect(pool, [pool.submit(train, g) for g in groups], keep)
+                _schedule(pool, lambda task: pool.submit(run, task), groups, jobs, keep)
         else:
-            key = id(train)
-            _TASKS[key] = train
+            key = id(run)
+            _TASKS[key] = run
             try:
                 with ProcessPoolExecutor(max_workers=jobs, initializer=_start_worker,
                                          mp_context=multiprocessing.get_context("fork")) as pool:
-                    _collect(pool, [pool.submit(_run_task, key, g) for g in groups], keep)
+                    _schedule(pool, lambda task: pool.submit(_run_task, key, task), groups, jobs,
+                              keep)
             finally:
                 del _TASKS[key]
     return results
 
 
-def _collect(pool, futures: list[Future], keep: Callable[[int, R], None]) -> None:
-    """Hand each finished future's result to ``keep``; the first failure cancels the rest."""
-    index = {future: i for i, future in enumerate(futures)}
+def _schedule(pool, submit: Callable[[G], Future], groups: Sequence[G], jobs: int,
+              keep: Callable[[int | None, G, R], Sequence[G]]) -> None:
+    """Run ``groups`` and their follow-ups on ``pool``, at most ``jobs`` at a time, follow-ups
+    first; each result to ``keep``. The first failure cancels the rest."""
+    waiting: deque[tuple[int | None, G]] = deque(enumerate(groups))
+    follow_ups: deque[tuple[int | None, G]] = deque()
+    running: dict[Future, tuple[int | None, G]] = {}
     try:
-        for future in as_completed(futures):
-            keep(index[future], future.result())
+        while waiting or follow_ups or running:
+            while len(running) < jobs and (follow_ups or waiting):
+                index, task = (follow_ups or waiting).popleft()
+                running[submit(task)] = (index, task)
+            finished, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in finished:
+                index, task = running.pop(future)
+                follow_ups.extend((None, t) for t in keep(index, task, future.result()))
     except BrokenProcessPool:
         check_stop()  # a worker ended by a signal meant for the command: a stop, not a failure
         raise

@@ -1,0 +1,41 @@
+"""Who runs which task locally (:mod:`featcache.linear.workers`): groups and the follow-ups a
+finished group brings (its evaluation, in pieces), at most ``jobs`` at a time, follow-ups first."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from featcache.linear.workers import map_groups
+
+CPU = torch.device("cpu")
+
+
+def _square(task):
+    kind, value = task
+    return kind, value * value, os.getpid()
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_follow_ups_run_before_the_groups_still_waiting_and_only_groups_are_returned(jobs):
+    seen = []
+
+    def on_result(index, task, result):
+        seen.append((index, task))
+        kind, value = task
+        return [("follow-up", value + 10), ("follow-up", value + 20)] if kind == "group" else []
+
+    groups = [("group", v) for v in range(4)]
+    results = map_groups(_square, groups, [1.0] * 4, CPU, jobs, on_result=on_result)
+    assert [(kind, value) for kind, value, _ in results] == [("group", v * v) for v in range(4)]
+    assert sorted(task for index, task in seen if index is None) == sorted(
+        ("follow-up", v + d) for v in range(4) for d in (10, 20))
+    assert sorted(index for index, _ in seen if index is not None) == [0, 1, 2, 3]
+    # a free worker takes a follow-up before the next group: group 0's follow-ups are done
+    # before the last group's result arrives
+    order = [task for _, task in seen]
+    assert order.index(("follow-up", 10)) < order.index(("group", 3))
+    if jobs == 2:  # in worker processes, not in this one
+        assert {pid for _, _, pid in results} - {os.getpid()} == {pid for _, _, pid in results}
