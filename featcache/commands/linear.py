@@ -44,9 +44,10 @@ from featcache.commands.common import (
               help="Name of the run directory (default: UTC time). Re-using the id of a finished "
                    "run with the same settings skips it (resume); different settings are refused.")
 @click.option("--jobs", type=click.IntRange(min=1), default=None,
-              help="CPU only: how many (seed, batch size) groups train at once, each in its own "
-                   "worker process on one core (default: one per core; under torchrun, the "
-                   "cores shared among the ranks). Results do not depend on it.")
+              help="CPU only: worker processes, one core each: (seed, batch size) groups train "
+                   "in them, and a worker without a group to train evaluates trained groups' "
+                   "epochs (default: one per core; under torchrun, the cores shared among the "
+                   "ranks). Results do not depend on it.")
 @click.option("--max-memory", default=None, metavar="SIZE",
               help="Memory budget for the features and training state, e.g. 4GB (K, M, G, T are "
                    "powers of 1024; default: half the machine's or container's memory). "
