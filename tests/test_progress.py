@@ -85,3 +85,27 @@ def test_stage_two_groups_report_progress_as_lines_in_a_log(log, tmp_path):
     text = capsys.readouterr().err
     assert "an bs=8 seed=0 x1:   0%" in text
     assert "\r" not in text and "\x1b" not in text
+
+
+def test_stage_two_evaluation_on_other_workers_reports_progress_too(log, tmp_path, monkeypatch):
+    """Groups trained first hand their epochs to other workers: the main process counts them."""
+    from linear_fixtures import synthetic_dataset
+
+    import featcache.linear.search as search_module
+    from featcache.linear.data import load_linear_data
+    from featcache.linear.search import SearchSpec, run_search
+
+    bars = []
+
+    def kept(*args, **kwargs):
+        bars.append(progress(*args, **kwargs))
+        return bars[-1]
+
+    monkeypatch.setattr(search_module, "progress_bar", kept)
+    capsys, _ = log
+    data = load_linear_data(*synthetic_dataset(tmp_path))
+    run_search(data, SearchSpec("an", learning_rates=(1e-2,), batch_sizes=(8, 16), epochs=2),
+               progress=True, jobs=2)
+    assert "evaluating trained groups:" in capsys.readouterr().err
+    (bar,) = bars
+    assert (bar.n, bar.total) == (4, 4)  # 2 groups x 2 epochs, all evaluated elsewhere

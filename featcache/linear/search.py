@@ -27,6 +27,7 @@ from featcache.linear.heads import StackedLinear
 from featcache.linear.trainer import EpochState, Evaluation, GroupTrainer, HeadResult, TrainedGroup
 from featcache.linear.workers import map_groups
 from featcache.losses import DataFacts, ResolvedParams, loss_class
+from featcache.progress import progress as progress_bar
 from featcache.protocol.grid import (
     BATCH_SIZES,
     LEARNING_RATES,
@@ -223,6 +224,9 @@ def run_searches(data: TrainingSplits, specs: Sequence[SearchSpec],
         return outcome, started, time.time()
 
     results: list[SearchResult | None] = [None] * len(searches)
+    # the epochs handed to other workers, evaluated or not yet (grows as groups finish training)
+    evaluated = progress_bar(total=0, unit="epoch", desc="evaluating trained groups",
+                             disable=not (show and defer), leave=False, position=workers)
 
     def finished(index: int | None, task: _Train | _Evaluate,
                  outcome: tuple[object, float, float]) -> list[_Evaluate]:
@@ -235,14 +239,19 @@ def run_searches(data: TrainingSplits, specs: Sequence[SearchSpec],
                 done.val_map, done.val_map_observed, done.test_ap = val_map, val_map_observed, test_ap
             waiting.pieces -= 1
             waiting.seconds += ended - began
+            evaluated.update(len(task.epochs))
             if waiting.pieces:
                 return []
             del search.evaluating[task.group]
             value = waiting.trained.finish(waiting.trained.epochs, waiting.seconds)
         elif isinstance(value, TrainedGroup):
             pieces = value.chunks(piece)
-            search.evaluating[task.group] = _Evaluating(value, len(pieces))
-            return [_Evaluate(task.search, task.group, value.kind, epochs) for epochs in pieces]
+            if pieces:
+                search.evaluating[task.group] = _Evaluating(value, len(pieces))
+                evaluated.total += len(value.epochs)
+                evaluated.refresh()
+                return [_Evaluate(task.search, task.group, value.kind, epochs) for epochs in pieces]
+            value = value.finish([])  # no epoch to evaluate
         search.done[task.group] = value
         if len(search.done) == len(search.groups):
             number = task.search
@@ -253,7 +262,10 @@ def run_searches(data: TrainingSplits, specs: Sequence[SearchSpec],
 
     # a group's cost: its steps per epoch, plus about a hundred steps' worth of evaluation
     costs = [len(data.train) // task.group[1] + 100 for task in tasks]
-    map_groups(work, tasks, costs, device, workers, job, on_result=finished)
+    try:
+        map_groups(work, tasks, costs, device, workers, job, on_result=finished)
+    finally:
+        evaluated.close()
     return results
 
 
