@@ -144,6 +144,16 @@ class _Evaluating:
     pieces: int
     seconds: float = 0.0  # evaluation time, all pieces
 
+    def take(self, epochs: Sequence[EpochState], found: Sequence[tuple], seconds: float,
+             ) -> list[HeadResult] | None:
+        """One evaluated piece (``found``: each epoch's validation mAP, clean and observed, and
+        per-class test AP); the heads' results once every piece is in."""
+        for done, (val_map, val_map_observed, test_ap) in zip(epochs, found, strict=True):
+            done.val_map, done.val_map_observed, done.test_ap = val_map, val_map_observed, test_ap
+        self.pieces -= 1
+        self.seconds += seconds
+        return None if self.pieces else self.trained.finish(self.trained.epochs, self.seconds)
+
 
 @dataclass
 class _Search:
@@ -234,16 +244,11 @@ def run_searches(data: TrainingSplits, specs: Sequence[SearchSpec],
         value, began, ended = outcome
         search.timed(began, ended)
         if isinstance(task, _Evaluate):
-            waiting = search.evaluating[task.group]
-            for done, (val_map, val_map_observed, test_ap) in zip(task.epochs, value, strict=True):
-                done.val_map, done.val_map_observed, done.test_ap = val_map, val_map_observed, test_ap
-            waiting.pieces -= 1
-            waiting.seconds += ended - began
             evaluated.update(len(task.epochs))
-            if waiting.pieces:
+            value = search.evaluating[task.group].take(task.epochs, value, ended - began)
+            if value is None:
                 return []
             del search.evaluating[task.group]
-            value = waiting.trained.finish(waiting.trained.epochs, waiting.seconds)
         elif isinstance(value, TrainedGroup):
             pieces = value.chunks(piece)
             if pieces:
