@@ -36,15 +36,18 @@ from featcache.errors import Interrupted
 SIGNALS = {signal.SIGINT: 130, signal.SIGTERM: 143}
 SIGNAL_NAMES = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
 
-_stop = threading.Event()
-_state: dict = {"signal": None, "pid": None}
+# The stop request is a plain flag, not a threading.Event: the signal handler sets it, and a
+# second signal landing while the first handler was inside Event.set (which holds a lock that
+# is not re-entrant) deadlocked the process in the nested handler.
+_state: dict = {"signal": None, "pid": None, "stop": False}
+# No lock: set.add, set.discard and list(set) are each one step under the GIL, and the signal
+# handler (exit_now) must never wait for a lock the code it interrupted may hold.
 _partial: set[str] = set()
-_partial_lock = threading.Lock()
 
 
 def check_stop() -> None:
     """Raise :class:`Interrupted` if a stop was asked for; call it once per step of long loops."""
-    if _stop.is_set():
+    if _state["stop"]:
         signum = _state["signal"]
         name = SIGNAL_NAMES.get(signum, "a stop request")
         raise Interrupted(f"stopped by {name}", SIGNALS.get(signum, 130))
@@ -53,26 +56,24 @@ def check_stop() -> None:
 def request_stop(signum: int | None = None) -> None:
     """Ask every running loop to stop at its next step (what the first Ctrl-C does)."""
     _state["signal"] = signum
-    _stop.set()
+    _state["stop"] = True
 
 
 def clear_stop() -> None:
     """Forget a stop request (a new command starts)."""
     _state["signal"] = None
-    _stop.clear()
+    _state["stop"] = False
 
 
 @contextmanager
 def partial_file(path: str | os.PathLike) -> Iterator[None]:
     """Register a temporary file while it is being written: an immediate exit removes it."""
     key = os.fspath(path)
-    with _partial_lock:
-        _partial.add(key)
+    _partial.add(key)
     try:
         yield
     finally:
-        with _partial_lock:
-            _partial.discard(key)
+        _partial.discard(key)
 
 
 @contextmanager
@@ -97,7 +98,7 @@ def stop_signals() -> Iterator[None]:
             # DataLoader workers ignore SIGINT: ``ignore_in_worker``.
             request_stop(signum)
             return
-        if _stop.is_set():
+        if _state["stop"]:
             exit_now(signum)
         request_stop(signum)
         _forward(signum)
@@ -179,9 +180,7 @@ def ignore_in_worker() -> None:
 
 def exit_now(signum: int, quiet: bool = False) -> None:
     """The second signal: remove partial files, end the workers, and exit without teardown."""
-    with _partial_lock:
-        partial = list(_partial)
-    for path in partial:
+    for path in list(_partial):
         try:
             Path(path).unlink(missing_ok=True)
         except OSError:

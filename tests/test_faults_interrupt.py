@@ -216,3 +216,41 @@ def test_a_second_ctrl_c_ends_train_linear_and_its_workers_at_once(tmp_path):
     time.sleep(0.5)
     assert group_gone(process)
     assert not list(cache.rglob(".*tmp-*"))
+
+
+# ------------------------------------------------------------------ the handler itself
+#: a process answering signals as a forked stage-two worker does (it only records the stop),
+#: setting the stop from ordinary code too, for ``seconds``
+RECORDING_WORKER = """
+import sys, time
+from featcache import interrupt
+with interrupt.stop_signals():
+    interrupt._state["pid"] = -1  # not the command's process: a worker's quiet handler
+    print("ready", flush=True)
+    deadline = time.monotonic() + float(sys.argv[1])
+    while time.monotonic() < deadline:
+        interrupt.request_stop(2)
+print("alive", flush=True)
+"""
+
+
+def test_signals_arriving_inside_the_handler_neither_deadlock_nor_crash(tmp_path):
+    # A worker got Ctrl-C twice at once (from the terminal, and passed on by the main process):
+    # the second handler ran inside the first, whose threading.Event.set held a lock that is
+    # not re-entrant, and the worker hung for good. Signals sent as fast as possible land
+    # inside the handler and inside request_stop; the process must carry on and end normally.
+    import subprocess
+    import sys
+
+    process = subprocess.Popen([sys.executable, "-c", RECORDING_WORKER, "3"], cwd=tmp_path,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert process.stdout.readline().strip() == "ready"
+    started = time.monotonic()
+    while time.monotonic() - started < 2.5 and process.poll() is None:
+        os.kill(process.pid, signal.SIGINT)
+    try:
+        out, err = process.communicate(timeout=20)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 0 and out.strip() == "alive", err[-2000:]
