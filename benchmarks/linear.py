@@ -9,7 +9,9 @@
    metrics (AP per class with scikit-learn plus precision/recall@k loops) against the clean
    and the observed labels for train, val and test every epoch. It runs a few
    configuration-epochs (one per batch size by default) and is scaled to the search: mean
-   seconds per configuration-epoch of each batch size x 4 learning rates x 25 epochs.
+   seconds per configuration-epoch of each batch size x 4 learning rates x 25 epochs. The
+   search also runs with each group evaluated where it trains (``evaluate_elsewhere=False``,
+   the scheme before evaluation went to whichever worker is free), side by side.
 2. ``--all-losses``: ``featcache train-linear --loss all`` (every loss, outputs and plots).
 3. ``--out-of-core``: a generated 1,000,000 x 2048 float16 features file (about 4 GB; built
    once under cache/bench/data, ``--delete-big`` removes it afterwards) trained by
@@ -315,6 +317,13 @@ def measure_speed(args, device, labels_path, features_path, table: Table) -> dic
     table.add(f"featcache search, {args.loss} (8 configs x 25 epochs)", ours, ours / 200, None,
               ours_busy.others)
     print(f"  ours: {ours:.2f} s; {ours_busy.note()}", flush=True)
+    with Busy() as in_place_busy:  # the previous scheme: each group evaluates where it trains
+        in_place = run_search(data, SearchSpec(loss=args.loss), device=device, progress=False,
+                              jobs=args.jobs, evaluate_elsewhere=False).seconds
+    out.update(ours_in_place_seconds=in_place, ours_in_place_busy=in_place_busy.record())
+    table.add(f"featcache search, {args.loss}, each group evaluated where it trains", in_place,
+              in_place / 200, None, in_place_busy.others)
+    print(f"  ours, evaluation in place: {in_place:.2f} s; {in_place_busy.note()}", flush=True)
     if args.no_baseline:
         return out
     reference = "an" if args.loss == "an" else "an-ls"

@@ -293,12 +293,14 @@ def test_a_group_that_reads_its_evaluation_is_not_trained_apart_from_it(toy, los
 
 def test_the_search_gives_the_same_numbers_with_evaluation_on_other_workers(toy):
     # jobs=2: groups of an and an-ls evaluate on whichever worker is free, role's in place;
-    # jobs=1: every group evaluates where it trains
+    # jobs=1, or evaluate_elsewhere=False: every group evaluates where it trains
     specs = [SearchSpec(loss=name, learning_rates=(1e-2, 1e-3), batch_sizes=(8, 16), epochs=3)
              for name in ("an", "role", "an-ls")]
     spread = run_searches(toy, specs, progress=False, jobs=2)
     alone = run_searches(toy, specs, progress=False, jobs=1)
-    for ours, theirs in zip(spread, alone, strict=True):
-        assert ours.spec.loss == theirs.spec.loss
+    in_place = run_searches(toy, specs, progress=False, jobs=2, evaluate_elsewhere=False)
+    for ours, theirs, kept in zip(spread, alone, in_place, strict=True):
+        assert ours.spec.loss == theirs.spec.loss == kept.spec.loss
         _same_heads(ours.seeds[0].heads, theirs.seeds[0].heads)
+        _same_heads(kept.seeds[0].heads, theirs.seeds[0].heads)
         assert ours.seconds > 0

@@ -107,15 +107,17 @@ class SearchResult:
 
 def run_search(data: TrainingSplits, spec: SearchSpec, device: torch.device | str = "cpu",
                progress: bool = True, jobs: int | None = None,
-               job: Ranks | None = None) -> SearchResult:
+               job: Ranks | None = None, evaluate_elsewhere: bool = True) -> SearchResult:
     """Train and select every configuration of ``spec`` on ``data``.
 
     Groups (one per seed and batch size) train independently (:mod:`featcache.linear.workers`):
     on the CPU ``jobs`` of them at once in worker processes (default: one per core), each with
     one intra-op thread; under ``torchrun`` (``job``) spread over the ranks. The numbers never
-    depend on ``jobs`` or on the number of ranks.
+    depend on ``jobs`` or on the number of ranks, nor on ``evaluate_elsewhere`` (False: every
+    group evaluates where it trains; see :func:`run_searches`).
     """
-    return run_searches(data, [spec], device, progress, jobs, job)[0]
+    return run_searches(data, [spec], device, progress, jobs, job,
+                        evaluate_elsewhere=evaluate_elsewhere)[0]
 
 
 @dataclass(frozen=True)
@@ -188,13 +190,17 @@ class _Search:
 def run_searches(data: TrainingSplits, specs: Sequence[SearchSpec],
                  device: torch.device | str = "cpu", progress: bool = True,
                  jobs: int | None = None, job: Ranks | None = None,
-                 on_done: Callable[[SearchResult], None] | None = None) -> list[SearchResult]:
+                 on_done: Callable[[SearchResult], None] | None = None,
+                 evaluate_elsewhere: bool = True) -> list[SearchResult]:
     """Several searches on the same data (``--loss all``), their groups sharing the workers:
     a worker done with one loss's group starts the next one's, so no core waits for a slow
     group to finish. ``on_done`` sees each search as soon as all its groups are trained (in
     the order they finish; under ``torchrun`` once every rank is done, in the order of
     ``specs``). A search's ``seconds`` run from its first group's start to its last group's
-    end.
+    end. ``evaluate_elsewhere`` (the default) lets local CPU workers evaluate the groups that
+    train without reading their evaluation (module docstring); False keeps each group's
+    evaluation in its own worker, as before (the same numbers; ``benchmarks.linear`` times
+    both).
     """
     device = torch.device(device)
     searches = []
@@ -209,7 +215,8 @@ def run_searches(data: TrainingSplits, specs: Sequence[SearchSpec],
     show = progress and (job is None or job.world == 1 or job.is_main)
     # Evaluation leaves a group's worker only where other local workers can take it; then every
     # worker may help, even beyond the number of groups.
-    defer = (device.type == "cpu" and jobs > 1 and (job is None or job.world == 1)
+    defer = (evaluate_elsewhere and device.type == "cpu" and jobs > 1
+             and (job is None or job.world == 1)
              and any(_can_defer(search.spec) for search in searches))
     workers = jobs if defer else min(jobs, len(tasks))
     piece = max(1, math.ceil(max((s.spec.epochs for s in searches), default=1) / (4 * jobs)))
