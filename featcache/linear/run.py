@@ -34,6 +34,7 @@ from featcache.linear.outputs import run_settings, write_run
 from featcache.linear.report import losses_table, run_summary
 from featcache.linear.search import SearchResult, SearchSpec, run_search, run_searches
 from featcache.linear.stream import load_streamed_data
+from featcache.linear.trainer import evaluation_can_move
 from featcache.linear.workers import on_main
 from featcache.losses import SPMLLoss, loss_class
 from featcache.paths import (
@@ -338,13 +339,14 @@ def load_training_data(labels, features, device, budget: int, stream: bool,
     sizes = SplitSizes(len(parts["train"].rows), len(parts["val"].rows), len(parts["test"].rows),
                        labels.num_classes, features.dim)
     workers = 1 if device.type != "cpu" else max(1, jobs or usable_cpus())
-    deferred = workers > 1 and early_stop == "none"
-    shapes = [group_shape(loss_class(name), heads, labels.train.clean is not None,
-                          epochs if deferred else 0)
-              for name, heads in losses]
+    shapes = []
+    for name, heads in losses:
+        loss = loss_class(name)
+        kept = epochs if workers > 1 and evaluation_can_move(loss, early_stop) else 0
+        shapes.append(group_shape(loss, heads, labels.train.clean is not None, kept))
     group = max(shapes, key=lambda shape: shape.bytes(sizes), default=GroupShape(1))
     concurrency = min(workers, groups)
-    evaluators = workers - concurrency if deferred and group.snapshots else 0
+    evaluators = workers - concurrency if group.snapshots else 0
     placement = plan_placement(sizes, features.dtype.itemsize, features.chunk_rows, group,
                                concurrency, budget, resident_memory(), force_stream=stream,
                                evaluators=evaluators)
@@ -356,16 +358,15 @@ def load_training_data(labels, features, device, budget: int, stream: bool,
 
 def group_shape(loss: type[SPMLLoss], heads: int, train_map: bool,
                 epochs_kept: int = 0) -> GroupShape:
-    """What one group of ``loss`` keeps per training row, from what the loss declares; with
-    ``epochs_kept``, each epoch's heads too when its evaluation may run elsewhere (a loss
-    without state trained beside its heads)."""
+    """What one group of ``loss`` keeps per training row, from what the loss declares, and
+    ``epochs_kept`` epochs of its heads (kept for evaluation elsewhere)."""
     keeps_state = loss.init_state is not SPMLLoss.init_state
     scoring = CAM_BLOCK_TENSORS * CAM_BLOCK * FLOAT32 if loss.head == "boostlu" else 0
     return GroupShape(heads=heads, per_example_state=2 * keeps_state + len(loss.learned_state),
                       learned_state=len(loss.learned_state),
                       train_scores=loss.end_epoch is not SPMLLoss.end_epoch, train_map=train_map,
                       scoring_work=scoring,
-                      snapshots=0 if loss.learned_state else epochs_kept)
+                      snapshots=epochs_kept)
 
 
 def train_loss(data: TrainingSplits, spec: SearchSpec, run_dir: Path, options: LinearOptions,

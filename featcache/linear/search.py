@@ -24,7 +24,14 @@ import torch
 from featcache.interrupt import check_stop
 from featcache.linear.data import TrainingSplits
 from featcache.linear.heads import StackedLinear
-from featcache.linear.trainer import EpochState, Evaluation, GroupTrainer, HeadResult, TrainedGroup
+from featcache.linear.trainer import (
+    EpochState,
+    Evaluation,
+    GroupTrainer,
+    HeadResult,
+    TrainedGroup,
+    evaluation_can_move,
+)
 from featcache.linear.workers import map_groups
 from featcache.losses import DataFacts, ResolvedParams, loss_class
 from featcache.progress import progress as progress_bar
@@ -217,7 +224,8 @@ def run_searches(data: TrainingSplits, specs: Sequence[SearchSpec],
     # worker may help, even beyond the number of groups.
     defer = (evaluate_elsewhere and device.type == "cpu" and jobs > 1
              and (job is None or job.world == 1)
-             and any(_can_defer(search.spec) for search in searches))
+             and any(evaluation_can_move(loss_class(search.spec.loss), search.spec.early_stop)
+                     for search in searches))
     workers = jobs if defer else min(jobs, len(tasks))
     piece = max(1, math.ceil(max((s.spec.epochs for s in searches), default=1) / (4 * jobs)))
 
@@ -280,8 +288,3 @@ def run_searches(data: TrainingSplits, specs: Sequence[SearchSpec],
         evaluated.close()
     return results
 
-
-def _can_defer(spec: SearchSpec) -> bool:
-    """Whether the groups of ``spec`` train without reading their evaluation
-    (:attr:`GroupTrainer.can_defer`)."""
-    return spec.early_stop == "none" and not loss_class(spec.loss).learned_state

@@ -36,7 +36,7 @@ from featcache.interrupt import check_stop
 from featcache.linear.data import TrainingSplits
 from featcache.linear.heads import StackedAdam, StackedLinear, create_heads
 from featcache.linear.rows import FeatureRows, MemoryRows
-from featcache.losses import Targets, create_loss
+from featcache.losses import SPMLLoss, Targets, create_loss
 from featcache.metrics import RankedScores, average_precision
 from featcache.progress import progress as progress_bar
 from featcache.protocol.grid import GridPoint
@@ -79,6 +79,13 @@ def train_group(data: TrainingSplits, loss_name: str, configs: Sequence[GridPoin
         return []
     return GroupTrainer(data, loss_name, configs, epochs, val_variant, early_stop,
                         torch.device(device)).run(progress, position)
+
+
+def evaluation_can_move(loss: type[SPMLLoss], early_stop: str) -> bool:
+    """Whether groups of ``loss`` train without ever reading their evaluation (no early
+    stopping, no state trained beside the heads), so that others may evaluate their epochs
+    (:meth:`GroupTrainer.train_only`)."""
+    return early_stop == "none" and not loss.learned_state
 
 
 class GroupTrainer:
@@ -133,7 +140,7 @@ class GroupTrainer:
     def can_defer(self) -> bool:
         """Whether the training never reads its evaluation (no early stopping, no state trained
         beside the heads): then :meth:`train_only` may leave the evaluation to others."""
-        return self.early_stop == "none" and not self.learned
+        return evaluation_can_move(type(self.loss), self.early_stop)
 
     def run(self, progress: bool, position: int) -> list[HeadResult]:
         """Train and evaluate every epoch here; each head's result."""
