@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pickle
+
 import numpy as np
 import pytest
 import torch
@@ -9,7 +11,7 @@ from linear_fixtures import synthetic_dataset
 from sklearn.metrics import average_precision_score
 
 from featcache.linear.data import load_linear_data
-from featcache.linear.heads import StackedAdam, StackedLinear, init_linear
+from featcache.linear.heads import StackedAdam, StackedBoostLU, StackedLinear, init_linear
 from featcache.linear.search import SearchSpec, run_search, run_searches
 from featcache.linear.trainer import Evaluation, GroupTrainer, train_group
 from featcache.losses import loss_class
@@ -280,6 +282,20 @@ def test_a_group_trained_first_and_evaluated_afterwards_gives_the_same_results(t
     for done in reversed(trained.epochs):
         evaluation.evaluate(trained.kind, done)
     _same_heads(trained.finish(trained.epochs), expected)
+
+    # what each evaluation piece ships besides its epochs: the kind of heads, not their weights
+    assert trained.kind.weight.numel() == 0 and len(pickle.dumps(trained.kind)) < 2_000
+
+
+def test_the_kind_of_boostlu_heads_keeps_their_settings_and_scores_like_them():
+    heads = StackedBoostLU.create(6, 3, [torch.Generator().manual_seed(s) for s in (1, 2)],
+                                  positions=4, alpha=[1.0, 5.0])
+    kind = heads.kind()
+    assert isinstance(kind, StackedBoostLU) and kind.weight.numel() == 0
+    assert (kind.positions, kind.alpha) == (4, [1.0, 5.0])
+    x = torch.randn(5, 4 * 6, generator=torch.Generator().manual_seed(3))
+    again = kind.frozen(heads.weight.detach(), heads.bias.detach())
+    assert torch.equal(again.scores(x), heads.scores(x))
 
 
 @pytest.mark.parametrize(("loss", "early_stop"), [("role", "none"), ("an", "zhou")])

@@ -100,6 +100,12 @@ class StackedLinear:
         """Heads of this kind with other (not trained) weights: what evaluation scores."""
         return StackedLinear(weight, bias, trainable=False)
 
+    def kind(self) -> StackedLinear:
+        """These heads' kind without their weights (empty tensors): all :meth:`frozen` needs,
+        and nothing to copy when it is sent to another process."""
+        empty = self.weight.detach().new_empty((self.num_heads, 0, 0))
+        return self.frozen(empty, empty)
+
 
 #: elements of one scoring block of BoostLU heads (64 MB as float32): its class activation
 #: maps (rows x positions x heads x classes) and its rows' float32 features (rows x positions

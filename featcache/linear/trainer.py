@@ -174,8 +174,7 @@ class GroupTrainer:
             epochs.append(done)
             bar.update(self.steps)
         bar.close()
-        return TrainedGroup(self.head.frozen(self.book.best_weight, self.book.best_bias),
-                            epochs, self.book, time.perf_counter() - started)
+        return TrainedGroup(self.head.kind(), epochs, self.book, time.perf_counter() - started)
 
     def progress_bar(self, progress: bool, position: int):
         return progress_bar(
@@ -256,8 +255,8 @@ class Evaluation:
 
     @torch.no_grad()
     def evaluate(self, kind: StackedLinear, done: EpochState) -> EpochState:
-        """Validation and test mAP of heads of ``kind`` (a group's heads, or a frozen copy)
-        with ``done``'s weights, the epoch ``done.epoch``."""
+        """Validation and test mAP of heads of ``kind`` (a group's heads, or their
+        :meth:`~StackedLinear.kind`) with ``done``'s weights, the epoch ``done.epoch``."""
         head = kind.frozen(done.weight, done.bias)
         val = RankedScores(self.val_rows.scores(head))
         done.val_map_observed = _map(val.average_precision(self.val_observed))
@@ -337,7 +336,7 @@ class TrainedGroup:
     """A group trained without its evaluation (:meth:`GroupTrainer.train_only`): each epoch's
     heads, to evaluate anywhere (:class:`Evaluation`), then :meth:`finish` in order."""
 
-    kind: StackedLinear  # the group's kind of heads (frozen), which evaluation scores with
+    kind: StackedLinear  # the group's kind of heads (no weights), which evaluation scores with
     epochs: list[EpochState]
     book: GroupRecord
     seconds: float
