@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-BENCHMARKS = ("linear", "extract", "finetune", "jpeg_draft", "spatial")
+BENCHMARKS = ("linear", "linear_kernels", "extract", "finetune", "jpeg_draft", "spatial")
 
 
 def main(argv: list[str]) -> None:
