@@ -57,52 +57,47 @@ def same_bits(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> bool:
 
 def step_kernels(features: torch.Tensor, classes: int, batch: int, steps: int,
                  repeats: int) -> list[dict]:
-    """Forward, weight gradient and Adam at batch size ``batch``: one row per variant."""
+    """Forward, weight gradient and Adam at batch size ``batch``: one row per variant, each
+    timed as it is checked (from a batch's rows and the loss's (H, B, L) gradient)."""
     rows, dim = features.shape
     generator = torch.Generator().manual_seed(batch)
     weight = torch.randn(HEADS, dim, classes, generator=generator) * dim ** -0.5
-    by_class = weight.transpose(1, 2).contiguous()  # (H, L, D)
-    wide = by_class.view(HEADS * classes, dim)
+    wide = weight.transpose(1, 2).contiguous().view(HEADS * classes, dim)  # heads (H, L, D)
     batches = [features.index_select(0, torch.randint(0, rows, (batch,), generator=generator))
                for _ in range(8)]
     grads = [torch.randn(HEADS, batch, classes, generator=generator) * 1e-3 for _ in batches]
-    x, g = batches[0], grads[0]
-    g_by_class = g.transpose(1, 2).contiguous()  # (H, L, B)
 
-    def forward_now(x=x):
+    def forward_now(x, g):
         return torch.bmm(x.expand(HEADS, -1, -1), weight)
 
-    def forward_mm(x=x):
+    def forward_mm(x, g):
         return (x @ wide.t()).view(batch, HEADS, classes).permute(1, 0, 2)
 
-    def grad_now(x=x, g=g):
+    def grad_now(x, g):
         return torch.bmm(x.expand(HEADS, -1, -1).transpose(1, 2), g)
 
-    def grad_mm(x=x, g=g):
+    def grad_mm(x, g):
         return torch.mm(g.transpose(1, 2).reshape(HEADS * classes, batch), x).view(
             HEADS, classes, dim).transpose(1, 2)
 
-    def grad_bmm(x=x, g=g):
+    def grad_bmm(x, g):
         return torch.bmm(g.transpose(1, 2), x.expand(HEADS, -1, -1)).transpose(1, 2)
 
-    forward_same = same_bits([(forward_now(b), forward_mm(b)) for b in batches])
-    grad_pairs = [(grad_now(b, d), grad_mm(b, d)) for b, d in zip(batches, grads, strict=True)]
-    grad_bmm_pairs = [(grad_now(b, d), grad_bmm(b, d)) for b, d in zip(batches, grads, strict=True)]
-    out = [
-        _row(batch, "forward", "bmm, heads (H, D, L)", per_call_us(forward_now, steps, repeats), None),
-        _row(batch, "forward", "mm, heads (H, L, D)",
-             per_call_us(lambda: x @ wide.t(), steps, repeats), forward_same),
-        _row(batch, "weight gradient", "bmm, heads (H, D, L)", per_call_us(grad_now, steps, repeats), None),
-        _row(batch, "weight gradient", "mm, heads (H, L, D)", per_call_us(
-            lambda: torch.mm(g_by_class.view(HEADS * classes, batch), x), steps, repeats),
-            same_bits(grad_pairs)),
-        _row(batch, "weight gradient", "bmm, heads (H, L, D)", per_call_us(
-            lambda: torch.bmm(g_by_class, x.expand(HEADS, -1, -1)), steps, repeats),
-            same_bits(grad_bmm_pairs)),
-    ]
+    variants = [("forward", "bmm, heads (H, D, L)", forward_now, None),
+                ("forward", "mm, heads (H, L, D)", forward_mm, forward_now),
+                ("weight gradient", "bmm, heads (H, D, L)", grad_now, None),
+                ("weight gradient", "mm, heads (H, L, D)", grad_mm, grad_now),
+                ("weight gradient", "bmm, heads (H, L, D)", grad_bmm, grad_now)]
+    x, g = batches[0], grads[0]
+    out = []
+    for kernel, variant, run, trainers in variants:
+        same = None if trainers is None else same_bits(
+            [(trainers(b, d), run(b, d)) for b, d in zip(batches, grads, strict=True)])
+        out.append(_row(batch, kernel, variant, per_call_us(lambda run=run: run(x, g), steps, repeats),
+                        same))
     params = [torch.zeros(dim, classes) for _ in range(HEADS)]
     moments = [[torch.zeros(dim, classes) for _ in range(HEADS)] for _ in range(2)]
-    gradient = grad_now().unbind(0)
+    gradient = grad_now(x, g).unbind(0)
     step = torch.ones(())
 
     def adam():
