@@ -4,10 +4,12 @@ finished group brings (its evaluation, in pieces), at most ``jobs`` at a time, f
 from __future__ import annotations
 
 import os
+from types import SimpleNamespace
 
 import pytest
 import torch
 
+from featcache.linear.search import workers_evaluate_elsewhere
 from featcache.linear.workers import map_groups
 
 CPU = torch.device("cpu")
@@ -39,3 +41,12 @@ def test_follow_ups_run_before_the_groups_still_waiting_and_only_groups_are_retu
     assert order.index(("follow-up", 10)) < order.index(("group", 3))
     if jobs == 2:  # in worker processes, not in this one
         assert {pid for _, _, pid in results} - {os.getpid()} == {pid for _, _, pid in results}
+
+
+def test_evaluation_leaves_a_worker_only_for_other_local_cpu_workers():
+    # the search's rule, which the memory plan (kept epochs) reads too
+    assert workers_evaluate_elsewhere(CPU, 2, None)
+    assert workers_evaluate_elsewhere(CPU, 2, SimpleNamespace(world=1))
+    assert not workers_evaluate_elsewhere(CPU, 1, None)
+    assert not workers_evaluate_elsewhere(CPU, 2, SimpleNamespace(world=2))  # torchrun ranks
+    assert not workers_evaluate_elsewhere(torch.device("cuda"), 2, None)

@@ -32,7 +32,13 @@ from featcache.linear.memory import (
 )
 from featcache.linear.outputs import run_settings, write_run
 from featcache.linear.report import losses_table, run_summary
-from featcache.linear.search import SearchResult, SearchSpec, run_search, run_searches
+from featcache.linear.search import (
+    SearchResult,
+    SearchSpec,
+    run_search,
+    run_searches,
+    workers_evaluate_elsewhere,
+)
 from featcache.linear.stream import load_streamed_data
 from featcache.linear.trainer import evaluation_can_move
 from featcache.linear.workers import on_main
@@ -204,7 +210,7 @@ def _run_linear(options: LinearOptions, budget: int, job: Ranks, say: Callable[[
                 [(spec.loss, len(spec.configs(0)) // len(spec.batch_sizes)) for spec in these],
                 groups=len(options.seeds) * len(options.batch_sizes), jobs=jobs, say=say,
                 pseudo_choice=options.pseudo_labels, epochs=options.epochs,
-                early_stop=options.early_stop)
+                early_stop=options.early_stop, job=job)
             if job.is_main and these[0] is specs[0]:
                 for note in evaluation_notes(*evaluation_coverage(data, options.val_variant)):
                     warnings.warn(note, FeatcacheWarning, stacklevel=3)
@@ -326,23 +332,25 @@ def load_training_data(labels, features, device, budget: int, stream: bool,
                        losses: Sequence[tuple[str, int]], groups: int, jobs: int | None,
                        say: Callable[[str], None] = _stderr,
                        pseudo_choice: str | None = None, epochs: int = LINEAR_EPOCHS,
-                       early_stop: str = "none") -> TrainingSplits:
+                       early_stop: str = "none", job: Ranks | None = None) -> TrainingSplits:
     """The search's data, in memory when it fits ``budget`` (the protocol's exact path), else
     with the training features streamed from the file (:mod:`featcache.linear.stream`).
 
     ``losses`` lists (loss, heads per group); ``groups`` counts the (seed, batch size) groups,
     of which ``jobs`` (default: one per core) train at once on the CPU, the other workers
     evaluating the groups that train without reading their evaluation
-    (:mod:`featcache.linear.search`; they keep ``epochs`` epochs of heads for it).
+    (:mod:`featcache.linear.search`; they keep ``epochs`` epochs of heads for it; not under
+    ``torchrun``, ``job`` with several ranks, where every group evaluates where it trains).
     """
     parts, _ = split_rows(labels, features)
     sizes = SplitSizes(len(parts["train"].rows), len(parts["val"].rows), len(parts["test"].rows),
                        labels.num_classes, features.dim)
     workers = 1 if device.type != "cpu" else max(1, jobs or usable_cpus())
+    elsewhere = workers_evaluate_elsewhere(device, workers, job)
     shapes = []
     for name, heads in losses:
         loss = loss_class(name)
-        kept = epochs if workers > 1 and evaluation_can_move(loss, early_stop) else 0
+        kept = epochs if elsewhere and evaluation_can_move(loss, early_stop) else 0
         shapes.append(group_shape(loss, heads, labels.train.clean is not None, kept))
     group = max(shapes, key=lambda shape: shape.bytes(sizes), default=GroupShape(1))
     concurrency = min(workers, groups)

@@ -194,6 +194,13 @@ class _Search:
                             notes=list(self.data.notes))
 
 
+def workers_evaluate_elsewhere(device: torch.device, jobs: int, job: Ranks | None) -> bool:
+    """Whether a group's evaluation may leave its worker: only where other local workers can
+    take it (several CPU worker processes, one rank), and only for groups whose loss allows it
+    (:func:`~featcache.linear.trainer.evaluation_can_move`)."""
+    return device.type == "cpu" and jobs > 1 and (job is None or job.world == 1)
+
+
 def run_searches(data: TrainingSplits, specs: Sequence[SearchSpec],
                  device: torch.device | str = "cpu", progress: bool = True,
                  jobs: int | None = None, job: Ranks | None = None,
@@ -220,10 +227,8 @@ def run_searches(data: TrainingSplits, specs: Sequence[SearchSpec],
     tasks = [_Train(i, group) for i, search in enumerate(searches) for group in search.groups]
     jobs = max(1, jobs or usable_cpus())
     show = progress and (job is None or job.world == 1 or job.is_main)
-    # Evaluation leaves a group's worker only where other local workers can take it; then every
-    # worker may help, even beyond the number of groups.
-    defer = (evaluate_elsewhere and device.type == "cpu" and jobs > 1
-             and (job is None or job.world == 1)
+    # then every worker may help, even beyond the number of groups
+    defer = (evaluate_elsewhere and workers_evaluate_elsewhere(device, jobs, job)
              and any(evaluation_can_move(loss_class(search.spec.loss), search.spec.early_stop)
                      for search in searches))
     workers = jobs if defer else min(jobs, len(tasks))
