@@ -14,7 +14,9 @@ without moving any number; one that is faster with other bits could not.
 - weight gradient: ``bmm(x^T expanded, g (H, B, L))`` against the (H, L, D) layout's ``mm`` and
   ``bmm`` (the layout Adam would then update);
 - Adam: one fused call per head (as the trainer makes them; timing only, for scale);
-- scoring: the test rows against one epoch's heads (D, H L), and against 4 epochs' at once.
+- scoring: the test rows against one epoch's heads (D, H L), and against 4 epochs' at once;
+- a whole group of the default search trained (25 epochs, no evaluation) alone on one thread:
+  what a worker spends on it, per step.
 
     python -m benchmarks.linear_kernels            # figures in cache/bench/linear-kernels-cpu.json
     python -m benchmarks.linear_kernels --repeats 3 --steps 200   # quicker, noisier
@@ -32,6 +34,9 @@ import torch
 from benchmarks._common import describe, machine, save
 from benchmarks.linear import synthetic_dataset
 from featcache.linear.data import load_linear_data
+from featcache.linear.search import SearchSpec
+from featcache.linear.trainer import GroupTrainer
+from featcache.losses import loss_class
 from featcache.tables import Table
 
 HEADS = 4
@@ -128,6 +133,24 @@ def scoring_kernels(features: torch.Tensor, classes: int, repeats: int) -> list[
     ]
 
 
+def group_training(data, batch: int, loss: str = "an") -> list[dict]:
+    """A whole group of the default search (``loss``'s 4 learning rates at ``batch``, 25
+    epochs) trained without its evaluation (``GroupTrainer.train_only``, as a search's worker
+    runs it), alone on one thread: the group's wall time, per training step."""
+    spec = SearchSpec(loss=loss)
+    data = loss_class(loss).fit_data(data)
+    spec = spec.resolved(data.facts)
+    configs = [c for c in spec.configs(spec.seeds[0]) if c.batch_size == batch]
+    trainer = GroupTrainer(data, loss, configs, spec.epochs, spec.val_variant, spec.early_stop,
+                           torch.device("cpu"))
+    started = time.perf_counter()
+    trainer.train_only(progress=False, position=0)
+    seconds = time.perf_counter() - started
+    steps = trainer.steps * spec.epochs
+    return [_row(batch, f"group training, {len(configs)} heads x {spec.epochs} epochs",
+                 f"{steps} steps: {seconds:.2f} s", seconds / steps * 1e6, None)]
+
+
 def _row(size: int, kernel: str, variant: str, us: float, same: bool | None) -> dict:
     return {"rows": size, "kernel": kernel, "variant": variant, "microseconds": us,
             "same_bits_as_trainer": same}
@@ -149,6 +172,8 @@ def main(argv: list[str] | None = None) -> dict:
         found += step_kernels(data.train.features, data.num_classes, batch, args.steps,
                               args.repeats)
     found += scoring_kernels(data.test.features, data.num_classes, args.repeats)
+    for batch in args.batch_sizes:
+        found += group_training(data, batch)
     table = Table(["rows", "kernel", "variant", "microseconds", "same bits as the trainer"],
                   formats={"microseconds": "{:.1f}"})
     for row in found:

@@ -7,8 +7,16 @@ trainer's bits does (recomputed), while one with other bits is reported as such.
 from __future__ import annotations
 
 import torch
+from linear_fixtures import synthetic_dataset
 
-from benchmarks.linear_kernels import HEADS, same_bits, scoring_kernels, step_kernels
+from benchmarks.linear_kernels import (
+    HEADS,
+    group_training,
+    same_bits,
+    scoring_kernels,
+    step_kernels,
+)
+from featcache.linear.data import load_linear_data
 
 
 def test_every_step_kernel_and_variant_gets_a_time_and_a_bit_verdict():
@@ -34,3 +42,11 @@ def test_same_bits_is_bit_for_bit():
     a = torch.ones(HEADS, 2)
     assert same_bits([(a, a.clone())])
     assert not same_bits([(a, a + 1e-7)]), "a last-bit difference is a difference"
+
+
+def test_a_whole_group_of_the_default_search_is_timed_per_step(tmp_path):
+    data = load_linear_data(*synthetic_dataset(tmp_path))
+    (row,) = group_training(data, batch=8)
+    assert row["kernel"] == "group training, 4 heads x 25 epochs"
+    steps = 25 * (len(data.train) // 8)
+    assert row["variant"].startswith(f"{steps} steps: ") and row["microseconds"] > 0
