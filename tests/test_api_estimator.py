@@ -12,10 +12,11 @@ import torch
 from dataset_fixtures import invoke
 from linear_fixtures import synthetic_dataset
 from sklearn.base import clone
-from sklearn.exceptions import NotFittedError
-from sklearn.model_selection import GridSearchCV
+from sklearn.exceptions import DataConversionWarning, NotFittedError
+from sklearn.model_selection import GridSearchCV, KFold
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
+from sklearn.utils._param_validation import InvalidParameterError
 
 from featcache import SPMLClassifier, map_scorer
 from featcache.data.labelfile import load_labels
@@ -66,6 +67,7 @@ def test_parameters_clone_and_fitted_attributes(arrays):
     assert twin.get_params() == clf.get_params() and not hasattr(twin, "coef_")
     assert clf.coef_.shape == (5, 16) and clf.intercept_.shape == (5,)
     assert list(clf.classes_) == [0, 1, 2, 3, 4] and clf.n_features_in_ == 16
+    assert clf.target_form_ == "matrix" and clf.batch_size_ == 8
     assert clf.loss_params_ == {"eps_pos": 0.0, "eps_neg": 0.1}
     assert clf.best_epoch_ == 3 and clf.best_score_ is None  # no validation: the last epoch
     assert [h["epoch"] for h in clf.history_] == [1, 2, 3] and "val_map" not in clf.history_[0]
@@ -73,8 +75,13 @@ def test_parameters_clone_and_fitted_attributes(arrays):
     assert P.shape == (120, 5) and P.dtype == np.float32 and ((P > 0) & (P < 1)).all()
     logits = clf.decision_function(X)
     assert np.allclose(P, 1 / (1 + np.exp(-logits.astype(np.float64))), atol=1e-6)
-    assert set(np.unique(clf.predict(X, threshold=0.5))) <= {0, 1}
-    assert (clf.predict(X, threshold=0.0) == 1).all()
+    assert np.array_equal(clf.decision_function(X), logits)
+    # A label matrix in, the indicator matrix out: every class above the threshold.
+    assert np.array_equal(clf.predict(X), (P > 0.5).astype(np.int64))
+    assert np.array_equal(clf.predict_multilabel(X), clf.predict(X))
+    assert (clf.set_params(threshold=0.0).predict(X) == 1).all()
+    assert np.array_equal(clf.set_params(threshold=0.9).predict(X), (P > 0.9).astype(np.int64))
+    clf.set_params(threshold=0.5)
     restored = pickle.loads(pickle.dumps(clf))
     assert np.array_equal(restored.predict_proba(X), P)
 
@@ -89,8 +96,13 @@ def test_same_seed_same_head_and_another_seed_another(arrays):
 
 
 @pytest.mark.parametrize("call, message", [
-    (lambda clf, X, Z: clf.fit(X, Z[:, 0]), "must be a 2-D label matrix"),
-    (lambda clf, X, Z: clf.fit(X, Z * 2), "may hold only -1, 0, 1"),
+    (lambda clf, X, Z: clf.fit(X, X[:, 0]), "Unknown label type: 'continuous'"),
+    (lambda clf, X, Z: clf.fit(X, Z * 2), "Unknown label type: y row 0, column 1 holds 2; a label matrix may hold only -1, 0, 1"),
+    (lambda clf, X, Z: clf.fit(X, Z * 0.5), "Unknown label type: y row 0, column 1 holds 0.5"),
+    (lambda clf, X, Z: clf.fit(X, np.where(Z == 1, "a", "b")), "Unknown label type: y row 0, column 0 holds 'b'"),
+    (lambda clf, X, Z: clf.fit(X, np.zeros_like(Z)), "y has no observed label in any row"),
+    (lambda clf, X, Z: clf.set_params(classes=["a", "b"]).fit(X, Z), "classes names 2 classes but y has 5 columns"),
+    (lambda clf, X, Z: clf.set_params(classes=[0, 1, 2]).fit(X, Z.argmax(1)), "y row 2 holds the label 4, which is not among the classes [0, 1, 2]"),
     (lambda clf, X, Z: clf.fit(X[:10], Z), "inconsistent numbers of samples"),
     (lambda clf, X, Z: clf.fit(X, Z, y_full=np.zeros_like(Z)), "y_full says it is negative"),
     (lambda clf, X, Z: clf.fit(X, Z, eval_set=(X[:, :3], Z)), "X has 3 features, but SPMLClassifier is expecting 16"),
@@ -98,8 +110,14 @@ def test_same_seed_same_head_and_another_seed_another(arrays):
     (lambda clf, X, Z: clf.set_params(validation_fraction=0.2).fit(X, Z, eval_set=(X, Z)), "either eval_set or validation_fraction"),
     (lambda clf, X, Z: clf.set_params(loss="an_ls").fit(X, Z), "did you mean 'an-ls'"),
     (lambda clf, X, Z: clf.set_params(loss_params={"eps": 0.1}).fit(X, Z), "has no parameter 'eps'"),
-    (lambda clf, X, Z: clf.set_params(batch_size=1000).fit(X, Z), "larger than the 120 training rows"),
-    (lambda clf, X, Z: clf.set_params(validation_fraction=1.5).fit(X, Z), "validation_fraction must be in (0, 1)"),
+    (lambda clf, X, Z: clf.set_params(loss_params={"eps_pos": 2.0}).fit(X, Z), "The 'eps_pos' parameter of the loss 'an-ls' (loss_params of SPMLClassifier) must be a float in the range [0.0, 1.0]. Got 2.0 instead."),
+    (lambda clf, X, Z: clf.set_params(validation_fraction=1.5).fit(X, Z), "The 'validation_fraction' parameter of SPMLClassifier must be a float in the range (0.0, 1.0) or None. Got 1.5 instead."),
+    (lambda clf, X, Z: clf.set_params(lr=0).fit(X, Z), "The 'lr' parameter of SPMLClassifier must be a float in the range (0.0, inf)"),
+    (lambda clf, X, Z: clf.set_params(batch_size=0).fit(X, Z), "The 'batch_size' parameter of SPMLClassifier must be an int in the range [1, inf)"),
+    (lambda clf, X, Z: clf.set_params(epochs=2.5).fit(X, Z), "The 'epochs' parameter of SPMLClassifier must be an int in the range [1, inf)"),
+    (lambda clf, X, Z: clf.set_params(early_stop="kimm").fit(X, Z), "The 'early_stop' parameter of SPMLClassifier must be a str among"),
+    (lambda clf, X, Z: clf.set_params(spatial_shape=(1, 16)).fit(X, Z), "The 'spatial_shape' parameter of SPMLClassifier must be an (h, w, D) tuple of 3 positive ints or None"),
+    (lambda clf, X, Z: clf.set_params(threshold=1.5).fit(X, Z), "The 'threshold' parameter of SPMLClassifier must be a float in the range [0.0, 1.0]"),
 ])
 def test_bad_input_gets_one_clear_error(arrays, call, message):
     X, Z, _ = arrays
@@ -113,6 +131,104 @@ def test_predicting_checks_the_width_with_scikit_learns_message(arrays):
     clf = SPMLClassifier(**FAST).fit(X, Z)
     with pytest.raises(ValueError, match="X has 4 features, but SPMLClassifier is expecting 16"):
         clf.predict_proba(X[:, :4])
+
+
+# ------------------------------------------------------------------ y as it comes
+NAMES = np.array(["bird", "cat", "dog", "fox", "owl"])  # sorted: column i is NAMES[i]
+
+
+def test_class_labels_train_the_same_head_as_their_label_matrix(arrays):
+    X, Z, _ = arrays
+    labels = NAMES[Z.argmax(axis=1)]  # each row's one observed positive, as strings
+    by_labels = SPMLClassifier(**FAST).fit(X, labels)
+    by_matrix = SPMLClassifier(**FAST).fit(X, Z)
+    assert by_labels.target_form_ == "labels" and list(by_labels.classes_) == list(NAMES)
+    assert np.array_equal(by_labels.coef_, by_matrix.coef_)  # the same numbers
+    assert np.array_equal(by_labels.predict_proba(X), by_matrix.predict_proba(X))
+    P = by_labels.predict_proba(X)
+    assert P.shape == (120, 5) and not np.allclose(P.sum(axis=1), 1)  # independent per class
+    predicted = by_labels.predict(X)
+    assert predicted.shape == (120,) and predicted.dtype == NAMES.dtype
+    assert np.array_equal(predicted, NAMES[P.argmax(axis=1)])
+    assert np.array_equal(by_labels.decision_function(X), by_labels.logits(X))
+    assert np.array_equal(by_labels.predict_multilabel(X), by_matrix.predict(X))
+    assert by_labels.score(X, labels) == pytest.approx(by_matrix.score(X, Z))
+    assert (predicted == labels).mean() > 0.5
+
+
+def test_classes_names_unobserved_classes_in_the_given_order(arrays):
+    X, Z, _ = arrays
+    observed = Z.argmax(axis=1)
+    seen = observed != 4
+    order = [4, 3, 2, 1, 0, 9]  # 4 and 9 never observed as a row's positive
+    clf = SPMLClassifier(classes=order, **FAST).fit(X[seen], observed[seen])
+    assert list(clf.classes_) == order and clf.coef_.shape == (6, 16)
+    assert clf.predict_proba(X).shape == (120, 6)
+    assert set(clf.predict(X)) <= set(order)
+
+
+def test_two_class_labels_follow_scikit_learns_binary_shapes(arrays):
+    X, Z, _ = arrays
+    labels = np.where(Z[:, 0] == 1, "yes", "no")
+    clf = SPMLClassifier(**FAST).fit(X, labels)
+    logits = clf.logits(X)
+    margin = clf.decision_function(X)
+    assert margin.shape == (120,) and np.array_equal(margin, logits[:, 1] - logits[:, 0])
+    assert np.array_equal(clf.predict(X), clf.classes_[(margin > 0).astype(int)])
+    assert clf.predict_proba(X).shape == (120, 2)
+
+
+def test_a_column_of_labels_is_taken_as_labels_with_scikit_learns_warning(arrays):
+    X, Z, _ = arrays
+    labels = Z.argmax(axis=1)
+    with pytest.warns(DataConversionWarning, match="A column-vector y was passed"):
+        column = SPMLClassifier(**FAST).fit(X, labels[:, None])
+    assert column.target_form_ == "labels"
+    assert np.array_equal(column.coef_, SPMLClassifier(**FAST).fit(X, labels).coef_)
+
+
+def test_rows_without_any_observation_are_left_out_with_a_warning(arrays):
+    X, Z, full = arrays
+    holey = Z.copy()
+    holey[[3, 50, 77]] = 0
+    with pytest.warns(FeatcacheWarning, match=r"left out 3 of 120 rows with no observed label "
+                                              r"\(all 0; rows 3, 50, 77\)"):
+        clf = SPMLClassifier(**FAST).fit(X, holey, y_full=full)
+    kept = np.setdiff1d(np.arange(120), [3, 50, 77])
+    alone = SPMLClassifier(**FAST).fit(X[kept], Z[kept], y_full=full[kept])
+    assert np.array_equal(clf.coef_, alone.coef_)
+
+
+def test_a_batch_larger_than_the_rows_is_clipped_with_a_warning(arrays):
+    X, Z, _ = arrays
+    with pytest.warns(FeatcacheWarning, match="batch_size=1000 is larger than the 120 training "
+                                              "rows: trained with batch_size=120"):
+        clf = SPMLClassifier(epochs=2, batch_size=1000).fit(X, Z)
+    assert clf.batch_size_ == 120 and clf.get_params()["batch_size"] == 1000
+    assert np.array_equal(clf.coef_, SPMLClassifier(epochs=2, batch_size=120).fit(X, Z).coef_)
+
+
+def test_an_unknown_loss_gets_scikit_learns_error_and_the_closest_names(arrays):
+    X, Z, _ = arrays
+    with pytest.raises(InvalidParameterError, match=r"The 'loss' parameter of SPMLClassifier must "
+                                                     r"be a str among \{'bce', .*\}\. Got 'an_ls' instead\. .*did you mean 'an-ls'"):
+        SPMLClassifier(loss="an_ls").fit(X, Z)
+
+
+def test_grid_search_on_class_labels_with_a_shuffled_kfold(arrays):
+    X, Z, _ = arrays
+    labels = NAMES[Z.argmax(axis=1)]
+    folds = KFold(n_splits=3, shuffle=True, random_state=0)
+    search = GridSearchCV(SPMLClassifier(**FAST), {"lr": [1e-1, 1e-3]}, cv=folds).fit(X, labels)
+    assert search.best_estimator_.target_form_ == "labels"
+    by_scorer = GridSearchCV(SPMLClassifier(**FAST), {"lr": [1e-1, 1e-3]}, cv=folds,
+                             scoring=map_scorer).fit(X, labels)
+    assert np.allclose(by_scorer.cv_results_["mean_test_score"], search.cv_results_["mean_test_score"])
+    held = next(iter(folds.split(X)))
+    fitted = SPMLClassifier(lr=search.best_params_["lr"], **{k: v for k, v in FAST.items() if k != "lr"})
+    fitted.fit(X[held[0]], labels[held[0]])
+    assert search.cv_results_["split0_test_score"][search.best_index_] == pytest.approx(
+        fitted.score(X[held[1]], labels[held[1]]))
 
 
 def test_a_pipeline_after_standard_scaler_and_grid_search_with_an_map_scorer(arrays):
@@ -239,11 +355,11 @@ def test_the_issue_example_runs_on_scene_and_matches_train_linear(shared_data, t
     X, Y_clean = npz["X_train"], npz["Y_train"]
     Y_observed = observe_uniform(Y_clean)  # the protocol sampler, as `featcache prepare` draws
 
-    # The issue's code block, as written.
+    # The README's code block, as written.
     clf = SPMLClassifier(loss="an-ls", loss_params={"eps_pos": 0.0}, lr=1e-3, batch_size=16, epochs=25, seed=0)
     clf.fit(X, Y_observed)
     P = clf.predict_proba(X)
-    clf.predict(X, threshold=0.5)
+    clf.predict(X)
     clf.decision_function(X)
     assert P.shape == Y_clean.shape and 0 < clf.score(X, Y_clean) <= 100
 

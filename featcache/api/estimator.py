@@ -3,8 +3,18 @@
 It runs stage two's own search (:func:`featcache.linear.search.run_search`) on a grid of one
 point, so a fit is exactly a ``featcache train-linear`` configuration: the same loss classes,
 the same seeded head initialisation and batch order, the same trainer, the same selection.
-Labels follow featcache's convention: ``y`` is an (n, L) matrix with 1 for an observed
-positive, 0 for unobserved and -1 for an observed negative.
+
+``y`` comes in either of two forms (:mod:`featcache.api.targets`):
+
+- **class labels**: a 1-D array of ints or strings, the one observed positive of each row
+  (scikit-learn's multiclass target). ``predict`` then gives one label per row (the most
+  probable class), ``decision_function`` follows scikit-learn's shapes;
+- **a label matrix** (n, L): 1 for an observed positive, 0 unobserved, -1 an observed
+  negative (featcache's convention). ``predict`` then gives the 0/1 indicator matrix.
+
+Either way ``predict_proba`` gives one independent probability per class (a row need not sum
+to 1: an image may show several classes) and ``predict_multilabel`` every class whose
+probability is above ``threshold``.
 
 - ``fit(X, y)`` trains ``epochs`` epochs and keeps the last one;
 - ``fit(X, y, eval_set=(X_val, Y_val))`` keeps the epoch with the best mAP on the evaluation
@@ -21,23 +31,32 @@ naming those classes and giving the mAP over the others).
 
 from __future__ import annotations
 
+import math
 import warnings
+from numbers import Integral, Real
 
 import numpy as np
 import torch
-from sklearn.base import BaseEstimator, ClassifierMixin
-from sklearn.metrics import make_scorer
+from sklearn.base import BaseEstimator, ClassifierMixin, _fit_context
+from sklearn.utils._param_validation import (
+    Interval,
+    InvalidParameterError,
+    Options,
+    StrOptions,
+    validate_parameter_constraints,
+)
 from sklearn.utils.validation import check_is_fitted, validate_data
 
+from featcache.api.targets import LABELS, label_matrix, read_target, targets_for
 from featcache.data.sampling import split_train_val
 from featcache.errors import FeatcacheWarning, LossNeedError, OptionError
 from featcache.linear.data import LinearData
 from featcache.linear.heads import StackedBoostLU, StackedLinear
 from featcache.linear.search import SearchSpec, run_search
-from featcache.losses import loss_class
+from featcache.losses import loss_class, loss_names
 from featcache.metrics import average_precision
 from featcache.protocol.coverage import coverage
-from featcache.protocol.selection import LAST_EPOCH, check_early_stop
+from featcache.protocol.selection import EARLY_STOP_RULES, LAST_EPOCH
 from featcache.runtime import pick_device
 
 #: how the estimator names its labels in messages
@@ -48,6 +67,49 @@ NEED_HINT = ("SPMLClassifier.fit takes full labels as y_full=Y_full, observed ne
              "as rows of X with SPMLClassifier(spatial_shape=(h, w, D))")
 
 
+class _RegisteredLoss(StrOptions):
+    """A loss name registered now (``register_loss`` after import counts too)."""
+
+    def __init__(self):
+        super().__init__(set())
+
+    def is_satisfied_by(self, val):
+        return isinstance(val, str) and val in loss_names()
+
+    def __str__(self):
+        return f"a str among {{{', '.join(map(repr, loss_names()))}}}"
+
+
+class _SpatialShape(Options):
+    """``(h, w, D)``: three positive whole numbers."""
+
+    def __init__(self):
+        super().__init__(tuple, set())
+
+    def is_satisfied_by(self, val):
+        return (isinstance(val, (tuple, list)) and len(val) == 3
+                and all(isinstance(v, Integral) and not isinstance(v, bool) and v >= 1
+                        for v in val))
+
+    def __str__(self):
+        return "an (h, w, D) tuple of 3 positive ints"
+
+
+def loss_param_constraints(loss: str) -> dict[str, list]:
+    """Each parameter of ``loss`` as a scikit-learn ``Interval`` of its valid range (whole
+    numbers, where a parameter takes them, are checked when the loss resolves them)."""
+    out = {}
+    for key, param in loss_class(loss).params.items():
+        left = None if param.low == -math.inf else param.low
+        right = None if param.high == math.inf else param.high
+        closed_left = left is not None and not param.low_open
+        closed_right = right is not None and not param.high_open
+        closed = {(True, True): "both", (True, False): "left", (False, True): "right",
+                  (False, False): "neither"}[closed_left, closed_right]
+        out[key] = [Interval(Real, left, right, closed=closed)]
+    return out
+
+
 class SPMLClassifier(ClassifierMixin, BaseEstimator):
     """A linear head on fixed features trained with a single-positive multi-label loss.
 
@@ -56,13 +118,14 @@ class SPMLClassifier(ClassifierMixin, BaseEstimator):
     loss : str
         A registered loss (``featcache losses`` lists them), e.g. ``"an-ls"``, ``"role"``.
     loss_params : dict or None
-        Loss parameters (``{"eps_pos": 0.0}``); the rest take their defaults. ``k`` (EPR,
-        ROLE), unless given, is the mean positives per row of ``y_full`` and of the
-        validation labels, the way a labels file's ``k`` covers its training and validation
-        rows (so the protocol's split reproduces ``train-linear``'s ``k``).
+        Loss parameters (``{"eps_pos": 0.0}``), each checked against its range; the rest take
+        their defaults. ``k`` (EPR, ROLE), unless given, is the mean positives per row of
+        ``y_full`` and of the validation labels, the way a labels file's ``k`` covers its
+        training and validation rows (so the protocol's split reproduces ``train-linear``'s ``k``).
     lr, batch_size, epochs : float, int, int
         Adam's learning rate, the batch size (the last partial batch is dropped, as the
-        reference does) and the number of epochs (the protocol: 25).
+        reference does; more than the training rows is clipped to them with a warning) and the
+        number of epochs (the protocol: 25).
     seed : int
         Seeds the head's initialisation, the batch order and the loss's state exactly as
         ``featcache train-linear --seeds`` does.
@@ -80,14 +143,25 @@ class SPMLClassifier(ClassifierMixin, BaseEstimator):
         in C order (a spatial features file's rows): what the BoostLU losses (``ll-r+boostlu``
         ...) train on. ``coef_`` is then the 1 x 1 convolution (n_classes, D) and predictions
         are BoostLU's boosted logits.
+    classes : array-like or None
+        The classes, in this order, when ``y`` does not show them all (a class never observed
+        as a row's positive still gets its head); for a label matrix, the names of its columns.
+        None: the labels of ``y`` sorted, or a matrix's column names (a DataFrame's) or
+        ``0 .. L - 1``.
+    threshold : float in [0, 1]
+        ``predict_multilabel`` (and ``predict`` after a label matrix) predicts every class whose
+        probability is above it.
 
     Attributes
     ----------
     coef_ : ndarray (n_classes, n_features)
     intercept_ : ndarray (n_classes,)
     classes_ : ndarray (n_classes,)
-        Class names: the columns of a DataFrame ``y``, else ``0 .. n_classes - 1``.
+    target_form_ : {"labels", "matrix"}
+        Which form of ``y`` the estimator was fitted on (what ``predict`` returns).
     n_features_in_, feature_names_in_ : the input's width and column names (sklearn's).
+    batch_size_ : int
+        The batch size trained with (``batch_size`` clipped to the training rows).
     loss_params_ : dict
         Every loss parameter as used, defaults included.
     best_epoch_ : int
@@ -100,9 +174,25 @@ class SPMLClassifier(ClassifierMixin, BaseEstimator):
         Per-example state the loss learned beside the head (ROLE's label estimates ``phi``).
     """
 
+    _parameter_constraints: dict = {
+        "loss": [_RegisteredLoss()],
+        "loss_params": [dict, None],
+        "lr": [Interval(Real, 0, None, closed="neither")],
+        "batch_size": [Interval(Integral, 1, None, closed="left")],
+        "epochs": [Interval(Integral, 1, None, closed="left")],
+        "seed": [Interval(Integral, 0, None, closed="left")],
+        "validation_fraction": [Interval(Real, 0, 1, closed="neither"), None],
+        "early_stop": [StrOptions(set(EARLY_STOP_RULES))],
+        "device": [str],
+        "progress": ["boolean"],
+        "spatial_shape": [_SpatialShape(), None],
+        "classes": ["array-like", None],
+        "threshold": [Interval(Real, 0, 1, closed="both")],
+    }
+
     def __init__(self, loss="an-ls", loss_params=None, lr=1e-3, batch_size=16, epochs=25,
                  seed=0, validation_fraction=None, early_stop="none", device="cpu",
-                 progress=False, spatial_shape=None):
+                 progress=False, spatial_shape=None, classes=None, threshold=0.5):
         self.loss = loss
         self.loss_params = loss_params
         self.lr = lr
@@ -114,48 +204,71 @@ class SPMLClassifier(ClassifierMixin, BaseEstimator):
         self.device = device
         self.progress = progress
         self.spatial_shape = spatial_shape
+        self.classes = classes
+        self.threshold = threshold
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
         tags.target_tags.required = True
-        tags.target_tags.multi_output = True
-        tags.target_tags.single_output = False
+        tags.target_tags.single_output = True  # class labels, one observed positive per row
+        tags.target_tags.multi_output = True  # a label matrix
+        tags.classifier_tags.multi_class = True
         tags.classifier_tags.multi_label = True
-        tags.classifier_tags.multi_class = False
         return tags
 
-    # ------------------------------------------------------------------ training
-    def fit(self, X, y, *, eval_set=None, y_full=None, y_pseudo=None):
-        """Train the head on features ``X`` (n, D) and observed labels ``y`` (n, L).
+    def _validate_params(self):
+        """scikit-learn's checks of the constructor parameters, then each loss parameter's
+        range; an unknown loss also names the closest registered ones."""
+        try:
+            super()._validate_params()
+        except InvalidParameterError as exc:
+            if isinstance(self.loss, str) and self.loss not in loss_names():
+                try:
+                    loss_class(self.loss)
+                except OptionError as unknown:
+                    raise InvalidParameterError(f"{exc} ({unknown})") from None
+            raise
+        validate_parameter_constraints(
+            loss_param_constraints(self.loss), dict(self.loss_params or {}),
+            caller_name=f"the loss {self.loss!r} (loss_params of SPMLClassifier)")
 
-        ``eval_set=(X_val, Y_val)`` selects the best epoch by mAP on ``Y_val`` (its 1 entries
-        are the positives: clean labels, or observed ones); ``y_full`` (n, L, 0/1) gives the
-        full labels that oracle losses (``bce``) train on and from which ``k`` and observed
-        negatives' availability follow; ``y_pseudo`` (n, L: 1, 0, -1) the pseudo-labels that
-        ``vlpl`` and ``gpr`` train on (e.g. a ``featcache pseudo-label`` file's ``/train/pseudo``).
+    # ------------------------------------------------------------------ training
+    @_fit_context(prefer_skip_nested_validation=True)
+    def fit(self, X, y, *, eval_set=None, y_full=None, y_pseudo=None):
+        """Train the head on features ``X`` (n, D) and ``y``: class labels (n,) or an observed
+        label matrix (n, L) of 1, 0, -1.
+
+        ``eval_set=(X_val, Y_val)`` selects the best epoch by mAP on ``Y_val`` (class labels,
+        or a matrix whose 1 entries are the positives: clean labels, or observed ones);
+        ``y_full`` (n, L, 0/1) gives the full labels that oracle losses (``bce``) train on and
+        from which ``k`` and observed negatives' availability follow; ``y_pseudo`` (n, L: 1, 0,
+        -1) the pseudo-labels that ``vlpl`` and ``gpr`` train on (e.g. a ``featcache
+        pseudo-label`` file's ``/train/pseudo``). Their columns follow ``classes_``.
         """
         names = list(y.columns) if hasattr(y, "columns") else None
-        X, y = validate_data(self, X, y, multi_output=True, y_numeric=True, dtype=np.float32)
-        y = _label_matrix(y, "y", (-1, 0, 1))
+        X, y = validate_data(self, X, y, multi_output=True, dtype=np.float32)
+        target = read_target(y, self.classes, names)
+        rows = len(X)
+        self.classes_, self.target_form_ = target.classes, target.form
+        X, observed = X[target.kept], target.observed
         full = None
         if y_full is not None:
-            full = _label_matrix(np.asarray(y_full), "y_full", (0, 1), rows=len(y),
-                                 classes=y.shape[1])
-            wrong = np.argwhere((y == 1) & (full == 0))
+            full = label_matrix(y_full, "y_full", (0, 1), rows=rows,
+                                classes=observed.shape[1])[target.kept]
+            wrong = np.argwhere((observed == 1) & (full == 0))
             if wrong.size:
                 row, column = wrong[0]
                 raise ValueError(f"y marks row {row}, class {column} as an observed positive but "
                                  "y_full says it is negative")
         pseudo = None
         if y_pseudo is not None:
-            pseudo = _label_matrix(np.asarray(y_pseudo), "y_pseudo", (-1, 0, 1), rows=len(y),
-                                   classes=y.shape[1])
-        self._check_options()
-        self.classes_ = np.array(names if names is not None else np.arange(y.shape[1]))
-        data, variant = self._data(X, y, full, eval_set, pseudo)
+            pseudo = label_matrix(y_pseudo, "y_pseudo", (-1, 0, 1), rows=rows,
+                                  classes=observed.shape[1])[target.kept]
+        data, variant = self._data(X, observed, full, eval_set, pseudo)
         self._check_needs(data)
+        self.batch_size_ = self._batch_size(len(data.train))
         spec = SearchSpec(loss=self.loss, learning_rates=[float(self.lr)],
-                          batch_sizes=[int(self.batch_size)], params=dict(self.loss_params or {}),
+                          batch_sizes=[self.batch_size_], params=dict(self.loss_params or {}),
                           seeds=[int(self.seed)], epochs=int(self.epochs), val_variant=variant,
                           early_stop=self.early_stop)
         head = run_search(data, spec, device=self._device(), progress=self.progress,
@@ -169,25 +282,14 @@ class SPMLClassifier(ClassifierMixin, BaseEstimator):
         self.history_ = [_history(record.to_json(), variant) for record in head.epochs]
         return self
 
-    def _check_options(self) -> None:
-        loss_class(self.loss)  # an unknown loss names the closest ones
-        check_early_stop(self.early_stop)
-        if self.validation_fraction is not None and not 0 < self.validation_fraction < 1:
-            raise OptionError(f"validation_fraction must be in (0, 1) or None, got "
-                              f"{self.validation_fraction!r}")
-        for name in ("batch_size", "epochs"):
-            if int(getattr(self, name)) < 1:
-                raise OptionError(f"{name} must be at least 1, got {getattr(self, name)!r}")
-        if not float(self.lr) > 0:
-            raise OptionError(f"lr must be positive, got {self.lr!r}")
-        if self.spatial_shape is not None and (
-                len(tuple(self.spatial_shape)) != 3
-                or any(int(v) < 1 for v in self.spatial_shape)):
-            raise OptionError(f"spatial_shape must be (h, w, D) of positive sizes, got "
-                              f"{self.spatial_shape!r}")
-        if self.loss_params is not None and not isinstance(self.loss_params, dict):
-            raise OptionError(f"loss_params must be a dict or None, got "
-                              f"{type(self.loss_params).__name__}")
+    def _batch_size(self, rows: int) -> int:
+        """``batch_size``, clipped (with a warning) to the training rows."""
+        if self.batch_size <= rows:
+            return int(self.batch_size)
+        warnings.warn(f"batch_size={self.batch_size} is larger than the {rows} training rows: "
+                      f"trained with batch_size={rows} (one batch per epoch)", FeatcacheWarning,
+                      stacklevel=4)
+        return rows
 
     def _data(self, X, y, full, eval_set, pseudo=None) -> tuple[LinearData, str]:
         """Training and validation splits, and the validation variant that selects."""
@@ -198,8 +300,7 @@ class SPMLClassifier(ClassifierMixin, BaseEstimator):
             if not isinstance(eval_set, (tuple, list)) or len(eval_set) != 2:
                 raise OptionError("eval_set must be a pair (X_val, Y_val)")
             X_val = validate_data(self, eval_set[0], reset=False, dtype=np.float32)
-            Y_val = _label_matrix(np.asarray(eval_set[1]), "eval_set's Y_val", (-1, 0, 1),
-                                  rows=len(X_val), classes=y.shape[1])
+            Y_val = targets_for(eval_set[1], self.classes_, "eval_set's Y_val", len(X_val))
             val = (X_val, Y_val, (Y_val == 1).astype(np.uint8))
             variant = "clean"
         elif self.validation_fraction is not None:
@@ -255,8 +356,9 @@ class SPMLClassifier(ClassifierMixin, BaseEstimator):
         return pick_device(self.device)
 
     # ------------------------------------------------------------------ predicting
-    def decision_function(self, X) -> np.ndarray:
-        """Logits (n, L), computed as stage two evaluates its heads."""
+    def logits(self, X) -> np.ndarray:
+        """Logits (n, n_classes), one independent head per class, computed as stage two
+        evaluates its heads."""
         check_is_fitted(self)
         X = validate_data(self, X, reset=False, dtype=np.float32)
         if self.spatial_shape is None or loss_class(self.loss).head != "boostlu":
@@ -265,27 +367,52 @@ class SPMLClassifier(ClassifierMixin, BaseEstimator):
         return boostlu_logits(X, self.coef_, self.intercept_, height * width,
                               self.loss_params_["alpha"], self._device())
 
-    def predict_proba(self, X) -> np.ndarray:
-        """Probabilities (n, L), float32: the sigmoid of the logits (one independent label per
-        class), the values stage two's evaluation ranks."""
-        return torch.sigmoid(torch.from_numpy(self.decision_function(X))).numpy()
+    def decision_function(self, X) -> np.ndarray:
+        """scikit-learn's decision function: the logits (n, n_classes); after class labels of
+        two classes, the margin ``logit(classes_[1]) - logit(classes_[0])`` (n,), positive
+        where ``predict`` says ``classes_[1]`` (``logits`` gives both)."""
+        logits = self.logits(X)
+        if self._binary_labels():
+            return logits[:, 1] - logits[:, 0]
+        return logits
 
-    def predict(self, X, threshold: float = 0.5) -> np.ndarray:
-        """0/1 predictions (n, L): probability at least ``threshold``."""
-        return (self.predict_proba(X) >= threshold).astype(np.int64)
+    def predict_proba(self, X) -> np.ndarray:
+        """Probabilities (n, n_classes), float32: the sigmoid of each class's logit, one
+        independent probability per class (a row need not sum to 1), the values stage two's
+        evaluation ranks."""
+        return torch.sigmoid(torch.from_numpy(self.logits(X))).numpy()
+
+    def predict(self, X) -> np.ndarray:
+        """After class labels: the most probable class of each row (n,). After a label matrix:
+        the indicator matrix (n, n_classes) of :meth:`predict_multilabel`."""
+        check_is_fitted(self)
+        if self.target_form_ == LABELS:
+            return self.classes_[np.argmax(self.logits(X), axis=1)]
+        return self.predict_multilabel(X)
+
+    def predict_multilabel(self, X) -> np.ndarray:
+        """0/1 (n, n_classes), int64: 1 for every class whose probability is above
+        ``threshold`` (its logit above ``log(t / (1 - t))``: 0 for the default 0.5), whatever
+        form of ``y`` the estimator was fitted on."""
+        t = float(self.threshold)
+        cut = -math.inf if t == 0 else math.inf if t == 1 else math.log(t / (1 - t))
+        return (self.logits(X) > cut).astype(np.int64)
 
     def score(self, X, y, sample_weight=None) -> float:
-        """mAP (percent) of the predictions against ``y``'s positives (its 1 entries), with the
-        protocol's conventions: AP as scikit-learn defines it, computed on float32
-        probabilities as stage two does, and AP 0 for a class without positives (warned)."""
+        """mAP (percent) of the probabilities against ``y``: class labels (each row's one
+        positive) or a label matrix (its 1 entries), with the protocol's conventions: AP as
+        scikit-learn defines it, computed on float32 probabilities as stage two does, and AP 0
+        for a class without positives (warned)."""
         if sample_weight is not None:
             raise OptionError("SPMLClassifier.score does not support sample_weight")
         check_is_fitted(self)
         X = validate_data(self, X, reset=False, dtype=np.float32)
-        targets = _label_matrix(np.asarray(y), "y", (-1, 0, 1), rows=len(X),
-                                classes=len(self.classes_))
+        targets = targets_for(y, self.classes_, "y", len(X))
         probs = torch.from_numpy(self.predict_proba(X))
         return protocol_map(probs, targets, [str(c) for c in self.classes_])
+
+    def _binary_labels(self) -> bool:
+        return self.target_form_ == LABELS and len(self.classes_) == 2
 
 
 # ---------------------------------------------------------------------- shared helpers
@@ -335,28 +462,11 @@ def mean_average_precision_score(y_true, y_score) -> float:
     return protocol_map(scores, y_true, [str(c) for c in range(y_true.shape[1])])
 
 
-#: ``GridSearchCV(SPMLClassifier(), {"lr": [...]}, scoring=map_scorer)``
-map_scorer = make_scorer(mean_average_precision_score, response_method="predict_proba")
-
-
-def _label_matrix(y: np.ndarray, name: str, allowed: tuple[int, ...], rows: int | None = None,
-                  classes: int | None = None) -> np.ndarray:
-    """``y`` as an int8 (n, L) matrix of ``allowed`` values; the error names what is wrong."""
-    y = np.asarray(y)
-    if y.ndim != 2:
-        raise ValueError(f"{name} must be a 2-D label matrix (n_samples, n_classes) with 1 for an "
-                         f"observed positive, 0 unobserved, -1 observed negative; got shape "
-                         f"{y.shape}")
-    if rows is not None and y.shape[0] != rows:
-        raise ValueError(f"{name} has {y.shape[0]} rows but its features have {rows}")
-    if classes is not None and y.shape[1] != classes:
-        raise ValueError(f"{name} has {y.shape[1]} columns but the classifier has {classes} classes")
-    bad = ~np.isin(y, allowed)
-    if bad.any():
-        row, column = np.argwhere(bad)[0]
-        raise ValueError(f"{name} row {row}, column {column} holds {y[row, column]!r}; it may "
-                         f"hold only {', '.join(map(str, allowed))}")
-    return y.astype(np.int8)
+def map_scorer(estimator, X, y) -> float:
+    """``GridSearchCV(SPMLClassifier(), {"lr": [...]}, scoring=map_scorer)``: the protocol's mAP
+    (percent) of the estimator's probabilities against ``y``, class labels or a label matrix
+    (``estimator.score``, which a Pipeline passes to its last step)."""
+    return float(estimator.score(X, y))
 
 
 def _history(record: dict, variant: str) -> dict:

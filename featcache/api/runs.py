@@ -24,6 +24,7 @@ from torch import Tensor, nn
 from featcache.api.estimator import SPMLClassifier, boostlu_logits, linear_logits
 from featcache.api.images import image_paths, run_on_images
 from featcache.api.predict import check_input, read_features_input
+from featcache.api.targets import MATRIX
 from featcache.backbones import Preprocess, backbone_spec
 from featcache.backbones.rebuild import (
     recorded_image_size,
@@ -287,6 +288,8 @@ class LinearRun(TrainedRun):
         weight, bias = self.head
         clf.coef_, clf.intercept_ = weight.numpy(), bias.numpy()
         clf.classes_ = np.array(self.classes)
+        clf.target_form_ = MATRIX  # a run's labels file is a label matrix
+        clf.batch_size_ = config["batch_size"]
         clf.n_features_in_ = self.feature_dim
         clf.loss_params_ = dict(config["params"])
         clf.best_epoch_ = config["epoch"]
