@@ -6,7 +6,7 @@ Stage zero prepares labels (``featcache prepare``), stage one caches ResNet-50 f
 
 The Python API (:mod:`featcache.api`), loaded on first use::
 
-    from featcache import SPMLClassifier, load_run
+    from featcache import BackboneFeatures, SPMLClassifier, load_run
 """
 
 import importlib
@@ -15,7 +15,8 @@ __version__ = "0.1.0"
 
 #: names exported from :mod:`featcache.api`, imported on first access (PEP 562) so that
 #: ``import featcache`` and ``featcache --help`` stay fast and never import torch
-_API = ("SPMLClassifier", "load_run", "map_scorer", "mean_average_precision_score")
+_API = ("BackboneFeatures", "SPMLClassifier", "load_run", "map_scorer",
+        "mean_average_precision_score")
 __all__ = ["__version__", *_API]
 
 

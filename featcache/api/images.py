@@ -58,9 +58,13 @@ def run_on_images(paths: Sequence[Path], forward: Callable[[Tensor], Tensor], im
                   backbone: str, device: torch.device, batch_size: int | None = None,
                   workers: int = 0, precision: str = "auto", skip_bad: bool = False,
                   progress: bool = True, desc: str = "images",
-                  preprocess: Preprocess | None = None) -> tuple[list[Path], np.ndarray]:
+                  preprocess: Preprocess | None = None, dataset: ImageRows | None = None,
+                  fix_hint: str = "fix or remove it, or pass --skip-bad to leave it out",
+                  ) -> tuple[list[Path], np.ndarray]:
     """``forward`` (a network on a normalised batch) on every image, batched, in order;
-    ``preprocess`` is the backbone's (default: its native one).
+    ``preprocess`` is the backbone's (default: its native one); ``dataset`` reads the rows
+    (default: stage one's :class:`ImageRows` over ``paths``); ``fix_hint`` ends the error for
+    an unreadable image.
 
     Returns the images that were read (all of them unless ``skip_bad``) and the outputs
     (float32, one row each).
@@ -70,7 +74,8 @@ def run_on_images(paths: Sequence[Path], forward: Callable[[Tensor], Tensor], im
     batch_size = batch_size or default_batch_size(device)
     preprocess = preprocess or resolve_preprocess(backbone)
     layout = torch.channels_last if backbone_spec(backbone).channels_last else torch.contiguous_format
-    dataset = ImageRows(Path("."), [str(p) for p in paths], image_size, preprocess=preprocess)
+    if dataset is None:
+        dataset = ImageRows(Path("."), [str(p) for p in paths], image_size, preprocess=preprocess)
     loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=workers,
                         pin_memory=device.type == "cuda", worker_init_fn=worker_init,
                         prefetch_factor=2 if workers else None)
@@ -83,8 +88,7 @@ def run_on_images(paths: Sequence[Path], forward: Callable[[Tensor], Tensor], im
             for row in rows[~ok].tolist():
                 reason = image_problem(paths[row]) or "it could not be decoded"
                 if not skip_bad:
-                    raise InputError(f"cannot read image {paths[row]}: {reason}; fix or remove "
-                                     "it, or pass --skip-bad to leave it out")
+                    raise InputError(f"cannot read image {paths[row]}: {reason}; {fix_hint}")
                 warnings.warn(f"left out {paths[row]}: {reason}", FeatcacheWarning, stacklevel=2)
             if ok.any():
                 batch = normalize(images[ok].to(device, non_blocking=True))

@@ -19,8 +19,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from sklearn.pipeline import Pipeline, make_pipeline
 from torch import Tensor, nn
 
+from featcache.api.backbone_features import BackboneFeatures
 from featcache.api.estimator import SPMLClassifier, boostlu_logits, linear_logits
 from featcache.api.images import image_paths, run_on_images
 from featcache.api.predict import check_input, read_features_input
@@ -32,6 +34,7 @@ from featcache.backbones.rebuild import (
     trunk_for_features,
     trunk_from_state,
 )
+from featcache.backbones.registry import preprocess_mode
 from featcache.errors import InputError, OptionError
 from featcache.finetune.search import BEST, MODEL_FORMAT, MODEL_FORMAT_VERSION
 from featcache.losses import loss_class
@@ -299,6 +302,28 @@ class LinearRun(TrainedRun):
         clf.loss_state_ = {k: v.numpy() for k, v in (self._head.get("handoff") or {}).items()}
         clf.history_ = self._history()
         return clf
+
+    def to_pipeline(self, weights: str | None = None, **options) -> Pipeline:
+        """``make_pipeline(BackboneFeatures(...), SPMLClassifier(...))``, fitted: the backbone
+        this run's features came from (checked against the recorded weights) and its selected
+        head, so that ``predict_proba(image_paths)`` gives :meth:`predict_proba_images`'s
+        numbers. ``weights`` names the weights file of a run made with one; ``options`` go to
+        :class:`BackboneFeatures` (``batch_size``, ``device``, ``cache``, ``progress`` ...)."""
+        if self.boostlu_alpha is not None:
+            raise OptionError(f"{self.path} has a BoostLU head on spatial feature maps, not on "
+                              "pooled features; use predict_proba_images")
+        if self.image_size is None:
+            raise InputError(f"{self.path} records no image size (its features did not come "
+                             "from images): it predicts from features only")
+        trunk = self.trunk() if weights is None else trunk_for_features(
+            self._head, f"linear run {self.path}", weights=weights)
+        identity = trunk.weights_identity
+        mode = preprocess_mode(self.about.get("transform") or {}, self.backbone, self.image_size)
+        features = BackboneFeatures(
+            backbone=self.backbone, image_size=self.image_size, preprocess=mode or "native",
+            weights=weights or identity.get("weights"), seed=int(identity.get("weights_seed", 0)),
+            **options)
+        return make_pipeline(features._set_trunk(trunk, tag=None), self.to_estimator())
 
     def _history(self) -> list[dict]:
         selection = self.document["selection"]
