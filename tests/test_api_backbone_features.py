@@ -168,3 +168,42 @@ NUMERIC_INPUT = (
     xfail_strict=True)
 def test_scikit_learn_checks(estimator, check):
     check(estimator)
+
+
+# ------------------------------------------------------------------ docs/api.md's examples
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "api.md"
+
+
+def docs_example(name: str) -> str:
+    """The Python block after ``<!-- example: NAME -->`` in docs/api.md."""
+    text = DOCS.read_text()
+    start = text.index("```python\n", text.index(f"<!-- example: {name} -->")) + len("```python\n")
+    return text[start:text.index("```", start)]
+
+
+def test_the_docs_shapes_example_runs(shapes, monkeypatch, capsys):
+    cache, _, _ = shapes
+    monkeypatch.chdir(cache.parent)
+    code = docs_example("shapes")
+    small = {'weights="v1", image_size=224': 'weights="random", image_size=32, progress=False',
+             "epochs=10": "epochs=2", "n_splits=5": "n_splits=3"}
+    for old, new in small.items():
+        assert old in code
+        code = code.replace(old, new)
+    exec(compile(code, str(DOCS), "exec"), {})
+    printed = capsys.readouterr().out.splitlines()
+    assert "spmlclassifier__lr" in printed[0] and 0 < float(printed[1]) <= 100
+    assert (cache / "image-features").is_dir()  # each image computed once, for every fold
+
+
+@pytest.mark.shared_data
+def test_the_docs_scene_example_runs(shared_data, capsys):
+    code = docs_example("scene")
+    small = {'"../shared/data/scene/scene.npz"': repr(str(shared_data / "scene" / "scene.npz")),
+             "epochs=25": "epochs=3", "n_splits=5": "n_splits=3"}
+    for old, new in small.items():
+        assert old in code
+        code = code.replace(old, new)
+    exec(compile(code, str(DOCS), "exec"), {})
+    printed = capsys.readouterr().out.splitlines()
+    assert "'lr'" in printed[0] and 20 < float(printed[1]) <= 100
