@@ -181,29 +181,30 @@ def docs_example(name: str) -> str:
     return text[start:text.index("```", start)]
 
 
-def test_the_docs_shapes_example_runs(shapes, monkeypatch, capsys):
-    cache, _, _ = shapes
-    monkeypatch.chdir(cache.parent)
-    code = docs_example("shapes")
-    small = {'weights="v1", image_size=224': 'weights="random", image_size=32, progress=False',
-             "epochs=10": "epochs=2", "n_splits=5": "n_splits=3"}
-    for old, new in small.items():
+def run_docs_example(name: str, smaller: dict[str, str], capsys) -> list[str]:
+    """Run docs/api.md's example ``name`` with each key of ``smaller`` (which it must hold)
+    replaced by its value; returns the lines it printed."""
+    code = docs_example(name)
+    for old, new in smaller.items():
         assert old in code
         code = code.replace(old, new)
     exec(compile(code, str(DOCS), "exec"), {})
-    printed = capsys.readouterr().out.splitlines()
+    return capsys.readouterr().out.splitlines()
+
+
+def test_the_docs_shapes_example_runs(shapes, monkeypatch, capsys):
+    cache, _, _ = shapes
+    monkeypatch.chdir(cache.parent)
+    printed = run_docs_example("shapes", {
+        'weights="v1", image_size=224': 'weights="random", image_size=32, progress=False',
+        "epochs=10": "epochs=2", "n_splits=5": "n_splits=3"}, capsys)
     assert "spmlclassifier__lr" in printed[0] and 0 < float(printed[1]) <= 100
     assert (cache / "image-features").is_dir()  # each image computed once, for every fold
 
 
 @pytest.mark.shared_data
 def test_the_docs_scene_example_runs(shared_data, capsys):
-    code = docs_example("scene")
-    small = {'"../shared/data/scene/scene.npz"': repr(str(shared_data / "scene" / "scene.npz")),
-             "epochs=25": "epochs=3", "n_splits=5": "n_splits=3"}
-    for old, new in small.items():
-        assert old in code
-        code = code.replace(old, new)
-    exec(compile(code, str(DOCS), "exec"), {})
-    printed = capsys.readouterr().out.splitlines()
+    printed = run_docs_example("scene", {
+        '"../shared/data/scene/scene.npz"': repr(str(shared_data / "scene" / "scene.npz")),
+        "epochs=25": "epochs=3", "n_splits=5": "n_splits=3"}, capsys)
     assert "'lr'" in printed[0] and 20 < float(printed[1]) <= 100

@@ -19,6 +19,7 @@ from sklearn.preprocessing import StandardScaler
 from sklearn.utils._param_validation import InvalidParameterError
 
 from featcache import SPMLClassifier, map_scorer
+from featcache.api.estimator import probabilities
 from featcache.data.labelfile import load_labels
 from featcache.data.sampling import observe_uniform, split_train_val
 from featcache.errors import FeatcacheWarning, LossNeedError, OptionError
@@ -84,6 +85,25 @@ def test_parameters_clone_and_fitted_attributes(arrays):
     clf.set_params(threshold=0.5)
     restored = pickle.loads(pickle.dumps(clf))
     assert np.array_equal(restored.predict_proba(X), P)
+
+
+def test_probabilities_do_not_depend_on_where_a_logit_sits(arrays):
+    """A row's probabilities are the same alone, in a subset or in another order (scikit-learn's
+    invariance checks): a plain torch.sigmoid computes the last values of each call on its
+    scalar path, which rounds differently."""
+    X, Z, _ = arrays
+    logits = SPMLClassifier(**FAST).fit(X, Z).logits(X)
+    orders = [np.random.default_rng(seed).permutation(len(X)) for seed in range(20)]
+    plain = torch.sigmoid(torch.from_numpy(logits))
+    assert any(not torch.equal(plain[order], torch.sigmoid(torch.from_numpy(logits[order])))
+               for order in orders)  # what this guards against
+    P = probabilities(logits)
+    assert P.dtype == np.float32 and np.allclose(P, plain.numpy(), rtol=0, atol=1e-7)
+    for order in orders:
+        assert np.array_equal(probabilities(logits[order]), P[order])
+    for rows in (slice(0, 1), slice(3, 10), slice(100, 120)):
+        assert np.array_equal(probabilities(logits[rows]), P[rows])
+    assert probabilities(logits[:0]).shape == (0, 5)
 
 
 def test_same_seed_same_head_and_another_seed_another(arrays):

@@ -39,6 +39,7 @@ from sklearn.base import (
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
+from featcache.api.constraints import RegisteredNames
 from featcache.api.images import run_on_images
 from featcache.backbones import (
     PROTOCOL,
@@ -63,19 +64,6 @@ TAKES = ("BackboneFeatures takes images: image paths or PIL images, as a list, a
 #: the identity fields that key the on-disk cache (stage one's up-to-date test, less the labels)
 IDENTITY_KEYS = ("backbone", "weights", "weights_sha256", "weights_seed", "image_size",
                  "transform", "precision", "dtype")
-
-
-class _Backbone(StrOptions):
-    """A registered backbone name (``register_backbone`` after import counts too)."""
-
-    def __init__(self):
-        super().__init__(set())
-
-    def is_satisfied_by(self, val):
-        return isinstance(val, str) and val in backbone_names()
-
-    def __str__(self):
-        return f"a str among {{{', '.join(map(repr, backbone_names(testing=False)))}}}"
 
 
 class ImageItems(ImageRows):
@@ -130,7 +118,7 @@ class BackboneFeatures(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEs
     """
 
     _parameter_constraints: dict = {
-        "backbone": [_Backbone()],
+        "backbone": [RegisteredNames(backbone_names, lambda: backbone_names(testing=False))],
         "weights": [str, os.PathLike, None],
         "image_size": [Interval(Integral, 32, None, closed="left"), None],
         "preprocess": [StrOptions(set(PREPROCESS_MODES))],

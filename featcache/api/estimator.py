@@ -41,12 +41,12 @@ from sklearn.base import BaseEstimator, ClassifierMixin, _fit_context
 from sklearn.utils._param_validation import (
     Interval,
     InvalidParameterError,
-    Options,
     StrOptions,
     validate_parameter_constraints,
 )
 from sklearn.utils.validation import check_is_fitted, validate_data
 
+from featcache.api.constraints import RegisteredNames, SpatialShape, loss_param_constraints
 from featcache.api.targets import LABELS, label_matrix, read_target, targets_for
 from featcache.data.sampling import split_train_val
 from featcache.errors import FeatcacheWarning, LossNeedError, OptionError
@@ -65,49 +65,6 @@ SOURCE = "the y given to SPMLClassifier.fit"
 NEED_HINT = ("SPMLClassifier.fit takes full labels as y_full=Y_full, observed negatives as "
              "-1 entries of y, pseudo-labels (1, 0, -1) as y_pseudo=P, and spatial feature maps "
              "as rows of X with SPMLClassifier(spatial_shape=(h, w, D))")
-
-
-class _RegisteredLoss(StrOptions):
-    """A loss name registered now (``register_loss`` after import counts too)."""
-
-    def __init__(self):
-        super().__init__(set())
-
-    def is_satisfied_by(self, val):
-        return isinstance(val, str) and val in loss_names()
-
-    def __str__(self):
-        return f"a str among {{{', '.join(map(repr, loss_names()))}}}"
-
-
-class _SpatialShape(Options):
-    """``(h, w, D)``: three positive whole numbers."""
-
-    def __init__(self):
-        super().__init__(tuple, set())
-
-    def is_satisfied_by(self, val):
-        return (isinstance(val, (tuple, list)) and len(val) == 3
-                and all(isinstance(v, Integral) and not isinstance(v, bool) and v >= 1
-                        for v in val))
-
-    def __str__(self):
-        return "an (h, w, D) tuple of 3 positive ints"
-
-
-def loss_param_constraints(loss: str) -> dict[str, list]:
-    """Each parameter of ``loss`` as a scikit-learn ``Interval`` of its valid range (whole
-    numbers, where a parameter takes them, are checked when the loss resolves them)."""
-    out = {}
-    for key, param in loss_class(loss).params.items():
-        left = None if param.low == -math.inf else param.low
-        right = None if param.high == math.inf else param.high
-        closed_left = left is not None and not param.low_open
-        closed_right = right is not None and not param.high_open
-        closed = {(True, True): "both", (True, False): "left", (False, True): "right",
-                  (False, False): "neither"}[closed_left, closed_right]
-        out[key] = [Interval(Real, left, right, closed=closed)]
-    return out
 
 
 class SPMLClassifier(ClassifierMixin, BaseEstimator):
@@ -175,7 +132,7 @@ class SPMLClassifier(ClassifierMixin, BaseEstimator):
     """
 
     _parameter_constraints: dict = {
-        "loss": [_RegisteredLoss()],
+        "loss": [RegisteredNames(loss_names)],
         "loss_params": [dict, None],
         "lr": [Interval(Real, 0, None, closed="neither")],
         "batch_size": [Interval(Integral, 1, None, closed="left")],
@@ -185,7 +142,7 @@ class SPMLClassifier(ClassifierMixin, BaseEstimator):
         "early_stop": [StrOptions(set(EARLY_STOP_RULES))],
         "device": [str],
         "progress": ["boolean"],
-        "spatial_shape": [_SpatialShape(), None],
+        "spatial_shape": [SpatialShape(), None],
         "classes": ["array-like", None],
         "threshold": [Interval(Real, 0, 1, closed="both")],
     }
@@ -380,7 +337,7 @@ class SPMLClassifier(ClassifierMixin, BaseEstimator):
         """Probabilities (n, n_classes), float32: the sigmoid of each class's logit, one
         independent probability per class (a row need not sum to 1), the values stage two's
         evaluation ranks."""
-        return torch.sigmoid(torch.from_numpy(self.logits(X))).numpy()
+        return probabilities(self.logits(X))
 
     def predict(self, X) -> np.ndarray:
         """After class labels: the most probable class of each row (n,). After a label matrix:
@@ -426,6 +383,24 @@ def linear_logits(X: np.ndarray, weight: np.ndarray, bias: np.ndarray,
     with torch.no_grad():
         features = torch.as_tensor(np.ascontiguousarray(X), dtype=torch.float32, device=device)
         return head(features)[0].cpu().numpy()
+
+
+#: sigmoid block length: a multiple of every CPU vector width (torch computes the last
+#: ``n mod 2 * width`` values of a call on its scalar path, which rounds differently) and below
+#: the size at which torch splits elementwise work between threads
+SIGMOID_BLOCK = 1 << 14
+
+
+def probabilities(logits: np.ndarray) -> np.ndarray:
+    """``sigmoid(logits)``, float32, each value computed on torch's vectorised path wherever its
+    row sits: the same probability for a row alone, in a subset or in another order (a plain
+    ``torch.sigmoid`` rounds the tail of each call on another path, by up to an ulp)."""
+    flat = torch.from_numpy(np.ascontiguousarray(logits, dtype=np.float32)).reshape(-1)
+    size = flat.numel()
+    padded = torch.zeros(-(-size // SIGMOID_BLOCK) * SIGMOID_BLOCK)
+    padded[:size] = flat
+    out = torch.cat([torch.sigmoid(block) for block in padded.split(SIGMOID_BLOCK)]) if size else padded
+    return out[:size].reshape(np.shape(logits)).numpy()
 
 
 def boostlu_logits(X: np.ndarray, weight: np.ndarray, bias: np.ndarray, positions: int,

@@ -23,7 +23,12 @@ from sklearn.pipeline import Pipeline, make_pipeline
 from torch import Tensor, nn
 
 from featcache.api.backbone_features import BackboneFeatures
-from featcache.api.estimator import SPMLClassifier, boostlu_logits, linear_logits
+from featcache.api.estimator import (
+    SPMLClassifier,
+    boostlu_logits,
+    linear_logits,
+    probabilities,
+)
 from featcache.api.images import image_paths, run_on_images
 from featcache.api.predict import check_input, read_features_input
 from featcache.api.targets import MATRIX
@@ -176,7 +181,7 @@ class TrainedRun:
         against the run, :func:`featcache.api.predict.check_input`). For a stage-two run,
         features of its backbone; for a fine-tuned run, of its own fine-tuned trunk
         (:meth:`embed_images`)."""
-        return torch.sigmoid(torch.from_numpy(self.decision_function(features))).numpy()
+        return probabilities(self.decision_function(features))
 
     def predict(self, features, threshold: float = 0.5) -> np.ndarray:
         """0/1 predictions (n, L): probability at least ``threshold``."""
@@ -194,7 +199,7 @@ class TrainedRun:
         (``auto``: bf16 on GPUs, fp32 on the CPU), ``progress``.
         """
         _, features = self.run_images(paths, **options)
-        return torch.sigmoid(torch.from_numpy(self.logits(features))).numpy()
+        return probabilities(self.logits(features))
 
     def run_images(self, paths: Sequence[str | Path], batch_size: int | None = None,
                    device: str = "cpu", workers: int = 0, precision: str = "auto",
