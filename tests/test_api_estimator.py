@@ -176,6 +176,19 @@ def test_class_labels_train_the_same_head_as_their_label_matrix(arrays):
     assert (predicted == labels).mean() > 0.5
 
 
+def test_an_eval_set_of_class_labels_selects_as_its_label_matrix(arrays):
+    X, Z, _ = arrays
+    tr, va = split_train_val(len(X))
+    labels = NAMES[Z.argmax(axis=1)]
+    by_labels = SPMLClassifier(epochs=4, batch_size=8, lr=1e-2).fit(
+        X[tr], labels[tr], eval_set=(X[va], labels[va]))
+    by_matrix = SPMLClassifier(epochs=4, batch_size=8, lr=1e-2).fit(
+        X[tr], Z[tr], eval_set=(X[va], Z[va]))
+    assert by_labels.best_epoch_ == by_matrix.best_epoch_
+    assert by_labels.best_score_ == by_matrix.best_score_
+    assert np.array_equal(by_labels.coef_, by_matrix.coef_)
+
+
 def test_classes_names_unobserved_classes_in_the_given_order(arrays):
     X, Z, _ = arrays
     observed = Z.argmax(axis=1)
