@@ -15,7 +15,8 @@ __version__ = "0.1.0"
 
 #: names exported from :mod:`featcache.api`, imported on first access (PEP 562) so that
 #: ``import featcache`` and ``featcache --help`` stay fast and never import torch
-_API = ("SPMLClassifier", "load_run", "map_scorer", "mean_average_precision_score")
+_API = ("SPMLClassifier", "ZeroShotClassifier", "load_run", "map_scorer",
+        "mean_average_precision_score")
 __all__ = ["__version__", *_API]
 
 

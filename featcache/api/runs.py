@@ -49,6 +49,9 @@ def load_run(path: str | Path) -> LinearRun | FinetuneRun:
                          "cache/<dataset>/runs/<loss>/<run-id>)")
     document = RunFolder(path).results()
     stage = document.get("stage")
+    if document.get("head", {}).get("kind") == "zero-shot":
+        raise InputError(f"{path} is a zero-shot row (no trained head to load); its scores come "
+                         "from featcache.ZeroShotClassifier.from_features(FEATURES_FILE)")
     if stage == "linear":
         return LinearRun(path, document)
     if stage == "finetune":

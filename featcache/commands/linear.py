@@ -22,7 +22,9 @@ from featcache.commands.common import (
 @click.option("--loss", "loss_names", default="an-ls", show_default=True,
               help="A loss, a comma-separated list, or 'all' (`featcache losses` lists them). "
                    "BoostLU losses (ll-r+boostlu, ...) train on the spatial features file "
-                   "(`featcache features --spatial`), the others on the pooled one.")
+                   "(`featcache features --spatial`), the others on the pooled one. "
+                   "'zero-shot' (in 'all' when the features file has class-prompt embeddings, "
+                   "`featcache features --text`) adds CLIP's zero-shot row: no training.")
 @learning_rates_option()
 @batch_sizes_option()
 @click.option("--epochs", default=25, show_default=True, type=click.IntRange(min=1))

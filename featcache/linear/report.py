@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from featcache.linear.data import TrainingSplits
 from featcache.linear.search import SearchResult
+from featcache.linear.zeroshot import ZERO_SHOT
 from featcache.protocol.coverage import evaluation_coverage, evaluation_notes
 from featcache.protocol.records import observation_line
 from featcache.protocol.results_table import seed_choices
@@ -78,9 +79,14 @@ def run_summary(result: SearchResult, data: TrainingSplits) -> str:
 
 def losses_table(dataset: str, documents: dict[str, dict]) -> Table:
     """One row per loss: each seed's selected lr / batch / epoch (joined by ``/`` when there
-    are several seeds), val and test mAP as mean +- std over seeds, published beside ours."""
+    are several seeds), val and test mAP as mean +- std over seeds, published beside ours;
+    with a ``zero-shot`` row (no training: ``-`` for lr, batch and epoch), each row's test mAP
+    above it."""
     show_published = dataset in PROTOCOL_DATASETS
+    baseline = documents.get(ZERO_SHOT)
     columns = ["loss", "lr", "batch", "epoch", "val mAP", "test mAP", "std", "train mAP"]
+    if baseline is not None:
+        columns += ["above zero-shot"]
     if show_published:
         columns += ["published", "delta"]
     columns += ["seconds"]
@@ -92,13 +98,20 @@ def losses_table(dataset: str, documents: dict[str, dict]) -> Table:
         if val is None:
             val = summary.get("val_map_observed_mean")
         test = summary["test_map_mean"]
-        row = [loss, "/".join(f"{c.lr:g}" for c in choices),
-               "/".join(str(c.batch_size) for c in choices),
-               "/".join(str(c.epoch) for c in choices), val, test,
+        row = [loss, "/".join(_choice(c.lr, "g") for c in choices),
+               "/".join(_choice(c.batch_size) for c in choices),
+               "/".join(_choice(c.epoch) for c in choices), val, test,
                summary["test_map_std"] if summary["seeds"] > 1 else None, summary.get("train_map_mean")]
+        if baseline is not None:
+            row.append(test - baseline["summary"]["test_map_mean"])
         if show_published:
             reference = published("linear", loss, dataset)
             row += [reference, None if reference is None else test - reference]
         row.append(doc["timings"]["seconds"])
         table.add(*row)
     return table
+
+
+def _choice(value, spec: str = "") -> str:
+    """One selected setting, ``-`` where there is none (the zero-shot row)."""
+    return "-" if value is None else format(value, spec)

@@ -15,7 +15,12 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from featcache.data.featurefile import FeatureFile, open_features, read_feature_attrs
+from featcache.data.featurefile import (
+    FeatureFile,
+    open_features,
+    read_feature_attrs,
+    read_text_embeddings,
+)
 from featcache.data.labelfile import load_labels
 from featcache.errors import FeatcacheWarning, InputError, Interrupted
 from featcache.fileio import write_text_atomic
@@ -42,6 +47,7 @@ from featcache.linear.search import (
 from featcache.linear.stream import load_streamed_data
 from featcache.linear.trainer import evaluation_can_move
 from featcache.linear.workers import on_main
+from featcache.linear.zeroshot import ZERO_SHOT, zero_shot_run
 from featcache.losses import SPMLLoss, loss_class
 from featcache.paths import (
     dataset_dir,
@@ -120,6 +126,9 @@ class LossRun:
             text = (f"{self.loss}: val {summary[key + '_mean']:.2f}  test "
                     f"{summary['test_map_mean']:.2f} +- {summary['test_map_std']:.2f} over "
                     f"{summary['seeds']} seeds  ({choices}")
+        elif selection["lr"] is None:  # the zero-shot row: nothing trained or selected
+            text = (f"{self.loss}: val {selection[key]:.2f}  test {selection['test_map']:.2f}  "
+                    "(cosine to the class prompts, no training")
         else:
             text = (f"{self.loss}: val {selection[key]:.2f}  test {selection['test_map']:.2f}  (lr "
                     f"{selection['lr']:g}, batch {selection['batch_size']}, epoch "
@@ -164,6 +173,7 @@ def _run_linear(options: LinearOptions, budget: int, job: Ranks, say: Callable[[
                 on_run: Callable[[LossRun], None] | None) -> LinearOutcome:
     device = job.device
     labels = load_labels(existing_labels(options.dataset, options.cache))
+    zero_shot, options = split_zero_shot(options)
     files = feature_files(options, labels)
     parts, _ = split_rows(labels, files.first)
     train = parts["train"]
@@ -171,7 +181,9 @@ def _run_linear(options: LinearOptions, budget: int, job: Ranks, say: Callable[[
                            labels.train.clean is not None, options.pseudo_labels,
                            spatial=files.spatial is not None,
                            backbone=files.pooled.backbone if files.pooled else files.backbone)
-    losses, skipped = choose_losses(options.losses, facts, given=set(options.params))
+    losses, skipped = (choose_losses(options.losses, facts, given=set(options.params))
+                       if requested_losses(options.losses) else ([], []))
+    zero_shot = zero_shot_wanted(zero_shot, files, skipped)
     variant, note = resolve_val_variant(options.val_variant, labels.train.clean is not None,
                                         labels.path)
     options = replace(options, val_variant=variant)
@@ -192,6 +204,8 @@ def _run_linear(options: LinearOptions, budget: int, job: Ranks, say: Callable[[
     options = replace(options, jobs=jobs)
     folders = {spec.loss: runs_dir(options.dataset, spec.loss, options.cache) / run_id
                for spec in specs}
+    if zero_shot:
+        folders[ZERO_SHOT] = runs_dir(options.dataset, ZERO_SHOT, options.cache) / run_id
     done: dict[str, LossRun] = {}
 
     def keep(run: LossRun) -> None:
@@ -200,6 +214,9 @@ def _run_linear(options: LinearOptions, budget: int, job: Ranks, say: Callable[[
             on_run(run)
 
     with locked_folders(job, folders.values()):
+        if zero_shot:
+            keep(score_zero_shot(labels, files.pooled, folders[ZERO_SHOT], options, device,
+                                 say, job))
         # Pooled losses train on the pooled features file, BoostLU's on the spatial one.
         for spatial in (False, True):
             these = [spec for spec in specs if needs_spatial(spec.loss) == spatial]
@@ -227,7 +244,7 @@ def _run_linear(options: LinearOptions, budget: int, job: Ranks, say: Callable[[
                                  data, result, folders[result.spec.loss], options, device, job)))
             except Interrupted as exc:
                 raise exc.adding(interrupted_detail(specs, done, run_id, options.run_id)) from None
-    runs = [done[spec.loss] for spec in specs]
+    runs = [done[name] for name in [ZERO_SHOT] * zero_shot + [spec.loss for spec in specs]]
     outcome = LinearOutcome(runs, skipped)
     if len(runs) > 1:
         outcome.table = losses_table(labels.dataset, {run.loss: run.document for run in runs})
@@ -239,6 +256,42 @@ def _run_linear(options: LinearOptions, budget: int, job: Ranks, say: Callable[[
                               json.dumps(outcome.table.records(), indent=2) + "\n")
         outcome.table_path = out.with_suffix(".md")
     return outcome
+
+
+def split_zero_shot(options: LinearOptions) -> tuple[str | None, LinearOptions]:
+    """Whether ``--loss`` asks for the zero-shot row (``"named"``, or ``"all"`` when the
+    features file may have it), and the options with the losses to train."""
+    names = requested_losses(options.losses)
+    if names == ["all"]:
+        return "all", options
+    if ZERO_SHOT not in names:
+        return None, options
+    return "named", replace(options, losses=[name for name in names if name != ZERO_SHOT])
+
+
+def zero_shot_wanted(mode: str | None, files: FeatureFiles,
+                     skipped: list[tuple[str, str]]) -> bool:
+    """Whether this run scores the zero-shot row: named, or ``--loss all`` on a pooled
+    features file with class-prompt embeddings (else it is skipped, with the reason)."""
+    if mode is None:
+        return False
+    if mode == "named" or (files.pooled is not None
+                           and read_text_embeddings(files.pooled.path) is not None):
+        return True
+    skipped.append((ZERO_SHOT, "needs class-prompt text embeddings in the features file (a "
+                    "vision-language backbone's file made with `featcache features --text`)"))
+    return False
+
+
+def score_zero_shot(labels, features: FeatureFile, run_dir: Path, options: LinearOptions,
+                    device, say: Callable[[str], None], job: Ranks) -> LossRun:
+    """The zero-shot row's run (:mod:`featcache.linear.zeroshot`), or the finished one."""
+    document, reused = on_main(job, lambda: zero_shot_run(
+        labels, features, run_dir, options.val_variant, describe_device(device),
+        options.overwrite))
+    if reused:
+        say(f"{ZERO_SHOT}: run {run_dir.name} already finished with these settings; reusing it")
+    return LossRun(ZERO_SHOT, run_dir, document, reused, document["timings"]["seconds"])
 
 
 def interrupted_detail(specs: Sequence[SearchSpec], done: Mapping[str, LossRun], run_id: str,
