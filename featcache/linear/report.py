@@ -19,7 +19,9 @@ def config_table(result: SearchResult) -> Table:
              if len(values) > 1 or result.spec.params.sources.get(k) == "given"]
     for seed in result.seeds:
         for head in seed.heads:
-            params = ", ".join(f"{k}={head.config.param_dict[k]:g}" for k in shown) or "-"
+            params = ", ".join([f"{k}={head.config.param_dict[k]:g}" for k in shown]
+                               + ([f"wd={head.config.weight_decay:g}"] if result.probe else [])
+                               ) or "-"
             best = head.best
             table.add(seed.seed, f"{head.config.lr:g}", head.config.batch_size, params,
                       head.best_epoch + 1, best.val_map if best.val_map is not None
@@ -41,6 +43,13 @@ def run_summary(result: SearchResult, data: TrainingSplits) -> str:
         f"{', '.join(map(str, spec.batch_sizes))}"
         f", {spec.epochs} epochs, seeds {', '.join(map(str, spec.seeds))}, validation: {spec.val_variant}",
     ]
+    if result.probe is not None:
+        probe = result.probe
+        lines.append(f"- probe search: {probe['features']} features, AdamW weight decay "
+                     f"{', '.join(f'{v:g}' for v in probe['weight_decays'])}, base lr "
+                     f"{', '.join(f'{v:g}' for v in probe['learning_rates_base'])} scaled as "
+                     f"{probe['lr_scaling']} (the configurations' lr are the scaled ones), the selection "
+                     "refit on train + val")
     if len(result.seeds) > 1:
         lines.append("- selected per seed: " + "; ".join(
             f"seed {s.seed}: lr {s.selected.config.lr:g}, batch {s.selected.config.batch_size}, "

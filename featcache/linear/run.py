@@ -36,6 +36,14 @@ from featcache.linear.memory import (
     resident_memory,
 )
 from featcache.linear.outputs import run_settings, write_run
+from featcache.linear.probe import (
+    PROBE,
+    check_search,
+    normalised,
+    probe_losses,
+    probe_spec,
+    refit,
+)
 from featcache.linear.report import losses_table, run_summary
 from featcache.linear.search import (
     SearchResult,
@@ -101,6 +109,8 @@ class LinearOptions:
     cache: str | None = None
     overwrite: bool = False
     pseudo_labels: str | None = None  # the pseudo-label set for the losses that need one
+    search: str = "protocol"  # or "probe": the wider field's conventions (linear.probe)
+    weight_decays: Sequence[float] | None = None  # the probe search's (default: its grid)
 
 
 @dataclass
@@ -162,6 +172,7 @@ def run_linear(options: LinearOptions, say: Callable[[str], None] = _stderr,
     """
     check_grid(options.learning_rates, options.batch_sizes)
     check_early_stop(options.early_stop)
+    check_search(options.search, options.weight_decays)
     budget = default_budget() if options.max_memory is None else parse_size(options.max_memory)
     with ranks(options.device) as job:
         if not job.is_main:  # one voice: rank 0 says what happens and writes every file
@@ -184,6 +195,8 @@ def _run_linear(options: LinearOptions, budget: int, job: Ranks, say: Callable[[
     losses, skipped = (choose_losses(options.losses, facts, given=set(options.params))
                        if requested_losses(options.losses) else ([], []))
     zero_shot = zero_shot_wanted(zero_shot, files, skipped)
+    if options.search == PROBE:
+        losses = probe_losses(losses, skipped, requested_losses(options.losses) == ["all"])
     variant, note = resolve_val_variant(options.val_variant, labels.train.clean is not None,
                                         labels.path)
     options = replace(options, val_variant=variant)
@@ -198,6 +211,8 @@ def _run_linear(options: LinearOptions, budget: int, job: Ranks, say: Callable[[
                         params=resolve_params(name, given[name], facts), seeds=list(options.seeds),
                         epochs=options.epochs, val_variant=options.val_variant,
                         early_stop=options.early_stop) for name in losses]
+    if options.search == PROBE:
+        specs = [probe_spec(spec, options.weight_decays) for spec in specs]
     jobs = options.jobs or max(1, usable_cpus() // job.local_world)
     run_id = on_main(job, lambda: options.run_id or new_run_id())
     say(f"run id {run_id}: {dataset_dir(options.dataset, options.cache) / 'runs'}/<loss>/{run_id}")
@@ -228,6 +243,8 @@ def _run_linear(options: LinearOptions, budget: int, job: Ranks, say: Callable[[
                 groups=len(options.seeds) * len(options.batch_sizes), jobs=jobs, say=say,
                 pseudo_choice=options.pseudo_labels, epochs=options.epochs,
                 early_stop=options.early_stop, job=job)
+            if options.search == PROBE:
+                data = normalised(data)
             if job.is_main and these[0] is specs[0]:
                 for note in evaluation_notes(*evaluation_coverage(data, options.val_variant)):
                     warnings.warn(note, FeatcacheWarning, stacklevel=3)
@@ -241,7 +258,8 @@ def _run_linear(options: LinearOptions, budget: int, job: Ranks, say: Callable[[
             try:
                 run_searches(data, todo, device, options.progress, jobs, job,
                              on_done=lambda result, data=data: keep(write_loss_run(
-                                 data, result, folders[result.spec.loss], options, device, job)))
+                                 data, refit(data, result, device) if options.search == PROBE
+                                 else result, folders[result.spec.loss], options, device, job)))
             except Interrupted as exc:
                 raise exc.adding(interrupted_detail(specs, done, run_id, options.run_id)) from None
     runs = [done[name] for name in [ZERO_SHOT] * zero_shot + [spec.loss for spec in specs]]
