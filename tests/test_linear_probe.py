@@ -181,3 +181,14 @@ def test_the_protocol_search_trains_adam_without_decay_as_before(tmp_path):
                                        epochs=2, weight_decays=[0.0]), progress=False, jobs=1)
     for a, b in zip(plain.seeds[0].heads, zero.seeds[0].heads, strict=True):
         assert torch.equal(a.weight, b.weight) and a.best.test_map == b.best.test_map
+
+
+def test_the_ranking_study_ranks_and_correlates_by_hand():
+    from benchmarks.probe_ranking import ranks, spearman
+
+    assert ranks([3.0, 1.0, 2.0]) == [1.0, 3.0, 2.0]
+    assert ranks([2.0, 2.0, 1.0, 3.0]) == [2.5, 2.5, 4.0, 1.0]  # ties share their mean rank
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    # no ties: 1 - 6 sum d^2 / (n (n^2 - 1)); ranks (1,2,3,4) vs (3,4,1,2): sum d^2 = 16
+    assert spearman([4, 3, 2, 1], [2, 1, 4, 3]) == pytest.approx(1 - 6 * 16 / (4 * 15))
