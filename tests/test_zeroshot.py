@@ -75,6 +75,9 @@ def test_loss_all_writes_the_zero_shot_row_with_hand_computed_maps(clip_cache):
     assert document["loss"] == "zero-shot" and "Radford" in document["loss_reference"]
     assert document["summary"]["test_map_mean"] == selection["test_map"]
     assert (folder / "summary.md").is_file()
+    from featcache import load_run
+    with pytest.raises(InputError, match="is a zero-shot row .*ZeroShotClassifier.from_features"):
+        load_run(folder)
     # the table: the zero-shot row first, every loss's test mAP above it
     table = json.loads((clip_cache / "toy" / "runs" / "table-a.json").read_text())
     assert table[0]["loss"] == "zero-shot" and table[0]["lr"] == "-"
