@@ -15,7 +15,7 @@ __version__ = "0.1.0"
 
 #: names exported from :mod:`featcache.api`, imported on first access (PEP 562) so that
 #: ``import featcache`` and ``featcache --help`` stay fast and never import torch
-_API = ("BackboneFeatures", "SPMLClassifier", "load_run", "map_scorer",
+_API = ("BackboneFeatures", "SPMLClassifier", "ZeroShotClassifier", "load_run", "map_scorer",
         "mean_average_precision_score")
 __all__ = ["__version__", *_API]
 

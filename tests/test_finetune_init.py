@@ -103,3 +103,27 @@ def test_init_best_trains_the_linear_phase_first_when_there_is_no_run(tmp_path_f
     # LinearInit's fixed linear hyperparameters for ROLE: lr 1e-3, batch 16, 25 epochs
     assert linear["grid"]["lr"] == [1e-3] and linear["grid"]["batch_size"] == [16]
     assert linear["protocol"]["epochs"] == 25
+
+
+def test_a_probe_run_is_never_a_linearinit_start(tmp_path_factory, tmp_path):
+    from dataset_fixtures import invoke
+
+    cache = copy_cache(tmp_path_factory.getbasetemp(), tmp_path / "cache")
+    probe = invoke("train-linear", "--dataset", NAME, "--cache", cache, "--loss", "role",
+                   "--search", "probe", "--lr", "1", "--weight-decay", "0", "--bsize", "4",
+                   "--epochs", "1", "--run-id", "probe", "--quiet", "--no-plots", "--device",
+                   "cpu", "--jobs", "1")
+    assert probe.exit_code == 0, probe.output
+    run_dir = cache / NAME / "runs" / "role" / "probe"
+    refused = finetune(cache, "--loss", "role", "--epochs", "1", "--lr", "1e-3", "--bsize", "4",
+                       "--init", str(run_dir))
+    assert refused.exit_code != 0 and "is a --search probe run" in refused.output
+    # --init best passes over it (whatever its validation mAP) to the protocol's run
+    document = json.loads((run_dir / "results.json").read_text())
+    document["selection"]["val_map"] = 100.0
+    (run_dir / "results.json").write_text(json.dumps(document))
+    chosen = finetune(cache, "--loss", "role", "--epochs", "1", "--lr", "1e-3", "--bsize", "4",
+                      "--run-id", "ft")
+    assert chosen.exit_code == 0, chosen.output
+    started = json.loads((cache / NAME / "finetune" / "role" / "ft" / "results.json").read_text())
+    assert started["init"]["run_dir"] == str(linear_run(cache))

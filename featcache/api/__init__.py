@@ -6,6 +6,8 @@
 - :class:`BackboneFeatures`: a scikit-learn transformer from images to stage one's pooled
   features, so that ``make_pipeline(BackboneFeatures(...), SPMLClassifier(...))`` fits on
   image paths (``featcache.api.backbone_features``);
+- :class:`ZeroShotClassifier`: CLIP's zero-shot scores from class-prompt embeddings, the
+  baseline every SPML loss must beat (``featcache.api.zeroshot``);
 - :func:`load_run`: a finished stage-two or stage-three run folder as an object that predicts
   from features or images (``featcache.api.runs``);
 - prediction files, class activation maps and paper tables behind ``featcache predict``,
@@ -23,3 +25,4 @@ from featcache.api.estimator import (  # noqa: F401
     mean_average_precision_score,
 )
 from featcache.api.runs import FinetuneRun, LinearRun, load_run  # noqa: F401
+from featcache.api.zeroshot import ZeroShotClassifier  # noqa: F401

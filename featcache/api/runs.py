@@ -58,6 +58,9 @@ def load_run(path: str | Path) -> LinearRun | FinetuneRun:
                          "cache/<dataset>/runs/<loss>/<run-id>)")
     document = RunFolder(path).results()
     stage = document.get("stage")
+    if document.get("head", {}).get("kind") == "zero-shot":
+        raise InputError(f"{path} is a zero-shot row (no trained head to load); its scores come "
+                         "from featcache.ZeroShotClassifier.from_features(FEATURES_FILE)")
     if stage == "linear":
         return LinearRun(path, document)
     if stage == "finetune":
@@ -221,6 +224,9 @@ class TrainedRun:
 
     def logits(self, features: np.ndarray) -> np.ndarray:
         weight, bias = self.head
+        if self.about.get("features_transform") == "l2-normalised":  # a --search probe head
+            norms = np.linalg.norm(features, axis=1, keepdims=True)
+            features = (features / np.maximum(norms, 1e-12)).astype(np.float32)
         if self.boostlu_alpha is not None:
             return boostlu_logits(features, weight.numpy(), bias.numpy(),
                                   features.shape[1] // weight.shape[1], self.boostlu_alpha)
@@ -287,6 +293,11 @@ class LinearRun(TrainedRun):
     def to_estimator(self) -> SPMLClassifier:
         """This run's selected head as a fitted :class:`SPMLClassifier` (its parameters are the
         selected configuration, so ``clone(...).fit`` trains it again)."""
+        if self._head.get("features_transform"):
+            raise InputError(f"{self.path} is a --search probe run: its head scores "
+                             f"{self._head['features_transform']} rows and was refit with AdamW "
+                             "weight decay, which SPMLClassifier does not do; predict with the "
+                             "run itself (run.predict_proba)")
         config = self.config
         clf = SPMLClassifier(loss=self.loss, loss_params=dict(config["params"]),
                              lr=config["lr"], batch_size=config["batch_size"],

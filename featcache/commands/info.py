@@ -117,8 +117,10 @@ def _provenance_table(labels, prov: dict):
     table.add("image root", labels.image_root or "-")
     table.add("images checked", bool(prov.get("images_checked", False)))
     observation = prov.get("observation")
+    variant = (prov.get("source_details") or {}).get("variant")
     if observation == "given":
-        table.add("observed labels (train)", "given single positives")
+        table.add("observed labels (train)", f"given: L48's {variant} variant (real positives "
+                  "and negatives)" if variant else "given single positives")
     elif prov.get("observer"):
         table.add("observed labels", f"{observation}-biased (Arroyo et al. 2023): one positive "
                   f"per image, seed {prov.get('obs_seed')} (random.Random per matrix)")
@@ -128,8 +130,12 @@ def _provenance_table(labels, prov: dict):
                   "(fresh RandomState per matrix)")
     if prov.get("observation_test") == "given":
         table.add("observed labels (test)", "given single positives")
-    table.add("train/val split", f"{prov.get('val_fraction')} of the official train set to "
-              f"validation, seed {prov.get('split_seed')}")
+    if prov.get("val_split"):
+        table.add("train/val split", f"{prov['val_split']} "
+                  f"({(prov.get('source_details') or {}).get('validation', '')})")
+    else:
+        table.add("train/val split", f"{prov.get('val_fraction')} of the official train set "
+                  f"to validation, seed {prov.get('split_seed')}")
     merged = prov.get("merged_split")
     if merged:
         table.add("merged split", f"{merged['train_size']} train / {merged['test_size']} test "

@@ -22,7 +22,9 @@ from featcache.commands.common import (
 @click.option("--loss", "loss_names", default="an-ls", show_default=True,
               help="A loss, a comma-separated list, or 'all' (`featcache losses` lists them). "
                    "BoostLU losses (ll-r+boostlu, ...) train on the spatial features file "
-                   "(`featcache features --spatial`), the others on the pooled one.")
+                   "(`featcache features --spatial`), the others on the pooled one. "
+                   "'zero-shot' (in 'all' when the features file has class-prompt embeddings, "
+                   "`featcache features --text`) adds CLIP's zero-shot row: no training.")
 @learning_rates_option()
 @batch_sizes_option()
 @click.option("--epochs", default=25, show_default=True, type=click.IntRange(min=1))
@@ -38,6 +40,16 @@ from featcache.commands.common import (
               show_default=True,
               help="Optional per-head early stopping rule of Kim et al. (3-point drop) or Zhou et al. "
                    "(first non-improving epoch).")
+@click.option("--search", type=click.Choice(["protocol", "probe"]), default="protocol",
+              show_default=True,
+              help="'probe': the wider field's linear-probe conventions (CLIP_benchmark, "
+                   "DINOv2): L2-normalised features, weight decay searched beside the learning "
+                   "rate (AdamW), --lr given for batch 256 and scaled by batch/256 (default "
+                   "1e-2,1e-1,1,10), the selection refit on train + validation "
+                   "(docs/linear.md).")
+@click.option("--weight-decay", "weight_decays", default=None, metavar="WD[,WD...]",
+              help="--search probe: the weight decays of the grid (default 1e-6,4.6e-4,0.215,"
+                   "100: CLIP_benchmark's first sweep, every second point).")
 @click.option("--backbone", default=None, help="Which features file (default: the only one).")
 @pseudo_labels_option
 @click.option("--run-id", default=None,
@@ -60,9 +72,11 @@ from featcache.commands.common import (
 @device_option
 @cache_option
 @overwrite_option
-def command(dataset, loss_names, learning_rates, batch_sizes, epochs, param_pairs, eps_pos,
-            eps_neg, val_variant, seeds, early_stop, backbone, pseudo_labels, run_id, jobs,
-            max_memory, stream, no_plots, quiet, device, cache, overwrite):
+@click.pass_context
+def command(ctx, dataset, loss_names, learning_rates, batch_sizes, epochs, param_pairs, eps_pos,
+            eps_neg, val_variant, seeds, early_stop, search, weight_decays, backbone,
+            pseudo_labels, run_id, jobs, max_memory, stream, no_plots, quiet, device, cache,
+            overwrite):
     """Train linear heads on cached features with the protocol's grid and selection.
 
     Under `torchrun --nproc_per_node N -m featcache train-linear ...` the groups are spread
@@ -73,8 +87,14 @@ def command(dataset, loss_names, learning_rates, batch_sizes, epochs, param_pair
     is reported. Each loss writes <cache>/<dataset>/runs/<loss>/<run-id>/ (results.json,
     best.pt, summary.md, curves.png); several losses also write a comparison table.
     """
+    from featcache.linear.probe import PROBE, PROBE_LEARNING_RATES
     from featcache.linear.run import LinearOptions, run_linear
 
+    if search == PROBE and (ctx.get_parameter_source("learning_rates")
+                            is click.core.ParameterSource.DEFAULT):
+        learning_rates = list(PROBE_LEARNING_RATES)  # base rates, for batch 256
+    if weight_decays is not None:
+        weight_decays = parse_number_list(weight_decays, "--weight-decay")
     params = parse_params(param_pairs)
     for name, value in (("eps_pos", eps_pos), ("eps_neg", eps_neg)):
         if value is not None:
@@ -84,7 +104,8 @@ def command(dataset, loss_names, learning_rates, batch_sizes, epochs, param_pair
         epochs=epochs, params=params, seeds=parse_number_list(seeds, "--seeds", kind=int),
         val_variant=val_variant, early_stop=early_stop, backbone=backbone, run_id=run_id,
         jobs=jobs, max_memory=max_memory, stream=stream, plots=not no_plots, progress=not quiet,
-        device=device, cache=cache, overwrite=overwrite, pseudo_labels=pseudo_labels)
+        device=device, cache=cache, overwrite=overwrite, pseudo_labels=pseudo_labels,
+        search=search, weight_decays=weight_decays)
     outcome = run_linear(options, say=lambda line: click.echo(line, err=True),
                          on_run=lambda run: click.echo(run.line()))
     if outcome.table is not None:

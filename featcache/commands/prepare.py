@@ -11,7 +11,7 @@ import click
 from featcache.commands.common import cache_option, overwrite_option
 
 #: dataset names the built-in formats write; users' own data takes other names
-BUILT_IN_NAMES = ("voc", "coco", "nuswide", "cub", "shapes")
+BUILT_IN_NAMES = ("voc", "coco", "nuswide", "cub", "shapes", "l48")
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 PROTOCOL_SEED = 1200
 
@@ -115,6 +115,7 @@ def command() -> None:
       featcache prepare voc --root data/voc07 --year 2007 --train-split trainval --test-split test
       featcache prepare features --npz scene.npz --name scene
       featcache prepare coco --root data/coco --observe size   # label bias (Arroyo et al.)
+      featcache prepare l48 --root data/ml48s --variant checklist --name l48-checklist
     """
 
 
@@ -185,6 +186,34 @@ def nuswide(ctx, root, split_mode, merged_train_size, merge_seed, images, **comm
     merge = MergedSplit(merged_train_size, merge_seed) if split_mode == "merged" else None
     _prepare(ctx, "nuswide", lambda: read_nuswide(root, images), drop_missing=True,
              merge=merge, **common)
+
+
+@official_layout_command("l48", "The L48 folder as the benchmark's datasets/format_ML48S.py "
+                                "writes it: formatted_metadata.json, {train,val,test}_images.npy, "
+                                "_labels.npy and <variant>_<split>_mask.npy.", options=[
+    click.option("--variant", type=click.Choice(["target", "checklist", "geo", "full"]),
+                 default="target", show_default=True,
+                 help="Which observed labels train: target (real single positives), checklist "
+                      "or geo (plus real negatives from the checklist or the range prior), full "
+                      "(every known label)."),
+    click.option("--name", default="l48", show_default=True,
+                 help="Dataset name: the output is <cache>/<name>/ (one per variant, e.g. "
+                      "l48-checklist)."),
+])
+def l48(ctx, root, variant, name, images, **common):
+    """The Merlin L48 benchmark (NeurIPS 2025 D&B): real single positives and real negatives.
+
+    Reads the layout of cvl-umass/l48-benchmarking (images at <root>/images/<asset>/<clip>.jpg,
+    or --images). Its train and val clips form the official train set with L48's own
+    validation split; the observed labels are the variant's known entries (1 present, -1
+    absent), kept as given; test (and validation) clips are kept when fully annotated, as
+    the benchmark scores them. See docs/prepare.md.
+    """
+    from featcache.data.formats.l48 import read_l48
+
+    if name != "l48":
+        _check_name(name)
+    _prepare(ctx, name, lambda: read_l48(root, variant, images, name), **common)
 
 
 @command.command("csv")
@@ -352,7 +381,12 @@ def _summarize(result) -> None:
                f"{len(labels.train)} images (train {counts['split']['train']} / val "
                f"{counts['split']['val']}), test {len(labels.test)}"
                + (f"; k = {k:.2f}" if k is not None else "; k unknown (pass --k)"))
-    if observed == "given":
+    if observed == "given" and labels.train.clean is not None:
+        matrix = labels.train.observed
+        click.echo(f"  observed labels: given ({labels.provenance['source_details'].get('variant')}"
+                   f" variant): {int((matrix == 1).sum())} positives and "
+                   f"{int((matrix == -1).sum())} negatives observed; clean labels kept")
+    elif observed == "given":
         click.echo("  observed labels: given single positives (no clean training labels)")
     elif observed != "uniform":
         click.echo(f"  observed labels: one positive per image drawn with the {observed}-biased "

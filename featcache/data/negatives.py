@@ -24,6 +24,8 @@ def observed_with_negatives(labels: LabelSet, rows: np.ndarray, observed: np.nda
             "prepare the dataset with --num-neg 1 instead"
         )
     seed = int(labels.provenance.get("obs_seed", PROTOCOL_SEED))
+    if labels.provenance.get("observation") == "given":
+        return _beside_given(labels, rows, observed, num_neg, seed)
     num_pos = int(labels.provenance.get("num_pos", 1))
     drawn = observe_uniform(labels.train.clean, num_pos=num_pos, num_neg=num_neg, seed=seed)[rows]
     if not np.array_equal(np.clip(drawn, 0, None), np.clip(np.asarray(observed), 0, None)):
@@ -32,3 +34,23 @@ def observed_with_negatives(labels: LabelSet, rows: np.ndarray, observed: np.nda
             "observed positives (were the labels prepared with another seed?)"
         )
     return drawn, f"observed negatives drawn on the fly: num_neg={num_neg}, seed={seed}"
+
+
+def _beside_given(labels: LabelSet, rows: np.ndarray, observed: np.ndarray, num_neg: int,
+                  seed: int) -> tuple[np.ndarray, str]:
+    """Given observations (L48's target variant) keep every observed entry; each official
+    training row gets ``num_neg`` more negatives drawn uniformly among its unobserved clean
+    negatives with ``RandomState(seed)`` (rows in order, so a row's draw does not depend on
+    ``rows``)."""
+    rng = np.random.RandomState(seed)
+    given = np.asarray(labels.train.observed)
+    drawn = given.copy()
+    for row in range(len(given)):
+        candidates = np.flatnonzero((labels.train.clean[row] == 0) & (given[row] == 0))
+        drawn[row, rng.permutation(candidates)[:num_neg]] = -1
+    drawn = drawn[rows]
+    if not np.array_equal(drawn[np.asarray(observed) != 0], np.asarray(observed)[
+            np.asarray(observed) != 0]):
+        raise InputError(f"{labels.path}: the observed labels given do not match the file's")
+    return drawn, (f"observed negatives drawn on the fly beside the given observations: "
+                   f"num_neg={num_neg} among each row's unobserved clean negatives, seed={seed}")

@@ -124,7 +124,15 @@ def _prepare_locked(source: SourceDataset, path: Path, options: PrepareOptions,
                f"drew {options.merge.train_size} training images with seed {options.merge.seed}")
 
     observed = {split: _observe(parts[split], options, observer, split) for split in OFFICIAL}
-    train_index, val_index = split_train_val(len(parts["train"]), VAL_FRACTION, options.split_seed)
+    if source.val_rows is None:
+        train_index, val_index = split_train_val(len(parts["train"]), VAL_FRACTION,
+                                                 options.split_seed)
+    else:  # the source's own validation rows, among those kept
+        given_val = np.isin(kept["train"], source.val_rows)
+        train_index, val_index = np.flatnonzero(~given_val), np.flatnonzero(given_val)
+        if not (train_index.size and val_index.size):
+            raise InputError(f"{source.name}: {train_index.size} training and {val_index.size} "
+                             "validation rows are left after dropping rows; both are needed")
     report["counts"]["split"] = {"train": int(train_index.size), "val": int(val_index.size)}
 
     provenance = {
@@ -133,14 +141,15 @@ def _prepare_locked(source: SourceDataset, path: Path, options: PrepareOptions,
             source.source_files, desc="hashing source files", unit=" file", mininterval=0.5,
             leave=False)],
         "source_details": source.details,
-        "observation": "given" if parts["train"].clean is None else observer.rule,
-        "observation_test": "given" if parts["test"].clean is None else observer.rule,
+        "observation": "given" if parts["train"].observed is not None else observer.rule,
+        "observation_test": "given" if parts["test"].observed is not None else observer.rule,
         **({"observer": observer.record()} if observer.biased else {}),
         "num_pos": options.num_pos,
         "num_neg": options.num_neg,
         "obs_seed": options.obs_seed,
         "split_seed": options.split_seed,
-        "val_fraction": VAL_FRACTION,
+        **({"val_fraction": VAL_FRACTION} if source.val_rows is None
+           else {"val_split": "given by the source"}),
         "labels_only": options.labels_only,
         "images_checked": not options.labels_only,
         "drop_missing": options.drop_missing,
@@ -218,7 +227,7 @@ def make_observer(options: PrepareOptions, classes: list[str]) -> Observer:
 def _observe(part: SourceSplit, options: PrepareOptions, observer: Observer,
              split: str) -> np.ndarray:
     """The observed labels of one official split: given, uniform, or biased."""
-    if part.clean is None:
+    if part.observed is not None:  # given observations (real single positives) stay as given
         return part.observed
     if not observer.biased:
         return observe_uniform(part.clean, options.num_pos, options.num_neg, options.obs_seed)
@@ -270,12 +279,15 @@ def _check_options(source: SourceDataset, options: PrepareOptions) -> None:
     if options.num_pos == 0:
         raise OptionError("--num-pos 0 would observe no positive at all; use 1 (the protocol) "
                           "or more, or -1 for all")
-    given = [split for split in OFFICIAL if source.split(split).clean is None]
+    given = [split for split in OFFICIAL if source.split(split).observed is not None]
     if given and (options.num_pos, options.num_neg) != (1, 0):
-        raise OptionError(f"the {' and '.join(given)} labels are given single positives; "
-                          "--num-pos/--num-neg apply only to clean (full) labels")
-    if options.merge is not None and given:
+        raise OptionError(f"the {' and '.join(given)} labels are given observations; "
+                          "--num-pos/--num-neg apply only to clean (full) labels, which featcache "
+                          "observes itself")
+    if options.merge is not None and any(source.split(s).clean is None for s in OFFICIAL):
         raise OptionError("a merged split needs clean labels in both official splits")
+    if options.merge is not None and source.val_rows is not None:
+        raise OptionError(f"{source.name} defines its own validation split; it cannot be merged")
     if options.observe in BIASED:
         if given:
             raise OptionError(f"--observe {options.observe} draws from clean labels; the "

@@ -141,6 +141,8 @@ def best_linear_run(options: FinetuneOptions, data: FinetuneData) -> Path | None
     checked: dict[str, bool] = {}
 
     def fits(document: dict) -> bool:
+        if document.get("probe"):  # its head scores L2-normalised features, not the trunk's
+            return False
         features = document.get("features", {})
         path = Path(str(features.get("path", "")))
         if not path.is_file():
@@ -212,6 +214,10 @@ def linear_start(run_dir: Path, options: FinetuneOptions, data: FinetuneData) ->
     """LinearInit from ``run_dir``, after every compatibility check."""
     head = load_head(run_dir)
     where = f"linear run {run_dir}"
+    if head.get("features_transform"):
+        raise InputError(f"{where} is a --search probe run: its head scores "
+                         f"{head['features_transform']} features, not the trunk's output; start "
+                         "from a run of the protocol's search (--search protocol)")
     check_run_data(head, where, data)
     notes: list[str] = []
     backbone = str(head.get("backbone"))

@@ -227,18 +227,23 @@ def create_heads(loss: SPMLLoss, feature_dim: int, shape: tuple[int, int, int] |
 class StackedAdam:
     """Adam over stacked tensors whose first dimension is the head, one learning rate per head.
 
-    Each head gets exactly ``torch.optim.Adam``'s update (no weight decay, no amsgrad). Where
-    PyTorch's fused Adam kernel is available it updates each head's slices in one pass (the
-    update ``torch.optim.Adam(fused=True)`` makes); otherwise the same formula runs as
-    vectorised tensor operations over all heads at once.
+    Each head gets exactly ``torch.optim.Adam``'s update (no weight decay, no amsgrad), or with
+    ``weight_decays`` (per parameter, per head; the linear-probe search's) ``torch.optim.AdamW``'s
+    (decoupled weight decay). Where PyTorch's fused kernels are available they update each
+    head's slices in one pass (the update ``torch.optim.Adam(fused=True)`` / ``AdamW`` makes);
+    otherwise the same formula runs as vectorised tensor operations over all heads at once.
     """
 
     def __init__(self, params: Sequence[Tensor], lrs: Sequence[Sequence[float]] | Sequence[float],
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 fused: bool | None = None):
+                 fused: bool | None = None,
+                 weight_decays: Sequence[Sequence[float]] | None = None):
         self.params = [p.detach() for p in params]
         per_param = lrs if isinstance(lrs[0], (list, tuple)) else [lrs] * len(self.params)
         self.head_lrs = [[float(v) for v in values] for values in per_param]
+        self.head_decays = ([[0.0] * len(values) for values in self.head_lrs]
+                            if weight_decays is None
+                            else [[float(v) for v in values] for values in weight_decays])
         self.beta1, self.beta2 = betas
         self.eps = eps
         self.step_count = 0
@@ -262,19 +267,21 @@ class StackedAdam:
                 lrs[head] = float(lr)
         self._calls = self._plan_fused_calls()
 
-    def _plan_fused_calls(self) -> list[tuple[float, list[int], list[Tensor], list[Tensor],
-                                              list[Tensor]]]:
-        """Per head, one kernel call per distinct learning rate (the head's weight and bias
-        share one): the parameter indices and the (fixed) views of params and moments."""
+    def _plan_fused_calls(self) -> list[tuple[tuple[float, float], list[int], list[Tensor],
+                                              list[Tensor], list[Tensor]]]:
+        """Per head, one kernel call per distinct (learning rate, weight decay) (the head's
+        weight and bias share one): the parameter indices and the (fixed) views of params and
+        moments."""
         calls = []
         for head in range(self.params[0].shape[0]):
-            groups: dict[float, list[int]] = {}
-            for index, lrs in enumerate(self.head_lrs):
-                groups.setdefault(lrs[head], []).append(index)
-            for lr, members in groups.items():
+            groups: dict[tuple[float, float], list[int]] = {}
+            for index, (lrs, decays) in enumerate(zip(self.head_lrs, self.head_decays,
+                                                      strict=True)):
+                groups.setdefault((lrs[head], decays[head]), []).append(index)
+            for (lr, decay), members in groups.items():
                 if lr == 0.0:
                     continue  # a frozen head: Adam with lr 0 leaves the parameter as it is
-                calls.append((lr, [(i, head) for i in members],
+                calls.append(((lr, decay), [(i, head) for i in members],
                               [self.params[i][head] for i in members],
                               [self.exp_avg[i][head] for i in members],
                               [self.exp_avg_sq[i][head] for i in members]))
@@ -292,19 +299,23 @@ class StackedAdam:
     def _fused_step(self, grads: Sequence[Tensor]) -> None:
         self._step.fill_(float(self.step_count))
         per_head = [grad.unbind(0) for grad in grads]
-        for lr, slots, params, exp_avg, exp_avg_sq in self._calls:
-            torch._fused_adam_(
-                params, [per_head[i][head] for i, head in slots], exp_avg, exp_avg_sq, [],
-                [self._step] * len(params), lr=lr, beta1=self.beta1, beta2=self.beta2,
-                weight_decay=0.0, eps=self.eps, amsgrad=False, maximize=False)
+        for (lr, decay), slots, params, exp_avg, exp_avg_sq in self._calls:
+            kernel = torch._fused_adamw_ if decay else torch._fused_adam_
+            kernel(params, [per_head[i][head] for i, head in slots], exp_avg, exp_avg_sq, [],
+                   [self._step] * len(params), lr=lr, beta1=self.beta1, beta2=self.beta2,
+                   weight_decay=decay, eps=self.eps, amsgrad=False, maximize=False)
 
     def _vectorised_step(self, grads: Sequence[Tensor]) -> None:
         bias_correction1 = 1 - self.beta1**self.step_count
         bias_correction2_sqrt = (1 - self.beta2**self.step_count) ** 0.5
-        for param, grad, lrs, m, v in zip(self.params, grads, self.head_lrs, self.exp_avg,
-                                          self.exp_avg_sq, strict=True):
+        for param, grad, lrs, decays, m, v in zip(self.params, grads, self.head_lrs,
+                                                  self.head_decays, self.exp_avg,
+                                                  self.exp_avg_sq, strict=True):
             lr = torch.tensor(lrs, dtype=param.dtype, device=param.device)
             lr = lr.view(-1, *([1] * (param.dim() - 1)))
+            if any(decays):  # AdamW: the decoupled decay comes first
+                decay = torch.tensor(decays, dtype=param.dtype, device=param.device)
+                param.mul_(1 - lr * decay.view_as(lr))
             m.lerp_(grad, 1 - self.beta1)
             v.mul_(self.beta2).addcmul_(grad, grad, value=1 - self.beta2)
             denom = (v.sqrt() / bias_correction2_sqrt).add_(self.eps)

@@ -45,12 +45,13 @@ def _per_class(classes, test_ap) -> dict[str, float]:
     return {c: float(a) * 100 for c, a in zip(classes, test_ap.tolist(), strict=True)}
 
 
-def _config_record(head: HeadResult) -> dict:
+def _config_record(head: HeadResult, probe: bool = False) -> dict:
     config = head.config
     return {
         "seed": config.seed,
         "lr": config.lr,
         "batch_size": config.batch_size,
+        **({"weight_decay": config.weight_decay} if probe else {}),
         "params": config.param_dict,
         "best_epoch": head.best_epoch + 1,
         "val_map": head.best.val_map,
@@ -70,8 +71,10 @@ def results_document(result: SearchResult, data: TrainingSplits, device: str) ->
     configs_epochs = sum(len(h.epochs) for s in result.seeds for h in s.heads)
     val_cover, test_cover = evaluation_coverage(data, spec.val_variant)
     val_key = "val_map" if spec.val_variant == "clean" else "val_map_observed"
+    probe = result.probe is not None
     return {
         **document_header("linear", loss_class(spec.loss), data.labels),
+        **({"probe": result.probe} if probe else {}),
         "features": {
             "path": str(data.features.path), "sha256": data.features.sha256,
             "backbone": data.features.backbone, "dim": data.feature_dim,
@@ -84,7 +87,8 @@ def results_document(result: SearchResult, data: TrainingSplits, device: str) ->
                   "classes": data.num_classes},
         "pseudo_labels": None if data.pseudo_labels is None else data.pseudo_labels.identity(),
         "protocol": {
-            "optimizer": "adam", "epochs": spec.epochs, "val_variant": spec.val_variant,
+            "optimizer": "adamw" if probe else "adam", "epochs": spec.epochs,
+            "val_variant": spec.val_variant,
             "early_stop": spec.early_stop, "train_drop_last": True, "eval_every_example": True,
             "features": ("in memory, one permutation of every training row per epoch"
                          if getattr(data, "placement", None) is None
@@ -97,6 +101,7 @@ def results_document(result: SearchResult, data: TrainingSplits, device: str) ->
         "selection": {
             "seed": selected.config.seed, "lr": selected.config.lr,
             "batch_size": selected.config.batch_size, "params": selected.config.param_dict,
+            **({"weight_decay": selected.config.weight_decay} if probe else {}),
             "epoch": selected.best_epoch + 1, "val_map": selected.best.val_map,
             "val_map_observed": selected.best.val_map_observed,
             "test_map": selected.best.test_map, "train_map": selected.best.train_map,
@@ -113,10 +118,11 @@ def results_document(result: SearchResult, data: TrainingSplits, device: str) ->
             "recovery": published("recovery", spec.loss, data.dataset),
         },
         "seeds": [{"seed": seed.seed,
-                   "selected": _config_record(seed.selected) | {
+                   "selected": _config_record(seed.selected, probe) | {
                        "epochs": None,
                        "test_ap_per_class": _per_class(data.classes, seed.selected.test_ap)},
-                   "configs": [_config_record(h) for h in seed.heads]} for seed in result.seeds],
+                   "configs": [_config_record(h, probe) for h in seed.heads]}
+                  for seed in result.seeds],
         "notes": result.notes + evaluation_notes(val_cover, test_cover,
                                                  getattr(selected.best, val_key),
                                                  selected.best.test_map),
@@ -172,6 +178,8 @@ def head_payload(result: SearchResult, data: TrainingSplits) -> dict:
         "transform": data.features.attrs.get("transform"),
         "feature_dim": data.feature_dim,
         "head": head_kind(result.spec.loss, data),
+        # a probe run's head scores L2-normalised rows (featcache.linear.probe)
+        **({"features_transform": result.probe["features"]} if result.probe else {}),
     }
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from featcache.linear.data import TrainingSplits
 from featcache.linear.search import SearchResult
+from featcache.linear.zeroshot import ZERO_SHOT
 from featcache.protocol.coverage import evaluation_coverage, evaluation_notes
 from featcache.protocol.records import observation_line
 from featcache.protocol.results_table import seed_choices
@@ -18,7 +19,9 @@ def config_table(result: SearchResult) -> Table:
              if len(values) > 1 or result.spec.params.sources.get(k) == "given"]
     for seed in result.seeds:
         for head in seed.heads:
-            params = ", ".join(f"{k}={head.config.param_dict[k]:g}" for k in shown) or "-"
+            params = ", ".join([f"{k}={head.config.param_dict[k]:g}" for k in shown]
+                               + ([f"wd={head.config.weight_decay:g}"] if result.probe else [])
+                               ) or "-"
             best = head.best
             table.add(seed.seed, f"{head.config.lr:g}", head.config.batch_size, params,
                       head.best_epoch + 1, best.val_map if best.val_map is not None
@@ -40,6 +43,13 @@ def run_summary(result: SearchResult, data: TrainingSplits) -> str:
         f"{', '.join(map(str, spec.batch_sizes))}"
         f", {spec.epochs} epochs, seeds {', '.join(map(str, spec.seeds))}, validation: {spec.val_variant}",
     ]
+    if result.probe is not None:
+        probe = result.probe
+        lines.append(f"- probe search: {probe['features']} features, AdamW weight decay "
+                     f"{', '.join(f'{v:g}' for v in probe['weight_decays'])}, base lr "
+                     f"{', '.join(f'{v:g}' for v in probe['learning_rates_base'])} scaled as "
+                     f"{probe['lr_scaling']} (the configurations' lr are the scaled ones), the selection "
+                     "refit on train + val")
     if len(result.seeds) > 1:
         lines.append("- selected per seed: " + "; ".join(
             f"seed {s.seed}: lr {s.selected.config.lr:g}, batch {s.selected.config.batch_size}, "
@@ -78,9 +88,14 @@ def run_summary(result: SearchResult, data: TrainingSplits) -> str:
 
 def losses_table(dataset: str, documents: dict[str, dict]) -> Table:
     """One row per loss: each seed's selected lr / batch / epoch (joined by ``/`` when there
-    are several seeds), val and test mAP as mean +- std over seeds, published beside ours."""
+    are several seeds), val and test mAP as mean +- std over seeds, published beside ours;
+    with a ``zero-shot`` row (no training: ``-`` for lr, batch and epoch), each row's test mAP
+    above it."""
     show_published = dataset in PROTOCOL_DATASETS
+    baseline = documents.get(ZERO_SHOT)
     columns = ["loss", "lr", "batch", "epoch", "val mAP", "test mAP", "std", "train mAP"]
+    if baseline is not None:
+        columns += ["above zero-shot"]
     if show_published:
         columns += ["published", "delta"]
     columns += ["seconds"]
@@ -92,13 +107,20 @@ def losses_table(dataset: str, documents: dict[str, dict]) -> Table:
         if val is None:
             val = summary.get("val_map_observed_mean")
         test = summary["test_map_mean"]
-        row = [loss, "/".join(f"{c.lr:g}" for c in choices),
-               "/".join(str(c.batch_size) for c in choices),
-               "/".join(str(c.epoch) for c in choices), val, test,
+        row = [loss, "/".join(_choice(c.lr, "g") for c in choices),
+               "/".join(_choice(c.batch_size) for c in choices),
+               "/".join(_choice(c.epoch) for c in choices), val, test,
                summary["test_map_std"] if summary["seeds"] > 1 else None, summary.get("train_map_mean")]
+        if baseline is not None:
+            row.append(test - baseline["summary"]["test_map_mean"])
         if show_published:
             reference = published("linear", loss, dataset)
             row += [reference, None if reference is None else test - reference]
         row.append(doc["timings"]["seconds"])
         table.add(*row)
     return table
+
+
+def _choice(value, spec: str = "") -> str:
+    """One selected setting, ``-`` where there is none (the zero-shot row)."""
+    return "-" if value is None else format(value, spec)

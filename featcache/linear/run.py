@@ -15,7 +15,12 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from featcache.data.featurefile import FeatureFile, open_features, read_feature_attrs
+from featcache.data.featurefile import (
+    FeatureFile,
+    open_features,
+    read_feature_attrs,
+    read_text_embeddings,
+)
 from featcache.data.labelfile import load_labels
 from featcache.errors import FeatcacheWarning, InputError, Interrupted
 from featcache.fileio import write_text_atomic
@@ -31,6 +36,14 @@ from featcache.linear.memory import (
     resident_memory,
 )
 from featcache.linear.outputs import run_settings, write_run
+from featcache.linear.probe import (
+    PROBE,
+    check_search,
+    normalised,
+    probe_losses,
+    probe_spec,
+    refit,
+)
 from featcache.linear.report import losses_table, run_summary
 from featcache.linear.search import (
     SearchResult,
@@ -42,6 +55,7 @@ from featcache.linear.search import (
 from featcache.linear.stream import load_streamed_data
 from featcache.linear.trainer import evaluation_can_move
 from featcache.linear.workers import on_main
+from featcache.linear.zeroshot import ZERO_SHOT, zero_shot_run
 from featcache.losses import SPMLLoss, loss_class
 from featcache.paths import (
     dataset_dir,
@@ -95,6 +109,8 @@ class LinearOptions:
     cache: str | None = None
     overwrite: bool = False
     pseudo_labels: str | None = None  # the pseudo-label set for the losses that need one
+    search: str = "protocol"  # or "probe": the wider field's conventions (linear.probe)
+    weight_decays: Sequence[float] | None = None  # the probe search's (default: its grid)
 
 
 @dataclass
@@ -120,6 +136,9 @@ class LossRun:
             text = (f"{self.loss}: val {summary[key + '_mean']:.2f}  test "
                     f"{summary['test_map_mean']:.2f} +- {summary['test_map_std']:.2f} over "
                     f"{summary['seeds']} seeds  ({choices}")
+        elif selection["lr"] is None:  # the zero-shot row: nothing trained or selected
+            text = (f"{self.loss}: val {selection[key]:.2f}  test {selection['test_map']:.2f}  "
+                    "(cosine to the class prompts, no training")
         else:
             text = (f"{self.loss}: val {selection[key]:.2f}  test {selection['test_map']:.2f}  (lr "
                     f"{selection['lr']:g}, batch {selection['batch_size']}, epoch "
@@ -153,6 +172,7 @@ def run_linear(options: LinearOptions, say: Callable[[str], None] = _stderr,
     """
     check_grid(options.learning_rates, options.batch_sizes)
     check_early_stop(options.early_stop)
+    check_search(options.search, options.weight_decays)
     budget = default_budget() if options.max_memory is None else parse_size(options.max_memory)
     with ranks(options.device) as job:
         if not job.is_main:  # one voice: rank 0 says what happens and writes every file
@@ -164,6 +184,7 @@ def _run_linear(options: LinearOptions, budget: int, job: Ranks, say: Callable[[
                 on_run: Callable[[LossRun], None] | None) -> LinearOutcome:
     device = job.device
     labels = load_labels(existing_labels(options.dataset, options.cache))
+    zero_shot, options = split_zero_shot(options)
     files = feature_files(options, labels)
     parts, _ = split_rows(labels, files.first)
     train = parts["train"]
@@ -171,7 +192,11 @@ def _run_linear(options: LinearOptions, budget: int, job: Ranks, say: Callable[[
                            labels.train.clean is not None, options.pseudo_labels,
                            spatial=files.spatial is not None,
                            backbone=files.pooled.backbone if files.pooled else files.backbone)
-    losses, skipped = choose_losses(options.losses, facts, given=set(options.params))
+    losses, skipped = (choose_losses(options.losses, facts, given=set(options.params))
+                       if requested_losses(options.losses) else ([], []))
+    zero_shot = zero_shot_wanted(zero_shot, files, skipped)
+    if options.search == PROBE:
+        losses = probe_losses(losses, skipped, requested_losses(options.losses) == ["all"])
     variant, note = resolve_val_variant(options.val_variant, labels.train.clean is not None,
                                         labels.path)
     options = replace(options, val_variant=variant)
@@ -186,12 +211,16 @@ def _run_linear(options: LinearOptions, budget: int, job: Ranks, say: Callable[[
                         params=resolve_params(name, given[name], facts), seeds=list(options.seeds),
                         epochs=options.epochs, val_variant=options.val_variant,
                         early_stop=options.early_stop) for name in losses]
+    if options.search == PROBE:
+        specs = [probe_spec(spec, options.weight_decays) for spec in specs]
     jobs = options.jobs or max(1, usable_cpus() // job.local_world)
     run_id = on_main(job, lambda: options.run_id or new_run_id())
     say(f"run id {run_id}: {dataset_dir(options.dataset, options.cache) / 'runs'}/<loss>/{run_id}")
     options = replace(options, jobs=jobs)
     folders = {spec.loss: runs_dir(options.dataset, spec.loss, options.cache) / run_id
                for spec in specs}
+    if zero_shot:
+        folders[ZERO_SHOT] = runs_dir(options.dataset, ZERO_SHOT, options.cache) / run_id
     done: dict[str, LossRun] = {}
 
     def keep(run: LossRun) -> None:
@@ -200,6 +229,9 @@ def _run_linear(options: LinearOptions, budget: int, job: Ranks, say: Callable[[
             on_run(run)
 
     with locked_folders(job, folders.values()):
+        if zero_shot:
+            keep(score_zero_shot(labels, files.pooled, folders[ZERO_SHOT], options, device,
+                                 say, job))
         # Pooled losses train on the pooled features file, BoostLU's on the spatial one.
         for spatial in (False, True):
             these = [spec for spec in specs if needs_spatial(spec.loss) == spatial]
@@ -211,6 +243,8 @@ def _run_linear(options: LinearOptions, budget: int, job: Ranks, say: Callable[[
                 groups=len(options.seeds) * len(options.batch_sizes), jobs=jobs, say=say,
                 pseudo_choice=options.pseudo_labels, epochs=options.epochs,
                 early_stop=options.early_stop, job=job)
+            if options.search == PROBE:
+                data = normalised(data)
             if job.is_main and these[0] is specs[0]:
                 for note in evaluation_notes(*evaluation_coverage(data, options.val_variant)):
                     warnings.warn(note, FeatcacheWarning, stacklevel=3)
@@ -224,10 +258,11 @@ def _run_linear(options: LinearOptions, budget: int, job: Ranks, say: Callable[[
             try:
                 run_searches(data, todo, device, options.progress, jobs, job,
                              on_done=lambda result, data=data: keep(write_loss_run(
-                                 data, result, folders[result.spec.loss], options, device, job)))
+                                 data, refit(data, result, device) if options.search == PROBE
+                                 else result, folders[result.spec.loss], options, device, job)))
             except Interrupted as exc:
                 raise exc.adding(interrupted_detail(specs, done, run_id, options.run_id)) from None
-    runs = [done[spec.loss] for spec in specs]
+    runs = [done[name] for name in [ZERO_SHOT] * zero_shot + [spec.loss for spec in specs]]
     outcome = LinearOutcome(runs, skipped)
     if len(runs) > 1:
         outcome.table = losses_table(labels.dataset, {run.loss: run.document for run in runs})
@@ -239,6 +274,42 @@ def _run_linear(options: LinearOptions, budget: int, job: Ranks, say: Callable[[
                               json.dumps(outcome.table.records(), indent=2) + "\n")
         outcome.table_path = out.with_suffix(".md")
     return outcome
+
+
+def split_zero_shot(options: LinearOptions) -> tuple[str | None, LinearOptions]:
+    """Whether ``--loss`` asks for the zero-shot row (``"named"``, or ``"all"`` when the
+    features file may have it), and the options with the losses to train."""
+    names = requested_losses(options.losses)
+    if names == ["all"]:
+        return "all", options
+    if ZERO_SHOT not in names:
+        return None, options
+    return "named", replace(options, losses=[name for name in names if name != ZERO_SHOT])
+
+
+def zero_shot_wanted(mode: str | None, files: FeatureFiles,
+                     skipped: list[tuple[str, str]]) -> bool:
+    """Whether this run scores the zero-shot row: named, or ``--loss all`` on a pooled
+    features file with class-prompt embeddings (else it is skipped, with the reason)."""
+    if mode is None:
+        return False
+    if mode == "named" or (files.pooled is not None
+                           and read_text_embeddings(files.pooled.path) is not None):
+        return True
+    skipped.append((ZERO_SHOT, "needs class-prompt text embeddings in the features file (a "
+                    "vision-language backbone's file made with `featcache features --text`)"))
+    return False
+
+
+def score_zero_shot(labels, features: FeatureFile, run_dir: Path, options: LinearOptions,
+                    device, say: Callable[[str], None], job: Ranks) -> LossRun:
+    """The zero-shot row's run (:mod:`featcache.linear.zeroshot`), or the finished one."""
+    document, reused = on_main(job, lambda: zero_shot_run(
+        labels, features, run_dir, options.val_variant, describe_device(device),
+        options.overwrite))
+    if reused:
+        say(f"{ZERO_SHOT}: run {run_dir.name} already finished with these settings; reusing it")
+    return LossRun(ZERO_SHOT, run_dir, document, reused, document["timings"]["seconds"])
 
 
 def interrupted_detail(specs: Sequence[SearchSpec], done: Mapping[str, LossRun], run_id: str,

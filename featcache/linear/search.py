@@ -60,6 +60,11 @@ class SearchSpec:
     epochs: int = LINEAR_EPOCHS
     val_variant: str = "clean"
     early_stop: str = "none"
+    #: "protocol", or "probe" (:mod:`featcache.linear.probe`: weight decays beside the learning
+    #: rates, given for batch ``lr_reference_batch``)
+    search: str = "protocol"
+    weight_decays: Sequence[float] = (0.0,)
+    lr_reference_batch: int | None = None
 
     def resolved(self, facts: DataFacts) -> SearchSpec:
         """This spec with every loss parameter resolved on data with ``facts``."""
@@ -69,15 +74,20 @@ class SearchSpec:
 
     def configs(self, seed: int) -> list[GridPoint]:
         """Grid points of one seed, in the reference's order (batch size outer, lr inner)."""
-        return grid_points(self.learning_rates, self.batch_sizes, seed, self.params)
+        return grid_points(self.learning_rates, self.batch_sizes, seed, self.params,
+                           self.weight_decays, self.lr_reference_batch)
 
     def settings(self) -> dict:
         """What makes two searches the same search (with the data's identity, the run's
         fingerprint)."""
-        return {"loss": self.loss, "learning_rates": list(self.learning_rates),
-                "batch_sizes": list(self.batch_sizes), "seeds": list(self.seeds),
-                "params": self.params.values, "epochs": self.epochs,
-                "val_variant": self.val_variant, "early_stop": self.early_stop}
+        settings = {"loss": self.loss, "learning_rates": list(self.learning_rates),
+                    "batch_sizes": list(self.batch_sizes), "seeds": list(self.seeds),
+                    "params": self.params.values, "epochs": self.epochs,
+                    "val_variant": self.val_variant, "early_stop": self.early_stop}
+        if self.search != "protocol":  # the protocol's runs keep their fingerprints
+            settings.update(search=self.search, weight_decays=list(self.weight_decays),
+                            lr_reference_batch=self.lr_reference_batch)
+        return settings
 
 
 @dataclass
@@ -93,6 +103,7 @@ class SearchResult:
     seeds: list[SeedResult]
     seconds: float
     notes: list[str] = field(default_factory=list)
+    probe: dict | None = None  # the probe search's record (:mod:`featcache.linear.probe`)
 
     @property
     def selected(self) -> HeadResult:

@@ -123,8 +123,11 @@ class GroupTrainer:
             self.state[name].requires_grad_(True)
         lrs = [c.lr for c in configs]
         self.optim_params = self.head.parameters() + [self.state[name] for name in self.learned]
+        decays = [c.weight_decay for c in configs]  # the probe search's; the head's alone
         self.adam = StackedAdam(self.optim_params, [lrs, lrs] + [
-            [lr * m for lr, m in zip(lrs, self.learned[name], strict=True)] for name in self.learned])
+            [lr * m for lr, m in zip(lrs, self.learned[name], strict=True)] for name in self.learned],
+            weight_decays=[decays, decays] + [[0.0] * heads for _ in self.learned]
+            if any(decays) else None)
         self.order = torch.Generator().manual_seed(derive_seed(seed, "order", batch_size))
         self.learned_tensors = [self.state[name] for name in self.learned]
         # a hand-written loss gradient, until the loss says it has none (state it trains keeps

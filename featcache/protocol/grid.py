@@ -41,6 +41,7 @@ class GridPoint:
     seed: int = 0
     params: tuple[tuple[str, float], ...] = ()
     chosen: tuple[str, ...] = ()
+    weight_decay: float = 0.0  # decoupled (AdamW's); the protocol has none
 
     @property
     def param_dict(self) -> dict[str, float]:
@@ -53,26 +54,44 @@ class GridPoint:
         that a seed keeps giving the same numbers.
         """
         params = ",".join(f"{k}={v!r}" for k, v in self.params if k in self.chosen)
-        return f"lr={self.lr!r}|bsize={self.batch_size}|{params}"
+        decay = f"|wd={self.weight_decay!r}" if self.weight_decay else ""
+        return f"lr={self.lr!r}|bsize={self.batch_size}|{params}{decay}"
 
     def name(self) -> str:
-        """A directory-safe name, e.g. ``lr0.0001-bs16``."""
-        return f"lr{self.lr:g}-bs{self.batch_size}"
+        """A directory-safe name, e.g. ``lr0.0001-bs16`` (``-wd0.01`` with weight decay)."""
+        decay = f"-wd{self.weight_decay:g}" if self.weight_decay else ""
+        return f"lr{self.lr:g}-bs{self.batch_size}{decay}"
 
 
 def grid_points(learning_rates: Sequence[float], batch_sizes: Sequence[int], seed: int = 0,
-                params: ResolvedParams | None = None) -> list[GridPoint]:
+                params: ResolvedParams | None = None, weight_decays: Sequence[float] = (0.0,),
+                lr_reference_batch: int | None = None) -> list[GridPoint]:
     """Every configuration of one seed, in the reference's order (batch sizes outer, learning
-    rates inner, then the loss-parameter axes in name order)."""
+    rates inner, then weight decays, then the loss-parameter axes in name order).
+
+    With ``lr_reference_batch`` (the linear-probe search's scaling rule), the learning rates
+    are given for that batch size and each point trains at ``lr x batch size / reference``.
+    """
     params = params or ResolvedParams()
     names = sorted(params.values)
     combos = list(itertools.product(*(params.values[n] for n in names))) or [()]
     chosen = tuple(params.chosen())
     return [
-        GridPoint(lr=float(lr), batch_size=int(batch_size), seed=int(seed),
-                  params=tuple(zip(names, (float(v) for v in combo), strict=True)), chosen=chosen)
-        for batch_size in batch_sizes for lr in learning_rates for combo in combos
+        GridPoint(lr=scaled_lr(lr, batch_size, lr_reference_batch), batch_size=int(batch_size),
+                  seed=int(seed),
+                  params=tuple(zip(names, (float(v) for v in combo), strict=True)), chosen=chosen,
+                  weight_decay=float(decay))
+        for batch_size in batch_sizes for lr in learning_rates for decay in weight_decays
+        for combo in combos
     ]
+
+
+def scaled_lr(lr: float, batch_size: int, reference_batch: int | None) -> float:
+    """``lr`` itself, or with a reference batch size ``lr x batch_size / reference_batch``
+    (DINOv2's linear evaluation: learning rates are given for batch 256)."""
+    if reference_batch is None:
+        return float(lr)
+    return float(lr) * int(batch_size) / int(reference_batch)
 
 
 def check_grid(learning_rates: Sequence[float], batch_sizes: Sequence[int]) -> None:

@@ -47,6 +47,8 @@ class SeedChoice:
 
     def describe(self) -> str:
         """``lr 0.001, batch 8, epoch 12``."""
+        if self.lr is None:
+            return "no training (zero-shot)"
         return f"lr {self.lr:g}, batch {self.batch_size}, epoch {self.epoch}"
 
     def to_json(self) -> dict:
@@ -201,7 +203,7 @@ class ResultsTable:
                                  f"{other_run} and {run}; name one of them")
             cell.seeds += choices
             cell.documents.append(document)
-        order = {name: i for i, name in enumerate(loss_names())}
+        order = {"zero-shot": -1, **{name: i for i, name in enumerate(loss_names())}}
         found_losses = sorted({k[0] for k in cells}, key=lambda n: (order.get(n, len(order)), n))
         found_datasets = sorted({k[1] for k in cells})
         return cls(stage, list(losses or found_losses), list(datasets or found_datasets), cells)
@@ -282,7 +284,8 @@ class ResultsTable:
                 cell = self.cells.get((loss, dataset))
                 for choice in [] if cell is None else cell.seeds:
                     params = ", ".join(f"{k}={v:g}" for k, v in choice.params.items()) or "-"
-                    table.add(loss, dataset, choice.seed, f"{choice.lr:g}", choice.batch_size,
+                    lr = "-" if choice.lr is None else f"{choice.lr:g}"  # None: zero-shot
+                    table.add(loss, dataset, choice.seed, lr, choice.batch_size,
                               choice.epoch, params, choice.val_map, choice.test_map,
                               *([choice.run] if runs else []))
         return table
@@ -407,6 +410,8 @@ def _input_text(document: dict) -> str:
 def _protocol_text(document: dict) -> str:
     """The grid, epochs and selection of one run."""
     protocol = document.get("protocol", {})
+    if protocol.get("training") == "none":
+        return "zero-shot: cosine between image and class-prompt embeddings, no training"
     grid = document.get("grid", {})
     lrs = ", ".join(f"{x:g}" for x in grid.get("lr", []))
     batches = ", ".join(map(str, grid.get("batch_size", [])))

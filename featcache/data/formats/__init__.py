@@ -30,6 +30,8 @@ class SourceSplit:
 
     ``clean`` is the (N, L) 0/1 label matrix; it is None when the source holds only single
     positive labels, which are then given in ``observed`` (int8, 1 observed positive, 0 not).
+    A source may give both (L48: real observations, -1 for an observed negative, beside its
+    full labels); given observations are kept as they are.
     ``objects`` holds each image's object boxes when the reader was asked for them (for the
     label-bias samplers, :mod:`featcache.data.bias`).
     """
@@ -40,8 +42,8 @@ class SourceSplit:
     objects: list[ImageObjects] | None = None
 
     def __post_init__(self) -> None:
-        if (self.clean is None) == (self.observed is None):
-            raise ValueError("a SourceSplit holds either clean labels or given observed labels")
+        if self.clean is None and self.observed is None:
+            raise ValueError("a SourceSplit holds clean labels, given observed labels or both")
 
     def __len__(self) -> int:
         return len(self.images)
@@ -74,6 +76,9 @@ class SourceDataset:
     source_files: list[Path]
     #: reader-specific provenance (year, split names, file layout, ...)
     details: dict = field(default_factory=dict)
+    #: rows of ``train`` that form the validation split when the source defines one (L48);
+    #: None: the protocol's seeded 80/20 split
+    val_rows: np.ndarray | None = None
 
     def split(self, name: str) -> SourceSplit:
         return self.train if name == "train" else self.test
