@@ -179,13 +179,17 @@ class Ignore(SPMLLoss):
         gap = (logits - masked).abs().detach()
         positive = (observed == 1).to(logits.dtype)
         gap_t, avg_t = self.update_thresholds(logits.detach(), gap, positive, state)
-        candidate = gap > gap_t
-        lat = self.value("lat", logits)
+        candidate = (gap > gap_t) & (observed == 0)
+        lat = self.value("lat", logits)  # per head (H, 1, 1) or one float: no host sync
         large = logits.detach() > avg_t
-        candidate &= large | (torch.as_tensor(lat, device=logits.device) == 0)
-        warm = self.value("warm_up", logits)
-        after_warm_up = torch.as_tensor(epoch + 1 > warm, device=logits.device)
-        return candidate & (observed == 0) & after_warm_up
+        if isinstance(lat, Tensor):
+            candidate &= large | (lat == 0)
+        elif lat:
+            candidate &= large
+        warm = self.value("warm_up", logits)  # 1-based epochs <= warm_up reject nothing
+        if isinstance(warm, Tensor):
+            return candidate & (epoch + 1 > warm)
+        return candidate if epoch + 1 > warm else torch.zeros_like(candidate)
 
     def forward(self, logits, targets, state, epoch):
         if targets.masked is None:
