@@ -300,3 +300,21 @@ def test_declarations_defaults_and_refusals():
     chosen, _ = choose_losses("all", DataFacts(dataset="toy", num_classes=5,
                                                spatial_features=True))
     assert "ignore" in chosen
+
+
+def test_featcache_losses_lists_ignore_with_its_reference_and_conventions():
+    from click.testing import CliRunner
+
+    from featcache.cli import cli
+
+    result = CliRunner().invoke(cli, ["losses", "ignore"])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert text.startswith("ignore (Song et al. ECCV 2024): IGNORE: Information Gap-based")
+    for convention in ("gyeong-ryeol-song/SPML-IGNORE", "over the batch at each position",
+                       "> cam_threshold", "positions of the cached feature map zeroed",
+                       "spbc_weight = 0.5 [voc 0.1]", "warm_up = 3", "lat = 1",
+                       "needs: spatial feature maps"):
+        assert convention in text, convention
+    listing = CliRunner().invoke(cli, ["losses"])
+    assert "ignore" in listing.output and "Song et al. ECCV 2024" in listing.output

@@ -302,7 +302,7 @@ def feature_files(options: LinearOptions, labels) -> FeatureFiles:
         spatial = open_features(path, labels)
         if spatial.spatial_shape is None:
             raise InputError(f"{path} holds pooled features (no layout 'spatial' and "
-                             "spatial_shape attributes); BoostLU heads train on feature maps: "
+                             "spatial_shape attributes); BoostLU and IGNORE train on feature maps: "
                              f"extract it again with `featcache features --dataset "
                              f"{options.dataset} --backbone {backbone} --spatial`")
     if pooled is not None and pooled.spatial_shape is not None:

@@ -115,7 +115,18 @@ def _weight(name: str, default: float, what: str) -> Param:
 @register_loss
 class Ignore(SPMLLoss):
     """``ignore``: SPBC + AN with false-negative rejection by the masked pass's logit gap
-    + consistency between the strong and the plain view (Song et al. 2024)."""
+    + consistency between the strong and the plain view (Song et al. 2024; the authors' code
+    gyeong-ryeol-song/SPML-IGNORE: losses.py, functions.py, train_resnet.py).
+    Mask: the single positive's CAM, (cam - min) / max over the batch at each position, kept
+    where > cam_threshold (stage three: interpolated to the image and multiplied into it;
+    stage two, featcache's own setting: positions of the cached feature map zeroed). Gap
+    |g - g_masked|; T_gap, T_avg moving averages (gap_lambda, avg_lambda) of the positives'
+    mean gap and of each class's mean logit, updated before every step's loss. Unobserved
+    entries with gap > T_gap and (lat) g > T_avg are rejected after warm_up epochs. Loss:
+    spbc_weight mean neglog(f_pos) + ignore_weight mean of AN(f_strong) over kept entries +
+    reg_weight mean (g_strong - g)^2; stage two has no strong view (the plain one: no
+    consistency term). Per dataset: VOC spbc_weight 0.1 (the README's run), else config.py's.
+    """
 
     name = "ignore"
     summary = ("IGNORE: AN on the strong view with the assumed negatives whose logit gap to the "
