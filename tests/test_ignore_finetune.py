@@ -12,10 +12,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 from dataset_fixtures import invoke
-from helpers_finetune import NAME, SIZE, config_trainer, copy_cache, finetune
+from helpers_finetune import (
+    NAME,
+    SIZE,
+    SPATIAL,
+    config_trainer,
+    copy_cache,
+    finetune,
+    write_spatial,
+)
 
-from featcache.data.featurefile import load_features, read_feature_attrs, write_features
-from featcache.data.labelfile import load_labels
 from featcache.errors import OptionError
 from featcache.finetune.data import EpochBatches, SplitImages, strong_view
 from featcache.finetune.loop import ConfigResult
@@ -23,21 +29,7 @@ from featcache.finetune.model import CamHead
 from featcache.losses import Targets
 from featcache.protocol.handoff import load_head
 
-POOLED = "features-resnet50-random.h5"
-SPATIAL = "spatial-resnet50-random.h5"
 BIG = 64  # a 2 x 2 feature map: the mask has positions to choose between
-
-
-def write_spatial(cache) -> None:
-    """The spatial file of the base cache's random ResNet-50 at 32 x 32 (a 1 x 1 map: each
-    image's map is its pooled feature)."""
-    labels = load_labels(cache / NAME / "labels.h5")
-    pooled = load_features(cache / NAME / POOLED)
-    attrs = {k: v for k, v in read_feature_attrs(cache / NAME / POOLED).items()
-             if k in ("backbone", "weights", "weights_sha256", "weights_seed", "image_size",
-                      "transform", "preprocess", "pooling")}
-    write_features(cache / NAME / SPATIAL, labels, {"train": pooled.train, "test": pooled.test},
-                   {**attrs, "layout": "spatial", "spatial_shape": [1, 1, pooled.train.shape[1]]})
 
 
 @pytest.fixture
@@ -88,7 +80,7 @@ def test_the_three_passes_are_the_authors_on_a_random_resnet(cache):
 
 def test_an_epoch_trains_and_moves_the_thresholds(cache):
     trainer, _ = config_trainer(cache, init="none", loss="ignore", weights="random",
-                                image_size=BIG)
+                                image_size=SIZE)
     before = trainer.net.head.weight.detach().clone()
     record, _ = trainer.run_epoch(0)
     assert np.isfinite(record.train_loss)

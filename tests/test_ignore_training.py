@@ -3,11 +3,13 @@ pass zeroes positions of the cached maps), and the refusals and skips around it.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from dataset_fixtures import invoke
 from linear_fixtures import spatial_features_file, synthetic_dataset
 
+from featcache import load_run
 from featcache.errors import InputError
 from featcache.linear.data import load_linear_data
 from featcache.linear.heads import StackedLinear, StackedSpatialLinear, create_heads
@@ -113,6 +115,30 @@ def test_train_linear_ignore_on_a_spatial_file_records_a_linear_head(spatial):
     probs = torch.sigmoid(pooled @ head["weight"].t() + head["bias"])
     ap = average_precision(probs.unsqueeze(0), data.test.clean)
     assert float(ap.mean() * 100) == pytest.approx(document["selection"]["test_map"], abs=1e-3)
+    # the API applies the run to pooled rows (width D), and refuses the spatial rows
+    run_api = load_run(run)
+    assert run_api.boostlu_alpha is None and run_api.feature_dim == 6
+    np.testing.assert_allclose(run_api.predict_proba(pooled.numpy()), probs.numpy(), rtol=1e-5,
+                               atol=1e-6)
+    with pytest.raises(InputError, match="do not fit"):
+        run_api.predict_proba(data.test.features.numpy())
+
+
+def test_the_estimator_trains_ignore_on_spatial_rows_and_predicts_the_pooled_linear_head(spatial):
+    from featcache.api import SPMLClassifier
+    from featcache.errors import LossNeedError
+
+    cache, path = spatial
+    data = load_linear_data(cache / "toy" / "labels.h5", path)
+    X = data.train.features.numpy()
+    Z = data.train.observed.numpy().astype(np.int8)
+    clf = SPMLClassifier(loss="ignore", epochs=2, lr=1e-2, spatial_shape=(2, 2, 6)).fit(X, Z)
+    assert clf.coef_.shape == (5, 6) and clf.loss_params_["cam_threshold"] == 0.8
+    pooled = X.reshape(len(X), 4, 6).mean(axis=1)
+    expected = 1 / (1 + np.exp(-(pooled @ clf.coef_.T + clf.intercept_)))
+    np.testing.assert_allclose(clf.predict_proba(X), expected, rtol=1e-5, atol=1e-6)
+    with pytest.raises(LossNeedError, match="trains on spatial feature maps.*spatial_shape"):
+        SPMLClassifier(loss="ignore", epochs=1).fit(X, Z)
 
 
 def test_no_spatial_file_refuses_ignore_and_loss_all_skips_it_with_the_command(cache_dir):

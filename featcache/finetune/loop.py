@@ -186,12 +186,14 @@ class ConfigTrainer:
         self.loss: SPMLLoss = create_loss(settings.loss, num_classes, 1, params=settings.params,
                                           dataset=data.dataset)
         alpha = self.loss.params["alpha"][0] if self.loss.head == "boostlu" else None
-        # IGNORE: a linear head on the feature map, whose class activation maps it masks with
+        # IGNORE: a linear head on the feature map (CamHead), whose class activation maps give
+        # the masked pass its mask, and strong views from the loader
         masked_pass = self.loss.masked_pass
         if masked_pass and job.world > 1:
-            raise OptionError(f"loss {settings.loss!r} is trained by one process: its moving "
-                              "thresholds and batch-normalised masks are computed over the "
-                              "whole batch; run it without torchrun")
+            raise OptionError(f"loss {settings.loss!r} trains each configuration in one process "
+                              "(its moving thresholds and the masks' normalisation are over the "
+                              "whole batch): under torchrun pass --schedule per-gpu, or run "
+                              "without torchrun")
         if start.head_weight is not None:
             head = linear_head(dim, num_classes, start.head_weight, start.head_bias,
                                boostlu_alpha=alpha, on_map=masked_pass)
