@@ -8,7 +8,7 @@ FEATCACHE := $(BIN)/featcache
 DATASET ?= voc
 # Extra options for `make features`, e.g. FEATURES_ARGS="--weights v2 --batch-size 128"
 FEATURES_ARGS ?=
-# SPATIAL=1: `make features` stores the feature maps too (--spatial: spatial-<tag>.h5, for BoostLU)
+# SPATIAL=1: `make features` stores the feature maps too (--spatial: spatial-<tag>.h5, for BoostLU and IGNORE)
 SPATIAL ?=
 # The demo runs offline on a fresh machine: random backbone weights unless told otherwise
 # (WEIGHTS=v1 uses torchvision's ImageNet weights, found offline or downloaded).
@@ -22,7 +22,7 @@ help:
 	@echo "make install   create .venv and install featcache with its dev tools and the timm/open_clip backbones"
 	@echo "make demo      run all three stages on the embedded 'shapes' dataset (offline, a few minutes on 2 cores)"
 	@echo "make test      the architecture contracts (lint-imports), then the test suite"
-	@echo "make features DATASET=voc [SPATIAL=1] [FEATURES_ARGS=...]   stage one for a prepared dataset (SPATIAL=1: feature maps for BoostLU too)"
+	@echo "make features DATASET=voc [SPATIAL=1] [FEATURES_ARGS=...]   stage one for a prepared dataset (SPATIAL=1: feature maps for BoostLU and IGNORE too)"
 	@echo "make lint      ruff and the import-linter architecture contracts"
 	@echo "make bench     speed benchmarks (benchmarks/), figures in cache/bench/"
 	@echo "               (REFERENCE_CODE=PATH: also the authors' train.py from that clone)"

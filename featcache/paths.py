@@ -154,7 +154,7 @@ def find_spatial_features(dataset: str, backbone: str = "resnet50",
     path = spatial_features_path(dataset, backbone, cache)
     if not path.exists():
         raise InputError(
-            f"no spatial features file {path}; BoostLU heads train on feature maps: run "
+            f"no spatial features file {path}; BoostLU and IGNORE train on feature maps: run "
             f"`featcache features --dataset {dataset} --backbone {backbone} --spatial` first"
         )
     return path

@@ -81,6 +81,26 @@ def copy_cache(tmp_root: Path, target: Path) -> Path:
     return target
 
 
+#: the base cache's pooled features file and the spatial file :func:`write_spatial` adds
+POOLED = "features-resnet50-random.h5"
+SPATIAL = "spatial-resnet50-random.h5"
+
+
+def write_spatial(cache: Path) -> None:
+    """The spatial file of the base cache's random ResNet-50 at 32 x 32: its last feature map
+    is 1 x 1, so each image's map is exactly its pooled feature."""
+    from featcache.data.featurefile import load_features, read_feature_attrs, write_features
+    from featcache.data.labelfile import load_labels
+
+    labels = load_labels(cache / NAME / "labels.h5")
+    pooled = load_features(cache / NAME / POOLED)
+    attrs = {k: v for k, v in read_feature_attrs(cache / NAME / POOLED).items()
+             if k in ("backbone", "weights", "weights_sha256", "weights_seed", "image_size",
+                      "transform", "preprocess", "pooling")}
+    write_features(cache / NAME / SPATIAL, labels, {"train": pooled.train, "test": pooled.test},
+                   {**attrs, "layout": "spatial", "spatial_shape": [1, 1, pooled.train.shape[1]]})
+
+
 def linear_run(cache: Path) -> Path:
     return cache / NAME / "runs" / "role" / "linear-role"
 

@@ -9,31 +9,23 @@ import numpy as np
 import pytest
 import torch
 from dataset_fixtures import invoke
-from helpers_finetune import NAME, SIZE, config_trainer, copy_cache, finetune
+from helpers_finetune import (
+    NAME,
+    SIZE,
+    SPATIAL,
+    config_trainer,
+    copy_cache,
+    finetune,
+    write_spatial,
+)
 
-from featcache.data.featurefile import load_features, read_feature_attrs, write_features
-from featcache.data.labelfile import load_labels
+from featcache.data.featurefile import load_features
 from featcache.errors import InputError
 from featcache.finetune.model import BoostLUHead
 from featcache.finetune.options import FinetuneOptions
 from featcache.finetune.start import linear_features
 from featcache.linear.heads import StackedBoostLU
 from featcache.protocol.handoff import load_head
-
-POOLED = "features-resnet50-random.h5"
-SPATIAL = "spatial-resnet50-random.h5"
-
-
-def write_spatial(cache) -> None:
-    """The spatial file of the base cache's random ResNet-50 at 32 x 32: its last feature map
-    is 1 x 1, so each image's map is exactly its pooled feature (checked on the trunk below)."""
-    labels = load_labels(cache / NAME / "labels.h5")
-    pooled = load_features(cache / NAME / POOLED)
-    attrs = {k: v for k, v in read_feature_attrs(cache / NAME / POOLED).items()
-             if k in ("backbone", "weights", "weights_sha256", "weights_seed", "image_size",
-                      "transform", "preprocess", "pooling")}
-    write_features(cache / NAME / SPATIAL, labels, {"train": pooled.train, "test": pooled.test},
-                   {**attrs, "layout": "spatial", "spatial_shape": [1, 1, pooled.train.shape[1]]})
 
 
 @pytest.fixture

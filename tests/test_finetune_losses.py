@@ -38,9 +38,12 @@ def test_every_loss_runs_a_training_step(setup, loss):
     before_state = {k: v.detach().clone() for k, v in trainer.state.items()}
     trainer.sampler.set_epoch(1)
     trainer.loss.begin_epoch(1, 2, trainer.state)  # as run_epoch does before the first step
-    images, positions, ok = next(iter(trainer.train_loader))
+    batch = next(iter(trainer.train_loader))
+    images, positions, ok = batch[0], batch[-2], batch[-1]
+    strong = batch[1] if len(batch) == 4 else None  # IGNORE's strong views
+    assert (strong is not None) == trainer.loss.masked_pass
     assert bool(ok.all()) and images.shape == (8, 3, SIZE, SIZE)
-    value, probs = trainer.step(images, positions, epoch=1)
+    value, probs = trainer.step(images, positions, epoch=1, strong=strong)
     assert math.isfinite(float(value)) and probs.shape == (8, data.num_classes)
     assert not torch.equal(trainer.net.head.weight.detach(), before_head)
     assert not torch.equal(trainer.net.trunk.conv1.weight.detach(), before_conv)
@@ -57,3 +60,5 @@ def test_every_loss_runs_a_training_step(setup, loss):
         assert "pseudo" in changed and extra["pseudo_labels_added"][0] > 0
     if loss == "opml-sp":
         assert "train_ap" in changed
+    if loss == "ignore":
+        assert changed == {"gap_threshold", "avg_threshold"}  # moved by the step

@@ -66,7 +66,7 @@ def setup(tmp_path_factory):
 
 
 #: a step through the whole trainer for these; every loss's formula is checked below
-STEP_LOSSES = ("an", "role", "ll-cp", "ll-r-abs")
+STEP_LOSSES = ("an", "role", "ll-cp", "ll-r-abs", "ignore")
 
 
 @pytest.mark.parametrize("loss", STEP_LOSSES)
@@ -78,16 +78,20 @@ def test_a_training_step_never_waits_for_the_device(setup, loss, monkeypatch):
     trainer = ConfigTrainer(GridPoint(1e-3, 8), settings, start, data, CPU)
     trainer.sampler.set_epoch(2)
     index = trainer.sampler.positions().to(trainer.device)
-    images, positions, _ = next(iter(trainer.train_loader))
+    batch = next(iter(trainer.train_loader))
+    images, positions = batch[0], batch[-2]
+    strong = batch[1] if len(batch) == 4 else None  # IGNORE's strong views
     assert torch.equal(positions, index[0])
-    trainer.step(images, index[0], epoch=2)  # first call: lazily built constants are allowed
+    # first call: lazily built constants are allowed
+    trainer.step(images, index[0], epoch=2, strong=strong)
     counter = SyncCounter()
     with counter:
-        trainer.step(images, index[1], epoch=2)
+        trainer.step(images, index[1], epoch=2, strong=strong)
     assert counter.reads == [], f"{loss}: the step reads device values on the host"
     assert counter.builds == [], f"{loss}: the step builds tensors from host data"
-    # the only device move is the batch of images itself
-    assert counter.moves == [("to", tuple(images.shape))], counter.moves
+    # the only device moves are the batch of images itself (and IGNORE's strong views)
+    expected = [("to", tuple(images.shape))] * (1 if strong is None else 2)
+    assert counter.moves == expected, counter.moves
 
 
 @pytest.mark.parametrize("loss", loss_names())
@@ -105,6 +109,9 @@ def test_no_loss_formula_waits_for_the_device(setup, loss):
     targets = Targets(data.train.observed[index], index, clean, pseudo)
     logits = torch.randn(1, 8, data.num_classes, generator=torch.Generator().manual_seed(0),
                          requires_grad=True)
+    if fn.masked_pass:  # IGNORE: the masked pass's logits, and a strong view
+        targets.masked = logits.detach() + 1.0
+        targets.strong = 2.0 * logits
     fn.begin_epoch(2, 3, state)  # once per epoch, outside the step
     fn.forward(logits, targets, state, 2)  # first call: lazily built constants are allowed
     counter = SyncCounter()

@@ -98,8 +98,9 @@ class SPMLClassifier(ClassifierMixin, BaseEstimator):
     spatial_shape : tuple (h, w, D) or None
         The rows of ``X`` are feature maps of h x w positions of D channels, laid out (h, w, D)
         in C order (a spatial features file's rows): what the BoostLU losses (``ll-r+boostlu``
-        ...) train on. ``coef_`` is then the 1 x 1 convolution (n_classes, D) and predictions
-        are BoostLU's boosted logits.
+        ...) and IGNORE (``ignore``) train on. ``coef_`` is then the 1 x 1 convolution
+        (n_classes, D) and predictions are BoostLU's boosted logits (IGNORE's: the mean of the
+        class activation map, the linear head on the pooled map).
     classes : array-like or None
         The classes, in this order, when ``y`` does not show them all (a class never observed
         as a row's positive still gets its head); for a label matrix, the names of its columns.
@@ -295,7 +296,7 @@ class SPMLClassifier(ClassifierMixin, BaseEstimator):
                     and not facts.has_observed_negatives):
                 reason = f"needs {need.description}"
             if reason is not None and need.key == "spatial_features":
-                reason = "trains a BoostLU head on spatial feature maps, one (h, w, D) map per row"
+                reason = "trains on spatial feature maps, one (h, w, D) map per row"
             if reason is not None:
                 raise LossNeedError(f"loss {self.loss!r} {reason} ({NEED_HINT})")
         given = set(self.loss_params or {})
@@ -318,11 +319,13 @@ class SPMLClassifier(ClassifierMixin, BaseEstimator):
         evaluates its heads."""
         check_is_fitted(self)
         X = validate_data(self, X, reset=False, dtype=np.float32)
-        if self.spatial_shape is None or loss_class(self.loss).head != "boostlu":
+        if self.spatial_shape is None:
             return linear_logits(X, self.coef_, self.intercept_, self._device())
         height, width, _ = (int(v) for v in self.spatial_shape)
-        return boostlu_logits(X, self.coef_, self.intercept_, height * width,
-                              self.loss_params_["alpha"], self._device())
+        # IGNORE's heads on maps are linear heads: the mean of the map's CAM (alpha 1)
+        alpha = self.loss_params_["alpha"] if loss_class(self.loss).head == "boostlu" else 1.0
+        return boostlu_logits(X, self.coef_, self.intercept_, height * width, alpha,
+                              self._device())
 
     def decision_function(self, X) -> np.ndarray:
         """scikit-learn's decision function: the logits (n, n_classes); after class labels of

@@ -174,20 +174,45 @@ def epoch_flips(num_rows: int, seed: int, epoch: int) -> Tensor:
     return torch.rand(num_rows, generator=generator) < 0.5
 
 
+#: IGNORE's strong view (Song et al. 2024, the authors' datasets.py): RandAugment(3, 5)
+STRONG_OPS, STRONG_MAGNITUDE = 3, 5
+
+
+def epoch_strong_seeds(num_rows: int, seed: int, epoch: int) -> Tensor:
+    """The seed of each training image's strong view in ``epoch`` (int64, by position)."""
+    generator = torch.Generator().manual_seed(derive_seed(seed, "finetune-strong", epoch))
+    return torch.randint(0, 2**62, (num_rows,), generator=generator)
+
+
+def strong_view(image: Tensor, seed: int) -> Tensor:
+    """The strongly augmented view of a resized uint8 image (3, s, s): torchvision's
+    RandAugment(3, 5), then a horizontal flip with probability 1/2 (drawn apart from the plain
+    view's, as the authors' separate transform draws it), every draw from ``seed``."""
+    from torchvision.transforms import RandAugment
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        out = RandAugment(STRONG_OPS, STRONG_MAGNITUDE)(image)
+        flip = bool(torch.rand(()) < 0.5)
+    return out.flip(-1) if flip else out
+
+
 class EpochBatches(Sampler):
     """Batch sampler of (position, flip) pairs: this rank's share of each global batch.
 
     A global batch of ``batch_size`` examples is cut into ``world`` consecutive parts; rank r
-    takes part r, so the ranks together see exactly the batches of a single-process run.
+    takes part r, so the ranks together see exactly the batches of a single-process run. With
+    ``strong`` (IGNORE), each item also carries the seed of the image's strong view
+    (:func:`strong_view`), so a resumed run draws the same augmentations.
     """
 
     def __init__(self, num_rows: int, batch_size: int, seed: int, flip: bool = True,
-                 rank: int = 0, world: int = 1):
+                 rank: int = 0, world: int = 1, strong: bool = False):
         if batch_size % world:
             raise OptionError(f"batch size {batch_size} must be divisible by the number of ranks "
                               f"({world}): each rank takes an equal part of every batch")
         self.num_rows, self.batch_size, self.seed, self.flip = num_rows, batch_size, seed, flip
-        self.rank, self.world = rank, world
+        self.rank, self.world, self.strong = rank, world, strong
         self.epoch = 0
         epoch_order(num_rows, batch_size, seed, 0)  # refuses a batch larger than the split
 
@@ -210,6 +235,11 @@ class EpochBatches(Sampler):
     def __iter__(self):
         flips = (epoch_flips(self.num_rows, self.seed, self.epoch) if self.flip
                  else torch.zeros(self.num_rows, dtype=torch.bool))
+        if self.strong:
+            seeds = epoch_strong_seeds(self.num_rows, self.seed, self.epoch).tolist()
+            for batch in self.positions().tolist():
+                yield [(position, bool(flips[position]), seeds[position]) for position in batch]
+            return
         for batch in self.positions().tolist():
             yield [(position, bool(flips[position])) for position in batch]
 
@@ -221,10 +251,14 @@ def shard_range(num_rows: int, rank: int, world: int) -> range:
 
 
 class SplitImages(ImageRows):
-    """Images of one split; an item is a position, or (position, flip) for training.
+    """Images of one split; an item is a position, or (position, flip) for training, or
+    (position, flip, strong seed) for IGNORE's training.
 
     Yields ``(uint8 image (3, s, s), position, ok)``; the flip is applied after the resize (and
-    crop), as the protocol's transform does (Resize, then RandomHorizontalFlip).
+    crop), as the protocol's transform does (Resize, then RandomHorizontalFlip). With a strong
+    seed: ``(image, strong view, position, ok)``, the strong view made from the resized image
+    before the plain view's flip (:func:`strong_view`; the authors apply RandAugment before
+    their resize).
     """
 
     def __init__(self, data: FinetuneData, split: ImageSplit, image_size: int,
@@ -233,9 +267,12 @@ class SplitImages(ImageRows):
                          preprocess=preprocess)
 
     def __getitem__(self, item):
-        position, flip = item if isinstance(item, tuple) else (item, False)
+        position, flip, *strong = item if isinstance(item, tuple) else (item, False)
         image, _, ok = super().__getitem__(position)
-        return (image.flip(-1) if flip else image), position, ok
+        plain = image.flip(-1) if flip else image
+        if strong:
+            return plain, strong_view(image, strong[0]), position, ok
+        return plain, position, ok
 
 
 def make_loader(data: FinetuneData, split: ImageSplit, image_size: int, batch_sampler,
@@ -243,8 +280,10 @@ def make_loader(data: FinetuneData, split: ImageSplit, image_size: int, batch_sa
                 ranks_here: int = 1, preprocess: Preprocess = PROTOCOL) -> DataLoader:
     """A DataLoader over ``split`` driven by ``batch_sampler`` (lists of at most ``batch_size``
     items): 4 batches in flight per worker, fewer when ``/dev/shm`` is small."""
-    prefetch = loader_prefetch(uint8_batch_bytes(batch_size, image_size), workers, 4, ranks_here,
-                               what=f"{split.name} batches of {batch_size} images at {image_size} px")
+    views = 2 if getattr(batch_sampler, "strong", False) else 1  # IGNORE's strong views
+    prefetch = loader_prefetch(views * uint8_batch_bytes(batch_size, image_size), workers, 4,
+                               ranks_here, what=f"{split.name} batches of {batch_size} images at "
+                                                f"{image_size} px")
     return DataLoader(
         SplitImages(data, split, image_size, preprocess), batch_sampler=batch_sampler,
         num_workers=workers,

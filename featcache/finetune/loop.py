@@ -186,13 +186,22 @@ class ConfigTrainer:
         self.loss: SPMLLoss = create_loss(settings.loss, num_classes, 1, params=settings.params,
                                           dataset=data.dataset)
         alpha = self.loss.params["alpha"][0] if self.loss.head == "boostlu" else None
+        # IGNORE: a linear head on the feature map (CamHead), whose class activation maps give
+        # the masked pass its mask, and strong views from the loader
+        masked_pass = self.loss.masked_pass
+        if masked_pass and job.world > 1:
+            raise OptionError(f"loss {settings.loss!r} trains each configuration in one process "
+                              "(its moving thresholds and the masks' normalisation are over the "
+                              "whole batch): under torchrun pass --schedule per-gpu, or run "
+                              "without torchrun")
         if start.head_weight is not None:
             head = linear_head(dim, num_classes, start.head_weight, start.head_bias,
-                               boostlu_alpha=alpha)
+                               boostlu_alpha=alpha, on_map=masked_pass)
         else:
             generator = torch.Generator().manual_seed(
                 derive_seed(settings.seed, "finetune-head", config.name()))
-            head = linear_head(dim, num_classes, generator=generator, boostlu_alpha=alpha)
+            head = linear_head(dim, num_classes, generator=generator, boostlu_alpha=alpha,
+                               on_map=masked_pass)
         # channels_last: faster convolutions on GPUs (tensor cores) and on the CPU (oneDNN, ~10 %);
         # transformers gain nothing from it
         self.layout = torch.channels_last if spec.channels_last else torch.contiguous_format
@@ -233,7 +242,7 @@ class ConfigTrainer:
         self.optimizer = torch.optim.Adam(groups, lr=config.lr, fused=fused_adam(device))
         self.scaler = torch.amp.GradScaler(device.type, enabled=settings.precision == "fp16")
         self.sampler = EpochBatches(len(train), config.batch_size, settings.seed, flip=True,
-                                    rank=job.rank, world=job.world)
+                                    rank=job.rank, world=job.world, strong=masked_pass)
         self.normalize = Uint8Normalize(start.backbone, self.preprocess).to(device)
         self.train_loader = make_loader(data, train, self.image_size, self.sampler,
                                         settings.workers, device, config.batch_size // job.world,
@@ -248,19 +257,24 @@ class ConfigTrainer:
         x = self.normalize(images.to(self.device, non_blocking=True))
         return x.contiguous(memory_format=self.layout)
 
-    def step(self, images: Tensor, index: Tensor, epoch: int) -> tuple[Tensor, Tensor]:
+    def step(self, images: Tensor, index: Tensor, epoch: int,
+             strong: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """One optimisation step on a batch of uint8 ``images`` (host) whose training positions
         are ``index`` (already on the device); returns (loss, probabilities), detached.
+        ``strong``: the batch's strong views (IGNORE).
 
         Nothing here waits for the device: the only host-to-device copy is the images' (pinned,
         asynchronous), and no Python branch depends on a value computed on the device
         (``tests/test_finetune_sync.py`` checks this with a counter of such calls).
         """
-        with self.autocast():
-            logits = self.model(self.to_input(images))
         targets = Targets(self.observed[index], index,
                           None if self.clean is None else self.clean[index],
                           None if self.pseudo is None else self.pseudo[index])
+        if self.loss.masked_pass:
+            logits = self.masked_pass_views(self.to_input(images), strong, targets)
+        else:
+            with self.autocast():
+                logits = self.model(self.to_input(images))
         loss = self.loss.forward(logits.float().unsqueeze(0), targets, self.state, epoch)[0]
         self.optimizer.zero_grad(set_to_none=True)
         self.scaler.scale(loss).backward()
@@ -270,6 +284,23 @@ class ConfigTrainer:
         self.scaler.update()
         sync_state_rows(self.state, set(self.learned), index, len(self.data.train), self.job)
         return loss.detach(), torch.sigmoid(logits.detach().float())
+
+    def masked_pass_views(self, x: Tensor, strong: Tensor | None, targets: Targets) -> Tensor:
+        """IGNORE's forward passes in the authors' order (``train_resnet.py``: plain, strong,
+        masked; all in training mode, so each moves the batch-norm statistics): the plain
+        view's logits (the mean of its class activation maps); ``targets`` gets the strong
+        view's logits and, without gradient, those of the plain images masked to the single
+        positive's map (:meth:`~featcache.losses.ignore.Ignore.image_mask`)."""
+        with self.autocast():
+            cam = self.model(x, cam=True)
+        logits = cam.mean(dim=(2, 3))
+        if strong is not None:
+            with self.autocast():
+                targets.strong = self.model(self.to_input(strong)).float().unsqueeze(0)
+        keep = self.loss.image_mask(cam, targets.observed, (x.shape[-2], x.shape[-1]))
+        with torch.no_grad(), self.autocast():
+            targets.masked = self.model(x * keep.to(x.dtype)).float().unsqueeze(0)
+        return logits
 
     def train_epoch(self, epoch: int) -> tuple[float, Tensor | None, float, int]:
         """(mean loss, running training predictions or None, seconds, images) of one epoch."""
@@ -287,14 +318,16 @@ class ConfigTrainer:
         order = self.sampler.positions()
         order_on_device = order.to(self.device)
         started = time.perf_counter()
-        for step, (images, positions, ok) in enumerate(self.train_loader):
+        for step, batch in enumerate(self.train_loader):
+            images, positions, ok = batch[0], batch[-2], batch[-1]
+            strong = batch[1] if len(batch) == 4 else None  # IGNORE's strong views
             check_stop()
             self._check_images(split, positions, ok)
             if not torch.equal(positions, order[step]):  # host tensors: no device wait
                 raise FeatcacheError(f"the loader's batch {step} is not the sampler's (please "
                                      "report this)")
             index = order_on_device[step]
-            loss, probs = self.step(images, index, epoch)
+            loss, probs = self.step(images, index, epoch, strong)
             loss_sum += loss
             if running is not None:
                 running[index] = probs

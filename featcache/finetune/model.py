@@ -1,5 +1,6 @@
-"""The network stage three trains: stage one's backbone trunk with a linear head on top, or a
-BoostLU head (Kim et al. 2023) on the trunk's feature map."""
+"""The network stage three trains: stage one's backbone trunk with a linear head on top, a
+BoostLU head (Kim et al. 2023) on the trunk's feature map, or (IGNORE, Song et al. 2024) a
+linear head on the feature map that also gives its class activation maps."""
 
 from __future__ import annotations
 
@@ -26,12 +27,14 @@ class FinetuneNet(nn.Module):
         super().__init__()
         self.trunk = trunk
         self.head = head
-        self.spatial = isinstance(head, BoostLUHead)
+        self.spatial = isinstance(head, (BoostLUHead, CamHead))
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, cam: bool = False) -> Tensor:
+        """Logits (B, L); with ``cam`` (a :class:`CamHead`), the class activation maps
+        (B, L, h, w) instead, whose mean over the positions is the logits."""
         features = self.trunk.feature_map(x) if self.spatial else self.trunk(x)
         with torch.autocast(x.device.type, enabled=False):
-            return self.head(features.float())
+            return self.head.cam(features.float()) if cam else self.head(features.float())
 
 
 class BoostLUHead(nn.Linear):
@@ -53,14 +56,30 @@ class BoostLUHead(nn.Linear):
         return f"{super().extra_repr()}, alpha={self.alpha:g}"
 
 
+class CamHead(nn.Linear):
+    """A linear head on a feature map (B, D, h, w), as the IGNORE authors' ``ResNet_1x1``: the
+    1x1 convolution with this layer's weight and bias gives the class activation maps
+    (:meth:`cam`), and the logits are their mean over the positions (for a trunk whose pooled
+    output is the mean of its map, the linear head on the pooled features, so any stage-two
+    linear head loads as it is)."""
+
+    def cam(self, feature_map: Tensor) -> Tensor:
+        """Class activation maps (B, L, h, w), bias included."""
+        return F.conv2d(feature_map, self.weight.view(*self.weight.shape, 1, 1), self.bias)
+
+    def forward(self, feature_map: Tensor) -> Tensor:
+        return self.cam(feature_map).mean(dim=(2, 3))
+
+
 def linear_head(in_features: int, num_classes: int, weight: Tensor | None = None,
                 bias: Tensor | None = None, generator: torch.Generator | None = None,
-                boostlu_alpha: float | None = None) -> nn.Linear:
-    """An ``nn.Linear`` (a :class:`BoostLUHead` with ``boostlu_alpha``): the given weight
-    (L, D) and bias (L,), or PyTorch's default initialisation drawn from ``generator`` (the same
-    draw as stage two's fresh heads)."""
-    head = (nn.Linear(in_features, num_classes) if boostlu_alpha is None
-            else BoostLUHead(in_features, num_classes, boostlu_alpha))
+                boostlu_alpha: float | None = None, on_map: bool = False) -> nn.Linear:
+    """An ``nn.Linear`` (a :class:`BoostLUHead` with ``boostlu_alpha``, a :class:`CamHead`
+    with ``on_map``): the given weight (L, D) and bias (L,), or PyTorch's default
+    initialisation drawn from ``generator`` (the same draw as stage two's fresh heads)."""
+    head = (BoostLUHead(in_features, num_classes, boostlu_alpha) if boostlu_alpha is not None
+            else CamHead(in_features, num_classes) if on_map
+            else nn.Linear(in_features, num_classes))
     with torch.no_grad():
         if weight is None:
             weight_t, bias = init_linear(in_features, num_classes, generator or torch.Generator())

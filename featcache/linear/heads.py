@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from featcache.errors import InputError
-from featcache.losses import SPMLLoss
+from featcache.losses import SPATIAL_FEATURES, SPMLLoss
 from featcache.losses.boostlu import alpha_value, boost_slope, boostlu_pool
 from featcache.protocol.seeds import init_linear
 
@@ -169,8 +169,14 @@ class StackedBoostLU(StackedLinear):
         return self.pool(cam)
 
     @torch.no_grad()
+    def last_cam(self, x: Tensor) -> Tensor:
+        """The class activation maps (H, B, P, L) of rows ``x``: those :meth:`forward` just
+        computed for them, else computed now."""
+        return self._cam[1] if self._cam is not None and self._cam[0] is x else self.cam(x)
+
+    @torch.no_grad()
     def grads(self, x: Tensor, grad_logits: Tensor) -> tuple[Tensor, Tensor]:
-        cam = self._cam[1] if self._cam is not None and self._cam[0] is x else self.cam(x)
+        cam = self.last_cam(x)
         self._cam = None
         slope = boost_slope(cam, alpha_value(self.alpha, cam, (-1, 1, 1, 1)))
         grad_cam = (grad_logits.unsqueeze(2) * slope / self.positions)
@@ -204,11 +210,47 @@ class StackedBoostLU(StackedLinear):
         return self.scores(features)
 
 
+class StackedSpatialLinear(StackedBoostLU):
+    """H linear heads on spatial rows (B, P * D): the logits are the mean over the positions of
+    the class activation map, i.e. the linear head on the pooled feature (BoostLU's heads with
+    alpha = 1, whose weights are an ordinary linear head's). IGNORE trains them in stage two,
+    its masked pass zeroing positions of each row's map (:meth:`masked_logits`)."""
+
+    def __init__(self, weight: Tensor, bias: Tensor, positions: int, trainable: bool = True):
+        super().__init__(weight, bias, positions, [1.0] * weight.shape[0], trainable)
+
+    @classmethod
+    def create(cls, in_features: int, out_features: int, generators: Sequence[torch.Generator],
+               device=None, positions: int = 1) -> StackedSpatialLinear:
+        linear = StackedLinear.create(in_features, out_features, generators, device)
+        return cls(linear.weight.detach(), linear.bias.detach(), positions)
+
+    def frozen(self, weight: Tensor, bias: Tensor) -> StackedSpatialLinear:
+        return StackedSpatialLinear(weight, bias, self.positions, trainable=False)
+
+    @torch.no_grad()
+    def masked_logits(self, x: Tensor, keep: Tensor) -> Tensor:
+        """Logits (H, B, L) of rows ``x`` (B, P * D) whose positions are multiplied by ``keep``
+        (H, B, P): each head's masked map, pooled over all P positions, through that head."""
+        rows = x.reshape(x.shape[0], self.positions, -1)
+        pooled = torch.einsum("hbp,bpd->hbd", keep.to(rows.dtype), rows) / self.positions
+        return torch.bmm(pooled.to(self.weight.dtype), self.weight.detach()).add_(self.bias)
+
+
 def create_heads(loss: SPMLLoss, feature_dim: int, shape: tuple[int, int, int] | None,
                  classes: int, generators: Sequence[torch.Generator], device=None,
                  source: str = "the features file") -> StackedLinear:
     """The stacked heads ``loss`` trains: linear heads on pooled rows, BoostLU heads on spatial
-    rows; a loss given the other kind of features is refused, naming the fix."""
+    rows, linear heads on spatial rows for the other losses that need feature maps (IGNORE); a
+    loss given the other kind of features is refused, naming the fix."""
+    if loss.head == "linear" and SPATIAL_FEATURES in loss.needs:
+        if shape is None:
+            raise InputError(f"loss {loss.name!r} trains on spatial feature maps, but {source} "
+                             "holds pooled features: run `featcache features --spatial` and "
+                             "train on the spatial file it writes")
+        height, width, channels = shape
+        return StackedSpatialLinear.create(channels, classes, generators, device,
+                                           positions=height * width)
     if loss.head == "boostlu":
         if shape is None:
             raise InputError(f"loss {loss.name!r} trains BoostLU heads on spatial feature maps, "

@@ -56,7 +56,7 @@ from featcache.linear.stream import load_streamed_data
 from featcache.linear.trainer import evaluation_can_move
 from featcache.linear.workers import on_main
 from featcache.linear.zeroshot import ZERO_SHOT, zero_shot_run
-from featcache.losses import SPMLLoss, loss_class
+from featcache.losses import SPATIAL_FEATURES, SPMLLoss, loss_class
 from featcache.paths import (
     dataset_dir,
     existing_labels,
@@ -373,7 +373,7 @@ def feature_files(options: LinearOptions, labels) -> FeatureFiles:
         spatial = open_features(path, labels)
         if spatial.spatial_shape is None:
             raise InputError(f"{path} holds pooled features (no layout 'spatial' and "
-                             "spatial_shape attributes); BoostLU heads train on feature maps: "
+                             "spatial_shape attributes); BoostLU and IGNORE train on feature maps: "
                              f"extract it again with `featcache features --dataset "
                              f"{options.dataset} --backbone {backbone} --spatial`")
     if pooled is not None and pooled.spatial_shape is not None:
@@ -440,7 +440,7 @@ def group_shape(loss: type[SPMLLoss], heads: int, train_map: bool,
     """What one group of ``loss`` keeps per training row, from what the loss declares, and
     ``epochs_kept`` epochs of its heads (kept for evaluation elsewhere)."""
     keeps_state = loss.init_state is not SPMLLoss.init_state
-    scoring = CAM_BLOCK_TENSORS * CAM_BLOCK * FLOAT32 if loss.head == "boostlu" else 0
+    scoring = CAM_BLOCK_TENSORS * CAM_BLOCK * FLOAT32 if SPATIAL_FEATURES in loss.needs else 0
     return GroupShape(heads=heads, per_example_state=2 * keeps_state + len(loss.learned_state),
                       learned_state=len(loss.learned_state),
                       train_scores=loss.end_epoch is not SPMLLoss.end_epoch, train_map=train_map,

@@ -219,6 +219,9 @@ class GroupTrainer:
                           None if train.clean is None else train.clean.index_select(0, index),
                           None if train.pseudo is None else train.pseudo.index_select(0, index))
         logits = self.head.forward(x)
+        if self.loss.masked_pass:  # IGNORE: the second pass, on the positive's masked maps
+            keep = self.loss.position_mask(self.head.last_cam(x), targets.observed)
+            targets.masked = self.head.masked_logits(x, keep)
         by_hand = self.loss.loss_and_grad(logits, targets, self.state, epoch) if self.by_hand else None
         if by_hand is not None:
             per_head, grad_logits = by_hand

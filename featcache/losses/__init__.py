@@ -7,8 +7,9 @@ OPML, OPML-SP; ZLPR), ``baselines`` (focal, ASL, DW, L1R, L2R), ``gr`` (Chen et 
 loss, with its K/V terms and schedule as reusable functions), ``hill`` (Zhang et al.: Hill,
 SPLC), ``vlpl`` (Xing et al. 2024: vision-language pseudo-labels), ``gpr`` (Tran et al. 2025:
 AEVLP's GPR loss, on GR's terms), ``boostlu`` (Kim et al. 2023: BoostLU's head, shared by
-both training stages, and AN / LL-R / LL-Ct / LL-Cp on its logits). ``featcache losses`` lists them; ``docs/losses.md`` writes out
-every formula.
+both training stages, and AN / LL-R / LL-Ct / LL-Cp on its logits), ``ignore`` (Song et al.
+2024: IGNORE's false-negative rejection by a masked second pass). ``featcache losses`` lists
+them; ``docs/losses.md`` writes out every formula.
 """
 
 from featcache.losses.base import (  # noqa: F401
@@ -30,5 +31,5 @@ from featcache.losses.registry import create_loss, loss_class, loss_names, regis
 
 # Registration order is the order of `featcache losses` and `--loss all`: keep it.
 # isort: off
-from featcache.losses import cole, entropy, large_loss, opml, baselines, gr, hill, vlpl, gpr, boostlu  # noqa: F401
+from featcache.losses import cole, entropy, large_loss, opml, baselines, gr, hill, vlpl, gpr, boostlu, ignore  # noqa: F401
 # isort: on

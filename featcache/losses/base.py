@@ -187,7 +187,7 @@ def _needs_spatial(facts: DataFacts) -> str | None:
     if facts.spatial_features:
         return None
     backbone = f" --backbone {facts.backbone}" if facts.backbone else ""
-    return ("trains a BoostLU head on spatial feature maps, but there is no spatial features "
+    return ("trains on spatial feature maps, but there is no spatial features "
             f"file for {facts.dataset}: run "
             f"`featcache features --dataset {facts.dataset}{backbone} --spatial` first")
 
@@ -326,12 +326,18 @@ class Targets:
     ``clean``: (B, L) float 0/1 full labels, or None when the data has none.
     ``pseudo``: (B, L) float pseudo-labels (1 positive, -1 negative, 0 none), for the losses
     that declare the :func:`pseudo_labels` need; None otherwise.
+    ``masked``: (H, B, L) logits of the second forward pass on the input masked to the single
+    positive's class activation map, for losses with :attr:`SPMLLoss.masked_pass` (IGNORE).
+    ``strong``: (H, B, L) logits of a strongly augmented view of the batch (differentiable;
+    IGNORE in stage three); None where the stage has no such view (cached features).
     """
 
     observed: Tensor
     index: Tensor
     clean: Tensor | None = None
     pseudo: Tensor | None = None
+    masked: Tensor | None = None
+    strong: Tensor | None = None
 
 
 class SPMLLoss:
@@ -369,6 +375,11 @@ class SPMLLoss:
     #: of the class activation map multiplied by the parameter ``alpha`` before pooling; such
     #: losses also declare the :data:`SPATIAL_FEATURES` need)
     head: ClassVar[str] = "linear"
+    #: whether the loss compares the logits with those of a second forward pass on the input
+    #: masked to the single positive's class activation map (IGNORE, Song et al. 2024): the
+    #: stages compute the CAM, ask the loss for the mask (``position_mask`` on cached feature
+    #: maps, ``image_mask`` on images) and pass the masked pass's logits as ``Targets.masked``
+    masked_pass: ClassVar[bool] = False
 
     def __init__(self, num_classes: int, num_heads: int = 1,
                  params: Mapping[str, ParamValue] | None = None,
