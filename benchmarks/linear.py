@@ -12,6 +12,11 @@
    seconds per configuration-epoch of each batch size x 4 learning rates x 25 epochs. The
    search also runs with each group evaluated where it trains (``evaluate_elsewhere=False``,
    the scheme before evaluation went to whichever worker is free), side by side.
+   Then the whole command as a user runs it, ``featcache train-linear --loss LOSS`` in a fresh
+   process from start to exit (results, best.pt, summary, curves.png): the median wall and CPU
+   seconds of ``--command-repeat`` runs, and one run under cProfile split into phases (import,
+   reading, the search, writing, the plot); ``--command-baseline REF`` runs the code at git
+   revision REF beside it.
 2. ``--all-losses``: ``featcache train-linear --loss all`` (every loss, outputs and plots).
 3. ``--out-of-core``: generated features files (built once under cache/bench/data,
    ``--delete-big`` removes them afterwards) trained by ``featcache train-linear`` in a child
@@ -40,10 +45,12 @@ Every timed block also records the CPU time other processes took meanwhile.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -349,6 +356,85 @@ def measure_speed(args, device, labels_path, features_path, table: Table) -> dic
     return out
 
 
+#: runs ``featcache ARGV`` under cProfile and prints, as JSON, the seconds each phase of the
+#: main process took (the workers' time is their CPU time, ``children_cpu``)
+PHASES = """
+import cProfile, json, os, pstats, sys, time
+started, before = time.perf_counter(), os.times()
+profile = cProfile.Profile()
+profile.enable()
+import featcache.linear.run
+imported = time.perf_counter() - started
+from featcache.cli import cli
+try:
+    cli.main(sys.argv[1:], prog_name="featcache")
+except SystemExit as exc:
+    assert not exc.code, exc.code
+profile.disable()
+after = os.times()
+stats = pstats.Stats(profile).stats
+def cumulative(name):
+    return sum(v[3] for k, v in stats.items() if k[2] == name and 'featcache' in k[0])
+phases = {"import torch and featcache": imported,
+          "read labels and features": cumulative("load_training_data"),
+          "search (workers)": cumulative("run_searches") - cumulative("write_loss_run"),
+          "write results, best.pt, summary": cumulative("write_run") - cumulative("plot_curves"),
+          "draw curves.png": cumulative("plot_curves")}
+phases["the rest (command line, labels, checks)"] = (
+    time.perf_counter() - started - sum(phases.values()))
+print("PHASES " + json.dumps({"phases": phases, "main_cpu": after.user - before.user
+      + after.system - before.system, "children_cpu": after.children_user
+      + after.children_system}))
+"""
+
+
+def measure_command(args, labels_path: Path, table: Table) -> dict:
+    """The whole ``featcache train-linear --loss LOSS`` as a user runs it, from process start to
+    exit (results, best.pt, summary and curves.png written): wall and CPU seconds of plain runs,
+    then one run under cProfile split into phases; with ``--command-baseline REF`` the code at
+    git revision REF runs beside it, alternating."""
+    from benchmarks.commands import export_revision
+
+    argv = ["train-linear", "--dataset", labels_path.parent.name, "--cache",
+            str(labels_path.parent.parent.resolve()), "--loss", args.loss, "--device",
+            args.device, "--run-id", "bench-command", "--overwrite", "--quiet"]
+    out = {"command": "featcache " + " ".join(argv), "versions": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        versions = {"this checkout": str(ROOT)}
+        if args.command_baseline:
+            versions[f"at {args.command_baseline}"] = str(
+                export_revision(args.command_baseline, Path(tmp)))
+        runs = {version: [] for version in versions}
+        for _ in range(args.command_repeat):
+            for version, path in versions.items():
+                env = {**os.environ, "PYTHONPATH": path}
+                load, before = os.getloadavg()[0], os.times()
+                with Busy() as busy:
+                    subprocess.run([sys.executable, "-m", "featcache", *argv], cwd=path, env=env,
+                                   check=True, capture_output=True)
+                after = os.times()
+                runs[version].append({"seconds": busy.seconds, "load_before": round(load, 2),
+                                      "cpu": after.children_user - before.children_user
+                                      + after.children_system - before.children_system,
+                                      "others_cpu": busy.others})
+        for version, path in versions.items():
+            done = subprocess.run([sys.executable, "-c", PHASES, *argv], cwd=path, check=True,
+                                  capture_output=True, text=True,
+                                  env={**os.environ, "PYTHONPATH": path})
+            line = next(x for x in done.stdout.splitlines() if x.startswith("PHASES "))
+            median = sorted(runs[version], key=lambda r: r["seconds"])[len(runs[version]) // 2]
+            out["versions"][version] = {"runs": runs[version], "median": median,
+                                        "profiled": json.loads(line[len("PHASES "):])}
+            table.add(f"the whole command, {args.loss} ({version}; median of "
+                      f"{args.command_repeat}, {median['cpu']:.1f} CPU-s)", median["seconds"],
+                      median["seconds"] / 200, None, median["others_cpu"])
+            phases = out["versions"][version]["profiled"]["phases"]
+            print(f"  whole command ({version}): {median['seconds']:.2f} s, {median['cpu']:.1f} "
+                  f"CPU-s, load {median['load_before']:.1f}; profiled: " + ", ".join(
+                      f"{name} {seconds:.2f} s" for name, seconds in phases.items()), flush=True)
+    return out
+
+
 def measure_authors_code(args, data, loss: str, ours: float, table: Table) -> dict:
     """The authors' own ``train.py`` (a clone at ``--reference-code``) on the same data."""
     root = write_reference_layout(data, BENCH_DIR / "reference-code" / args.size)
@@ -513,6 +599,13 @@ def main(argv: list[str] | None = None) -> dict:
                         help="also run the authors' own train.py from this clone of "
                              "elijahcole/single-positive-multi-label (benchmarks.reference_code; "
                              "default: $FEATCACHE_REFERENCE_CODE)")
+    parser.add_argument("--no-command", action="store_true",
+                        help="leave out the whole train-linear command as a user runs it")
+    parser.add_argument("--command-repeat", type=int, default=3,
+                        help="plain runs of the whole command (the median is reported)")
+    parser.add_argument("--command-baseline", metavar="REF", default=None,
+                        help="also run the whole command with featcache at this git revision, "
+                             "alternating with this checkout")
     parser.add_argument("--all-losses", action="store_true", help="also time --loss all")
     parser.add_argument("--out-of-core", action="store_true", help="also the big streamed file")
     parser.add_argument("--big-rows", type=int, default=1_000_000)
@@ -539,6 +632,12 @@ def main(argv: list[str] | None = None) -> dict:
                   formats={"per config-epoch (s)": "{:.4f}", "others' CPU-s": "{:.1f}"})
     print(f"machine: {describe(info)}; data: {args.size}-sized ({source})", flush=True)
     document["speed"] = measure_speed(args, device, labels_path, features_path, table)
+    if not args.no_command:
+        document["command"] = measure_command(args, labels_path, table)
+        authors = document["speed"].get("authors_code")
+        if authors:  # the whole command against the authors' train.py scaled to 8 x 25
+            whole = document["command"]["versions"]["this checkout"]["median"]["seconds"]
+            document["command"]["speedup_vs_authors"] = authors["seconds_estimated"] / whole
     if args.all_losses:
         document["all_losses"] = measure_all_losses(args, device, labels_path, table)
     if args.out_of_core:

@@ -153,6 +153,10 @@ MIN_WINDOW_BLOCKS = 8
 WORKER_BYTES = 128 << 20
 #: share of the budget left unplanned (allocator slack, fragmentation, estimate error)
 HEADROOM = 0.1
+#: what a search process allocates besides the planned tensors (label arrays, AP sorting
+#: indices, HDF5 and allocator caches); measured with benchmarks.linear --out-of-core: one
+#: configuration of 250,000 x 2,048 float32 held about 100 MB more than its plan without it
+PROCESS_BYTES = 64 << 20
 
 #: this process's resident size once torch and featcache were imported (see
 #: :func:`mark_interpreter`): the libraries' own pages, which the budget does not count
@@ -296,7 +300,7 @@ def plan_placement(sizes: SplitSizes, itemsize: int, chunk_rows: int, group: Gro
         if widest is not None:
             return widest
     block = MIN_BLOCK_ROWS * sizes.dim * itemsize
-    raise_budget(budget, fixed + _per_group(sizes, itemsize, MIN_BLOCK_ROWS, shape) + 2 * block)
+    raise_budget(budget, fixed + _per_group(sizes, itemsize, MIN_BLOCK_ROWS, shape) + 3 * block)
 
 
 def _layouts(concurrency: int, evaluators: int, group: GroupShape) -> list[tuple[int, int, GroupShape]]:
@@ -319,7 +323,7 @@ def _fixed(sizes: SplitSizes, group: GroupShape, concurrency: int, evaluators: i
     """What the search holds whatever the placement: labels, each group's state, workers."""
     processes = concurrency + evaluators
     workers = WORKER_BYTES * (processes if processes > 1 else 0)
-    return (resident + labels_bytes(sizes) + concurrency * group.bytes(sizes)
+    return (resident + PROCESS_BYTES + labels_bytes(sizes) + concurrency * group.bytes(sizes)
             + evaluators * group.evaluation_bytes(sizes) + workers)
 
 
@@ -341,14 +345,15 @@ def _streamed(sizes: SplitSizes, itemsize: int, block_rows: int, group: GroupSha
     while True:
         in_memory = sum(sizes.features(s) for s in kept)
         room = usable - fixed - in_memory - concurrency * per_group - block
-        window = room // max(concurrency * block, 1)
+        # a window is read, then joined with the rows carried over: two copies at once
+        window = room // max(2 * concurrency * block, 1)
         if window >= min(MIN_WINDOW_BLOCKS, total_blocks) or not kept:
             break
         streamed.append(kept.pop())  # val first, then test
     if window < 1:
         return None
     window = int(min(window, total_blocks))
-    estimate = fixed + in_memory + concurrency * (per_group + window * block) + block
+    estimate = fixed + in_memory + concurrency * (per_group + 2 * window * block) + block
     return tuple(streamed), window, estimate
 
 
