@@ -66,7 +66,7 @@ def run_once(args: list[str], pythonpath: str, importtime: bool = False) -> dict
         raise RuntimeError(f"featcache {' '.join(args)} failed:\n{done.stderr[-2000:]}")
     out = {"wall": wall, "cpu": (after.children_user - before.children_user)
            + (after.children_system - before.children_system),
-           "torch": done.stderr.rstrip().endswith("TORCH 1")}
+           "torch": re.search(r"^TORCH 1$", done.stderr, re.M) is not None}
     if importtime:  # top-level imports (no indentation before the name) summed, microseconds
         top = re.findall(r"^import time:\s+\d+ \|\s+(\d+) \| (\S.*)$", done.stderr, re.M)
         out["import_seconds"] = sum(int(cumulative) for cumulative, _ in top) / 1e6
