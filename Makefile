@@ -16,7 +16,7 @@ WEIGHTS ?= random
 # The features file's tag: resnet50 for v1, resnet50-<weights> otherwise (docs/features.md).
 DEMO_TAG := resnet50$(if $(filter v1,$(WEIGHTS)),,-$(WEIGHTS))
 
-.PHONY: install test demo features lint bench gpu-check clean-demo real-features help
+.PHONY: install test demo features lint bench gpu-check clean-demo real-features catalog help
 
 help:
 	@echo "make install   create .venv and install featcache with its dev tools and the timm/open_clip backbones"
@@ -24,6 +24,7 @@ help:
 	@echo "make test      the architecture contracts (lint-imports), then the test suite"
 	@echo "make features DATASET=voc [SPATIAL=1] [FEATURES_ARGS=...]   stage one for a prepared dataset (SPATIAL=1: feature maps for BoostLU and IGNORE too)"
 	@echo "make lint      ruff and the import-linter architecture contracts"
+	@echo "make catalog   rewrite featcache/protocol/catalog.json after editing a loss or backbone (the listings read it without torch)"
 	@echo "make bench     speed benchmarks (benchmarks/), figures in cache/bench/"
 	@echo "               (REFERENCE_CODE=PATH: also the authors' train.py from that clone)"
 	@echo "make gpu-check validate the GPU paths (under 10 min on one H100; CPU-able parts only without CUDA)"
@@ -53,6 +54,11 @@ demo: install
 
 features: install
 	$(FEATCACHE) features --dataset $(DATASET)$(if $(SPATIAL), --spatial) $(FEATURES_ARGS)
+
+# `featcache losses`/`backbones`/`table` read this snapshot instead of importing torch;
+# tests/test_catalog.py fails while it is stale.
+catalog: install
+	$(BIN)/python -m featcache.protocol.catalog
 
 lint: install
 	$(BIN)/ruff check featcache tests benchmarks

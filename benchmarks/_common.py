@@ -113,8 +113,10 @@ class Busy:
                 f"(load {self.load:.2f} before)")
 
 
-def tree_memory(pid: int) -> tuple[int, int]:
-    """(sum of RSS, sum of PSS) in bytes of process ``pid`` and its descendants (Linux)."""
+def tree_memory(pid: int, fields: tuple[str, ...] = ("Rss", "Pss")) -> tuple[int, ...]:
+    """Sums in bytes of ``fields`` of /proc/PID/smaps_rollup (default: RSS and PSS) over process
+    ``pid`` and its descendants (Linux). ``Pss_Anon`` leaves out the libraries' file pages, whose
+    share of PSS changes with how many other processes map the same files."""
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -124,17 +126,16 @@ def tree_memory(pid: int) -> tuple[int, int]:
         except (OSError, IndexError, ValueError):
             continue
         children.setdefault(parent, []).append(int(entry.name))
-    rss = pss = 0
+    totals = dict.fromkeys(fields, 0)
     todo = [pid]
     while todo:
         current = todo.pop()
         todo.extend(children.get(current, []))
         try:
             for line in Path(f"/proc/{current}/smaps_rollup").read_text().splitlines():
-                if line.startswith("Rss:"):
-                    rss += int(line.split()[1]) * 1024
-                elif line.startswith("Pss:"):
-                    pss += int(line.split()[1]) * 1024
+                name = line.split(":", 1)[0]
+                if name in totals:
+                    totals[name] += int(line.split()[1]) * 1024
         except OSError:
             continue
-    return rss, pss
+    return tuple(totals[field] for field in fields)

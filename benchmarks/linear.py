@@ -12,11 +12,19 @@
    seconds per configuration-epoch of each batch size x 4 learning rates x 25 epochs. The
    search also runs with each group evaluated where it trains (``evaluate_elsewhere=False``,
    the scheme before evaluation went to whichever worker is free), side by side.
+   Then the whole command as a user runs it, ``featcache train-linear --loss LOSS`` in a fresh
+   process from start to exit (results, best.pt, summary, curves.png): the median wall and CPU
+   seconds of ``--command-repeat`` runs, and one run under cProfile split into phases (import,
+   reading, the search, writing, the plot); ``--command-baseline REF`` runs the code at git
+   revision REF beside it.
 2. ``--all-losses``: ``featcache train-linear --loss all`` (every loss, outputs and plots).
-3. ``--out-of-core``: a generated 1,000,000 x 2048 float16 features file (about 4 GB; built
-   once under cache/bench/data, ``--delete-big`` removes it afterwards) trained by
-   ``featcache train-linear --max-memory 4GB`` in a child process: time per epoch and the
-   peak memory of the process tree (RSS summed, and PSS, which counts shared pages once).
+3. ``--out-of-core``: generated features files (built once under cache/bench/data,
+   ``--delete-big`` removes them afterwards) trained by ``featcache train-linear`` in a child
+   process: 250,000 x 2048 float32 (2 GB), one configuration, ``--max-memory 256MB``; and
+   1,000,000 x 2048 float16 (4 GB), the default grid, ``--max-memory 1GB``. Each: time per
+   epoch, the plan (blocks, window), and the peak memory of the process tree (RSS summed, and
+   PSS, which counts shared pages once) less the PSS of an interpreter that has only imported
+   torch and featcache (what the budget counts).
 4. ``--stream-check``: the real ``bibtex`` and ``tmc2007-500`` feature sets (../shared/data
    or $FEATCACHE_SHARED_DATA), the search in memory and streamed (blocks of 1024 rows, 2
    blocks per shuffle window), over several seeds: selected test mAP mean and std.
@@ -37,10 +45,12 @@ Every timed block also records the CPU time other processes took meanwhile.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -346,6 +356,85 @@ def measure_speed(args, device, labels_path, features_path, table: Table) -> dic
     return out
 
 
+#: runs ``featcache ARGV`` under cProfile and prints, as JSON, the seconds each phase of the
+#: main process took (the workers' time is their CPU time, ``children_cpu``)
+PHASES = """
+import cProfile, json, os, pstats, sys, time
+started, before = time.perf_counter(), os.times()
+profile = cProfile.Profile()
+profile.enable()
+import featcache.linear.run
+imported = time.perf_counter() - started
+from featcache.cli import cli
+try:
+    cli.main(sys.argv[1:], prog_name="featcache")
+except SystemExit as exc:
+    assert not exc.code, exc.code
+profile.disable()
+after = os.times()
+stats = pstats.Stats(profile).stats
+def cumulative(name):
+    return sum(v[3] for k, v in stats.items() if k[2] == name and 'featcache' in k[0])
+phases = {"import torch and featcache": imported,
+          "read labels and features": cumulative("load_training_data"),
+          "search (workers)": cumulative("run_searches") - cumulative("write_loss_run"),
+          "write results, best.pt, summary": cumulative("write_run") - cumulative("plot_curves"),
+          "draw curves.png": cumulative("plot_curves")}
+phases["the rest (command line, labels, checks)"] = (
+    time.perf_counter() - started - sum(phases.values()))
+print("PHASES " + json.dumps({"phases": phases, "main_cpu": after.user - before.user
+      + after.system - before.system, "children_cpu": after.children_user
+      + after.children_system}))
+"""
+
+
+def measure_command(args, labels_path: Path, table: Table) -> dict:
+    """The whole ``featcache train-linear --loss LOSS`` as a user runs it, from process start to
+    exit (results, best.pt, summary and curves.png written): wall and CPU seconds of plain runs,
+    then one run under cProfile split into phases; with ``--command-baseline REF`` the code at
+    git revision REF runs beside it, alternating."""
+    from benchmarks.commands import export_revision
+
+    argv = ["train-linear", "--dataset", labels_path.parent.name, "--cache",
+            str(labels_path.parent.parent.resolve()), "--loss", args.loss, "--device",
+            args.device, "--run-id", "bench-command", "--overwrite", "--quiet"]
+    out = {"command": "featcache " + " ".join(argv), "versions": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        versions = {"this checkout": str(ROOT)}
+        if args.command_baseline:
+            versions[f"at {args.command_baseline}"] = str(
+                export_revision(args.command_baseline, Path(tmp)))
+        runs = {version: [] for version in versions}
+        for _ in range(args.command_repeat):
+            for version, path in versions.items():
+                env = {**os.environ, "PYTHONPATH": path}
+                load, before = os.getloadavg()[0], os.times()
+                with Busy() as busy:
+                    subprocess.run([sys.executable, "-m", "featcache", *argv], cwd=path, env=env,
+                                   check=True, capture_output=True)
+                after = os.times()
+                runs[version].append({"seconds": busy.seconds, "load_before": round(load, 2),
+                                      "cpu": after.children_user - before.children_user
+                                      + after.children_system - before.children_system,
+                                      "others_cpu": busy.others})
+        for version, path in versions.items():
+            done = subprocess.run([sys.executable, "-c", PHASES, *argv], cwd=path, check=True,
+                                  capture_output=True, text=True,
+                                  env={**os.environ, "PYTHONPATH": path})
+            line = next(x for x in done.stdout.splitlines() if x.startswith("PHASES "))
+            median = sorted(runs[version], key=lambda r: r["seconds"])[len(runs[version]) // 2]
+            out["versions"][version] = {"runs": runs[version], "median": median,
+                                        "profiled": json.loads(line[len("PHASES "):])}
+            table.add(f"the whole command, {args.loss} ({version}; median of "
+                      f"{args.command_repeat}, {median['cpu']:.1f} CPU-s)", median["seconds"],
+                      median["seconds"] / 200, None, median["others_cpu"])
+            phases = out["versions"][version]["profiled"]["phases"]
+            print(f"  whole command ({version}): {median['seconds']:.2f} s, {median['cpu']:.1f} "
+                  f"CPU-s, load {median['load_before']:.1f}; profiled: " + ", ".join(
+                      f"{name} {seconds:.2f} s" for name, seconds in phases.items()), flush=True)
+    return out
+
+
 def measure_authors_code(args, data, loss: str, ours: float, table: Table) -> dict:
     """The authors' own ``train.py`` (a clone at ``--reference-code``) on the same data."""
     root = write_reference_layout(data, BENCH_DIR / "reference-code" / args.size)
@@ -381,42 +470,75 @@ def measure_all_losses(args, device, labels_path, table: Table) -> dict:
             "skipped": outcome.skipped, "busy": busy.record()}
 
 
-def measure_out_of_core(args, table: Table) -> dict:
-    """A ``rows`` x 2048 float16 file trained under a memory budget, in a child process."""
+MEMORY_FIELDS = ("Rss", "Pss", "Pss_Anon")
+
+
+def interpreter_pss() -> tuple[int, int, int]:
+    """RSS, PSS and anonymous PSS of a fresh interpreter that has only imported torch and
+    featcache's stage two: what ``--max-memory`` does not count."""
+    code = ("import sys, torch, featcache.cli, featcache.linear.run\n"
+            "print('ready', flush=True)\nsys.stdin.read()\n")
+    child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONPATH": str(ROOT)})
+    child.stdout.readline()
+    time.sleep(0.5)
+    sizes = tree_memory(child.pid, MEMORY_FIELDS)
+    child.communicate("")
+    return sizes
+
+
+def measure_out_of_core(args, table: Table, rows: int, dtype: str, budget_text: str,
+                        grid: list[str], what: str) -> dict:
+    """A ``rows`` x 2048 features file trained under ``--max-memory`` in a child process: time
+    per epoch, the plan (blocks, window) and the peak memory of the process tree (RSS summed,
+    and PSS, which counts shared pages once) less that of a bare interpreter."""
     with Busy() as built:
-        labels_path, features_path = big_dataset(args.big_rows)
+        labels_path, features_path = big_dataset(rows, dtype)
     size = features_path.stat().st_size
     print(f"  {features_path} ({size / 2**30:.2f} GiB) ready in {built.seconds:.0f} s", flush=True)
+    run_id = f"bench-ooc-{budget_text}"
     command = [sys.executable, "-m", "featcache", "train-linear", "--dataset",
                labels_path.parent.name, "--cache", str(labels_path.parent.parent), "--loss",
-               "an", "--epochs", str(args.big_epochs), "--max-memory", args.budget, "--quiet",
-               "--no-plots", "--device", "cpu", "--run-id", "bench-ooc", "--overwrite"]
-    peak_rss = peak_pss = 0
+               "an", "--epochs", str(args.big_epochs), *grid, "--max-memory", budget_text,
+               "--quiet", "--no-plots", "--device", "cpu", "--run-id", run_id, "--overwrite"]
+    _, interpreter, interpreter_anon = interpreter_pss()
+    peak_rss = peak_pss = peak_anon = 0
     with Busy() as busy:
         child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                  text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
         while child.poll() is None:
-            rss, pss = tree_memory(child.pid)
-            peak_rss, peak_pss = max(peak_rss, rss), max(peak_pss, pss)
-            time.sleep(0.2)
+            rss, pss, anon = tree_memory(child.pid, MEMORY_FIELDS)
+            peak_rss, peak_pss, peak_anon = max(peak_rss, rss), max(peak_pss, pss), max(peak_anon, anon)
+            time.sleep(0.1)
         output = child.stdout.read()
     if child.returncode != 0:
         raise RuntimeError(f"{' '.join(command)} failed:\n{output}")
-    results = load_results(labels_path.parent / "runs" / "an" / "bench-ooc")
+    results = load_results(labels_path.parent / "runs" / "an" / run_id)
     search = results["timings"]["seconds"]
     per_epoch = search / args.big_epochs
-    budget = parse_size(args.budget)
-    out = {"rows": args.big_rows, "file_bytes": size, "dtype": "float16",
+    budget = parse_size(budget_text)
+    allocated = peak_pss - interpreter
+    out = {"what": what, "rows": rows, "file_bytes": size, "dtype": dtype,
            "budget_bytes": budget, "epochs": args.big_epochs, "search_seconds": search,
            "seconds_per_epoch": per_epoch, "wall_seconds": busy.seconds,
            "peak_rss_tree_bytes": peak_rss, "peak_pss_tree_bytes": peak_pss,
+           "interpreter_pss_bytes": interpreter, "allocated_pss_bytes": allocated,
+           "peak_pss_anon_tree_bytes": peak_anon, "interpreter_pss_anon_bytes": interpreter_anon,
+           "allocated_pss_anon_bytes": peak_anon - interpreter_anon,
+           "within_budget": allocated <= budget, "plan": results["protocol"].get("memory"),
            "features": results["protocol"]["features"], "selected_test_map":
            results["selection"]["test_map"], "command": " ".join(command[1:]),
            "busy": busy.record(), "output": output.strip().splitlines()[-3:]}
-    table.add(f"{args.big_rows:,} x 2048 float16 ({size / 2**30:.1f} GiB), --max-memory "
-              f"{args.budget}: one epoch (8 configs)", per_epoch, None, None, busy.others)
-    print(f"  out of core: {per_epoch:.0f} s per epoch, peak RSS {peak_rss / 2**30:.2f} GiB "
-          f"(PSS {peak_pss / 2**30:.2f} GiB) under {args.budget}; {busy.note()}", flush=True)
+    table.add(f"{rows:,} x 2048 {dtype} ({size / 2**30:.1f} GiB), {what}, --max-memory "
+              f"{budget_text}: peak PSS {allocated / 2**20:.0f} MiB beyond the interpreter's "
+              f"{interpreter / 2**20:.0f} (anonymous: {(peak_anon - interpreter_anon) / 2**20:.0f}"
+              f" MiB); one epoch", per_epoch, None, None, busy.others)
+    print(f"  out of core ({what}): {per_epoch:.0f} s per epoch, peak PSS {peak_pss / 2**20:.0f} "
+          f"MiB, {allocated / 2**20:.0f} MiB beyond the interpreter ({interpreter / 2**20:.0f} "
+          f"MiB) under {budget_text}; anonymous PSS {(peak_anon - interpreter_anon) / 2**20:.0f} MiB "
+          f"beyond the interpreter's; {results['protocol']['features']}; {busy.note()}",
+          flush=True)
     if args.delete_big:
         shutil.rmtree(labels_path.parent)
     return out
@@ -477,11 +599,23 @@ def main(argv: list[str] | None = None) -> dict:
                         help="also run the authors' own train.py from this clone of "
                              "elijahcole/single-positive-multi-label (benchmarks.reference_code; "
                              "default: $FEATCACHE_REFERENCE_CODE)")
+    parser.add_argument("--no-command", action="store_true",
+                        help="leave out the whole train-linear command as a user runs it")
+    parser.add_argument("--command-repeat", type=int, default=3,
+                        help="plain runs of the whole command (the median is reported)")
+    parser.add_argument("--command-baseline", metavar="REF", default=None,
+                        help="also run the whole command with featcache at this git revision, "
+                             "alternating with this checkout")
     parser.add_argument("--all-losses", action="store_true", help="also time --loss all")
     parser.add_argument("--out-of-core", action="store_true", help="also the big streamed file")
     parser.add_argument("--big-rows", type=int, default=1_000_000)
     parser.add_argument("--big-epochs", type=int, default=1)
-    parser.add_argument("--budget", default="4GB", help="--max-memory of the out-of-core run")
+    parser.add_argument("--budget", default="1GB",
+                        help="--max-memory of the out-of-core grid run (--big-rows, float16)")
+    parser.add_argument("--one-config-rows", type=int, default=250_000,
+                        help="rows of the out-of-core one-configuration run (float32)")
+    parser.add_argument("--one-config-budget", default="256MB",
+                        help="--max-memory of the out-of-core one-configuration run")
     parser.add_argument("--delete-big", action="store_true", help="delete the big file afterwards")
     parser.add_argument("--stream-check", action="store_true",
                         help="also in-memory vs streamed mAP on bibtex and tmc2007-500")
@@ -498,10 +632,21 @@ def main(argv: list[str] | None = None) -> dict:
                   formats={"per config-epoch (s)": "{:.4f}", "others' CPU-s": "{:.1f}"})
     print(f"machine: {describe(info)}; data: {args.size}-sized ({source})", flush=True)
     document["speed"] = measure_speed(args, device, labels_path, features_path, table)
+    if not args.no_command:
+        document["command"] = measure_command(args, labels_path, table)
+        authors = document["speed"].get("authors_code")
+        if authors:  # the whole command against the authors' train.py scaled to 8 x 25
+            whole = document["command"]["versions"]["this checkout"]["median"]["seconds"]
+            document["command"]["speedup_vs_authors"] = authors["seconds_estimated"] / whole
     if args.all_losses:
         document["all_losses"] = measure_all_losses(args, device, labels_path, table)
     if args.out_of_core:
-        document["out_of_core"] = measure_out_of_core(args, table)
+        document["out_of_core"] = [
+            measure_out_of_core(args, table, args.one_config_rows, "float32",
+                                args.one_config_budget, ["--lr", "1e-3", "--batch-size", "16"],
+                                "one configuration"),
+            measure_out_of_core(args, table, args.big_rows, "float16", args.budget, [],
+                                "the default grid (8 configurations)")]
     if args.stream_check:
         fidelity = Table(["data", "loss", "features", "seeds", "test mAP mean", "std"])
         document["streaming_fidelity"] = measure_streaming_fidelity(args, fidelity)

@@ -7,19 +7,30 @@ transforms), ``preprocess`` (resize/crop policies and normalisation), ``weights`
 (``--weights`` resolved offline), ``hub`` (the optional timm/open_clip libraries and the
 Hugging Face cache), ``timm_nets`` and ``openclip_nets`` (their trunks and CLIP's text tower),
 ``inputs`` (image datasets for DataLoaders and the on-device JPEG decoder).
+
+The names below load their module on first use (PEP 562), so that ``featcache.backbones.hub``
+can be imported without torch (``featcache backbones`` only looks up caches).
 """
 
-from featcache.backbones.preprocess import PROTOCOL, Preprocess, described_image_size  # noqa: F401
-from featcache.backbones.registry import (  # noqa: F401
-    BackboneSpec,
-    Uint8Normalize,
-    backbone_names,
-    backbone_spec,
-    create_backbone,
-    image_transform,
-    preprocess_mode,
-    register_backbone,
-    resize_transform,
-    resolve_preprocess,
-    transform_description,
-)
+import importlib
+
+_EXPORTS = {
+    "preprocess": ("PROTOCOL", "Preprocess", "described_image_size"),
+    "registry": ("BackboneSpec", "Uint8Normalize", "backbone_names", "backbone_spec",
+                 "create_backbone", "image_transform", "preprocess_mode", "register_backbone",
+                 "resize_transform", "resolve_preprocess", "transform_description"),
+}
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+__all__ = sorted(_MODULE_OF)
+
+
+def __getattr__(name: str):
+    if name not in _MODULE_OF:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_MODULE_OF[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

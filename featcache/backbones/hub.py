@@ -63,6 +63,14 @@ def hub_cache_dir() -> Path:
     return Path(home).expanduser() / "hub"
 
 
+def torch_hub_dir() -> Path:
+    """torch hub's directory as ``torch.hub.get_dir()`` gives it in a process that never called
+    ``torch.hub.set_dir`` (``$TORCH_HOME/hub``, ``$TORCH_HOME`` defaulting to
+    ``$XDG_CACHE_HOME/torch``), without importing torch: for listings that only look."""
+    cache = os.environ.get("XDG_CACHE_HOME", os.path.join("~", ".cache"))
+    return Path(os.path.expanduser(os.environ.get("TORCH_HOME", os.path.join(cache, "torch")))) / "hub"
+
+
 def hub_url(repo: str, filename: str) -> str:
     return f"https://huggingface.co/{repo}/resolve/main/{filename}"
 

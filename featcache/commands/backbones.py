@@ -6,24 +6,25 @@ import click
 
 
 def describe(spec) -> dict:
-    """The cells of one backbone (whether its library is installed and its default weights
-    are on this machine are looked up, never downloaded)."""
-    from featcache.backbones.hub import EXTRA, library_version
+    """The cells of one backbone (a ``featcache.protocol.catalog.BackboneInfo``; whether its
+    library is installed and its default weights are on this machine are looked up, never
+    downloaded)."""
+    from featcache.backbones.hub import EXTRA
 
     pre = spec.preprocess
-    if pre.resize == "squash":
-        resize = f"squash to s x s, {pre.interpolation}"
+    if pre["resize"] == "squash":
+        resize = f"squash to s x s, {pre['interpolation']}"
     else:
-        resize = f"shorter side to s/{pre.crop_pct:g}, centre crop, {pre.interpolation}"
-    installed = spec.library == "torchvision" or bool(library_version(spec.library))
+        resize = f"shorter side to s/{pre['crop_pct']:g}, centre crop, {pre['interpolation']}"
+    installed = spec.library_installed()
     return {
         "name": spec.name,
         "library": spec.library,
-        "model": spec.model or spec.name,
+        "model": spec.model,
         "weights": spec.default_weights,
         "dim": spec.dim,
         "size": spec.default_image_size,
-        "preprocess": f"{resize}; mean {_triple(pre.mean)} std {_triple(pre.std)}",
+        "preprocess": f"{resize}; mean {_triple(pre['mean'])} std {_triple(pre['std'])}",
         "pooling": spec.pooling,
         "text": "yes" if spec.has_text else "-",
         "available": ("yes" if installed else f"needs featcache[{EXTRA}]") + _weights_note(spec, installed),
@@ -37,16 +38,10 @@ def _triple(values) -> str:
 
 def _weights_note(spec, installed: bool) -> str:
     """'' or '; weights cached' / '; weights not cached' for the default weights."""
-    if not installed or spec.default_weights == "random":
+    cached = spec.weights_cached() if installed else None
+    if cached is None:
         return ""
-    from featcache.backbones.weights import describe_weights, locate_weights
-    from featcache.errors import FeatcacheError
-
-    try:
-        locate_weights(describe_weights(spec), download=False)
-    except FeatcacheError:
-        return "; weights not cached"
-    return "; weights cached"
+    return "; weights cached" if cached else "; weights not cached"
 
 
 @click.command("backbones")
@@ -61,10 +56,10 @@ def command(show_all: bool, markdown: bool) -> None:
 
     timm and open_clip backbones need the extra: pip install 'featcache[backbones]'.
     """
-    from featcache.backbones import backbone_names, backbone_spec
+    from featcache.protocol.catalog import catalog
     from featcache.tables import Table
 
-    rows = [describe(backbone_spec(name)) for name in backbone_names(testing=show_all)]
+    rows = [describe(info) for info in catalog().backbone_list(testing=show_all)]
     columns = ["name", "library", "model", "weights", "dim", "size", "preprocess", "pooling",
                "text", "available"]
     table = Table(columns)

@@ -61,10 +61,14 @@ from featcache.commands.common import (
                    "epochs (default: one per core; under torchrun, the cores shared among the "
                    "ranks). Results do not depend on it.")
 @click.option("--max-memory", default=None, metavar="SIZE",
-              help="Memory budget for the features and training state, e.g. 4GB (K, M, G, T are "
-                   "powers of 1024; default: half the machine's or container's memory). "
-                   "Features that do not fit are streamed from the file in blocks (see "
-                   "docs/linear.md: the shuffle is per window of blocks, not global).")
+              help="Memory budget for what stage two allocates (features, labels, training "
+                   "state, worker processes; not the interpreter's and libraries' own pages), "
+                   "e.g. 1GB (K, M, G, T are powers of 1024; default: half the machine's or "
+                   "container's memory). Features that do not fit are streamed from the file; "
+                   "the block size and shuffle window follow the budget (a batch mixes the rows "
+                   "of one window of blocks, not of the whole split; results.json records both, "
+                   "see docs/linear.md), and fewer worker processes run when the budget cannot "
+                   "hold them. The floor is the labels and one group's state plus one block.")
 @click.option("--stream", is_flag=True,
               help="Stream the training features from the file even when they fit the budget.")
 @click.option("--no-plots", is_flag=True, help="Do not draw curves.png.")

@@ -16,8 +16,8 @@ def format_value(value) -> str:
 
 
 def describe(cls) -> dict[str, str]:
-    """The text cells of one loss class."""
-    params = ", ".join(f"{key}={format_value(param.default)} in {param.range_text()}"
+    """The text cells of one loss (a ``featcache.protocol.catalog.LossInfo``)."""
+    params = ", ".join(f"{key}={format_value(param.default)} in {param.range}"
                        for key, param in cls.params.items())
     per_dataset = "; ".join(
         f"{dataset}: " + ", ".join(f"{k}={format_value(v)}" for k, v in cls.dataset_defaults[dataset].items())
@@ -31,7 +31,7 @@ def describe(cls) -> dict[str, str]:
         "summary": cls.summary,
         "params": params or "none",
         "datasets": per_dataset or "-",
-        "needs": ", ".join(need.description for need in cls.needs) or "-",
+        "needs": ", ".join(cls.needs) or "-",
     }
 
 
@@ -73,18 +73,17 @@ def text_table(rows: list[dict[str, str]], width: int) -> str:
 
 def parameter_help(cls) -> str:
     """One loss in detail: its docstring's first paragraph and each parameter's meaning."""
-    doc = (cls.__doc__ or "").strip().split("\n\n")[0].replace("``", "")
-    lines = [f"{cls.name} ({cls.reference}): {cls.paper} ({cls.year})", textwrap.dedent(doc), ""]
+    lines = [f"{cls.name} ({cls.reference}): {cls.paper} ({cls.year})", textwrap.dedent(cls.doc), ""]
     for key, param in cls.params.items():
         per_dataset = ", ".join(f"{d} {format_value(cls.dataset_defaults[d][key])}"
                                 for d in DATASETS if key in cls.dataset_defaults.get(d, {}))
         extra = f" [{per_dataset}]" if per_dataset else ""
-        lines.append(f"  {key} = {format_value(param.default)}{extra}, in {param.range_text()}: "
+        lines.append(f"  {key} = {format_value(param.default)}{extra}, in {param.range}: "
                      f"{param.help}")
     if not cls.params:
         lines.append("  (no parameters)")
     if cls.needs:
-        lines.append("  needs: " + ", ".join(need.description for need in cls.needs))
+        lines.append("  needs: " + ", ".join(cls.needs))
     if cls.handoff_state:
         lines.append("  hands to fine-tuning: " + ", ".join(cls.handoff_state))
     return "\n".join(lines)
@@ -103,9 +102,10 @@ def command(names: tuple[str, ...], markdown: bool) -> None:
     Give loss NAMES to see those losses in detail, each parameter explained. Training takes
     a parameter as `--param name=value`; `docs/losses.md` writes out every formula.
     """
-    from featcache.losses import loss_class, loss_names
+    from featcache.protocol.catalog import catalog
 
-    classes = [loss_class(name) for name in (names or loss_names())]
+    losses = catalog()
+    classes = [losses.loss(name) for name in (names or losses.loss_names())]
     if names and not markdown:
         click.echo("\n\n".join(parameter_help(cls) for cls in classes))
         return

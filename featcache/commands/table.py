@@ -32,7 +32,7 @@ def command(run_dirs, fmt, per_class, out, label, overwrite):
     """
     import json
 
-    from featcache.api.predict import write_text
+    from featcache.fileio import write_text_atomic
     from featcache.protocol.results_table import ResultsTable
 
     results = ResultsTable.from_paths(run_dirs)
@@ -45,8 +45,10 @@ def command(run_dirs, fmt, per_class, out, label, overwrite):
         text = _render(tables, fmt, label)
     else:
         text = _render([results.table()], fmt, label, results)
-    write_text(text, out, overwrite)
-    if out != "-":
+    if out == "-":
+        click.echo(text, nl=False)
+    else:  # not through featcache.api, whose import loads torch
+        write_text_atomic(out, text, overwrite=overwrite)
         click.echo(f"table of {len(results.losses)} losses x {len(results.datasets)} datasets "
                    f"-> {out}")
 

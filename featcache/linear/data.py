@@ -21,6 +21,7 @@ from featcache.data.labelfile import LabelSet, SplitLabels, load_labels
 from featcache.data.negatives import observed_with_negatives
 from featcache.data.pseudofile import PseudoLabels, load_pseudo_labels, pseudo_labels_path
 from featcache.errors import InputError
+from featcache.linear.memory import Placement
 from featcache.losses import DataFacts
 from featcache.protocol.loss_choice import training_facts
 
@@ -113,6 +114,7 @@ class LinearData(TrainingSplits):
     notes: list[str] = field(default_factory=list)
     pseudo_choice: str | None = None  # --pseudo-labels NAME
     pseudo_labels: PseudoLabels | None = None  # the set attached to train.pseudo
+    placement: Placement | None = None  # the memory plan that kept them in memory, if any
 
     @property
     def feature_dim(self) -> int:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import re
 import resource
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from featcache.errors import OptionError
@@ -141,8 +141,11 @@ def labels_bytes(sizes: SplitSizes) -> int:
     return 2 * (sizes.train + sizes.val + sizes.test) * sizes.classes * FLOAT32
 
 
-#: bytes per streamed read: whole HDF5 chunks adding up to about this much
+#: bytes per streamed read: whole HDF5 chunks adding up to about this much (smaller blocks
+#: when the budget leaves no room for a window of these)
 BLOCK_BYTES = 32 << 20
+#: the smallest streamed read, in rows: below it each read's overhead outweighs its memory
+MIN_BLOCK_ROWS = 64
 #: validation and test stay in memory only while the training shuffle window keeps this many
 #: blocks (a wider shuffle matters more than re-reading them every epoch)
 MIN_WINDOW_BLOCKS = 8
@@ -150,36 +153,94 @@ MIN_WINDOW_BLOCKS = 8
 WORKER_BYTES = 128 << 20
 #: share of the budget left unplanned (allocator slack, fragmentation, estimate error)
 HEADROOM = 0.1
+#: what a search process allocates besides the planned tensors (label arrays, AP sorting
+#: indices, HDF5 and allocator caches); measured with benchmarks.linear --out-of-core: one
+#: configuration of 250,000 x 2,048 float32 held about 100 MB more than its plan without it
+PROCESS_BYTES = 64 << 20
+
+#: this process's resident size once torch and featcache were imported (see
+#: :func:`mark_interpreter`): the libraries' own pages, which the budget does not count
+_INTERPRETER_RESIDENT = [0]
+
+
+def mark_interpreter() -> None:
+    """Record the resident size of the interpreter as it is now (torch and featcache imported,
+    nothing loaded yet): :func:`allocated_memory` counts only what comes after."""
+    _INTERPRETER_RESIDENT[0] = resident_memory()
+
+
+def allocated_memory() -> int:
+    """What this process holds beyond the interpreter recorded by :func:`mark_interpreter`
+    (everything it holds when none was recorded)."""
+    return max(0, resident_memory() - _INTERPRETER_RESIDENT[0])
 
 
 @dataclass(frozen=True)
 class Placement:
-    """Where each split's features live during a search, and why."""
+    """Where each split's features live during a search, and why.
+
+    ``jobs`` is the number of processes the budget allows when it is fewer than asked (0: as
+    asked); results do not depend on it.
+    """
 
     streamed: tuple[str, ...] = ()  # splits read from the file in blocks; empty: all in memory
     block_rows: int = 0  # file rows per read (whole HDF5 chunks)
     window_blocks: int = 0  # blocks of the training split shuffled together
     budget: int = 0
-    estimate: int = 0  # planned peak resident memory
+    estimate: int = 0  # planned peak memory beyond the interpreter
     forced: bool = False  # streaming was asked for (``--stream``), not needed
+    jobs: int = 0  # processes the budget allows, when fewer than asked
+    train_rows: int = 0  # rows of the training split (what a window is a share of)
+    block_bytes: int = 0  # bytes of one read at the file's dtype
 
     @property
     def in_memory(self) -> bool:
         return not self.streamed
+
+    @property
+    def window_rows(self) -> int:
+        """Training rows shuffled together (at most the whole split)."""
+        return min(self.block_rows * self.window_blocks, self.train_rows) if self.streamed else self.train_rows
 
     def settings(self) -> dict:
         """What decides a streamed run's numbers (part of its fingerprint)."""
         return {"streamed": list(self.streamed), "block_rows": self.block_rows,
                 "window_blocks": self.window_blocks}
 
+    def record(self) -> dict:
+        """The plan as results.json keeps it: sizes, budget, and what they mean for the shuffle."""
+        share = self.window_rows / self.train_rows if self.train_rows else 1.0
+        return {**self.settings(), "block_bytes": self.block_bytes,
+                "window_rows": self.window_rows, "train_rows": self.train_rows,
+                "window_share": share, "budget_bytes": self.budget,
+                "planned_peak_bytes": self.estimate, "jobs": self.jobs or None,
+                "shuffle": self.shuffle_note()}
+
+    def shuffle_note(self) -> str:
+        """What the block and window sizes mean for the shuffle, in words."""
+        if self.in_memory:
+            return "one permutation of every training row per epoch (the protocol's)"
+        if self.window_rows >= self.train_rows:
+            return ("every epoch permutes the blocks, then the rows of the whole split: a full "
+                    "shuffle, drawn differently from the in-memory path's")
+        share = self.window_rows / self.train_rows
+        return (f"every epoch permutes the {-(-self.train_rows // self.block_rows)} blocks of "
+                f"{self.block_rows} rows, then the rows of each window of {self.window_blocks} "
+                f"block{'s' if self.window_blocks > 1 else ''}: a batch mixes rows from {self.window_rows} rows ({share:.1%} of the "
+                "training split), not from all of them; every row is still seen once per epoch")
+
     def describe(self) -> str:
         budget = format_size(self.budget)
+        fewer = f"; {self.jobs} process{'es' if self.jobs > 1 else ''} to fit the budget" if self.jobs else ""
         if self.in_memory:
-            return f"features in memory (about {format_size(self.estimate)} of the {budget} budget)"
+            return (f"features in memory (about {format_size(self.estimate)} of the {budget} "
+                    f"budget{fewer})")
         why = "as asked" if self.forced else f"they do not fit the {budget} budget in memory"
         return (f"streaming the {' and '.join(self.streamed)} features from the file ({why}): "
-                f"blocks of {self.block_rows} rows, {self.window_blocks} blocks shuffled together; "
-                f"planned peak about {format_size(self.estimate)}")
+                f"blocks of {self.block_rows} rows, {self.window_blocks} "
+                f"block{'s' if self.window_blocks > 1 else ''} shuffled together "
+                f"({self.window_rows} of {self.train_rows} training rows); planned peak about "
+                f"{format_size(self.estimate)} beyond the interpreter{fewer}")
 
 
 def plan_placement(sizes: SplitSizes, itemsize: int, chunk_rows: int, group: GroupShape,
@@ -189,42 +250,116 @@ def plan_placement(sizes: SplitSizes, itemsize: int, chunk_rows: int, group: Gro
     split with the largest shuffle window that fits, and validation (then test) too when
     keeping them would leave that window under :data:`MIN_WINDOW_BLOCKS` blocks.
 
-    ``concurrency`` groups train at once; ``evaluators`` more workers only evaluate."""
+    ``concurrency`` groups train at once; ``evaluators`` more workers only evaluate;
+    ``resident`` is what the process already holds beyond the interpreter. When the budget
+    cannot hold that many processes, fewer are planned (``Placement.jobs``: the evaluators
+    first, then the concurrent groups, down to one process, which forks no worker and keeps
+    no epochs for others to evaluate), the in-memory path before streaming. When not even one
+    process has room for a window of :data:`BLOCK_BYTES` blocks, the blocks get smaller (down
+    to :data:`MIN_BLOCK_ROWS` rows): the floor is the state of one group plus one block.
+    """
     usable = int(budget * (1 - HEADROOM))
-    processes = concurrency + evaluators
-    workers = WORKER_BYTES * (processes if processes > 1 else 0)
-    fixed = (resident + labels_bytes(sizes) + concurrency * group.bytes(sizes)
-             + evaluators * group.evaluation_bytes(sizes) + workers)
+    layouts = _layouts(concurrency, evaluators, group)
+    everything = sum(sizes.features(s) for s in ("train", "val", "test"))
     # loading reads one official split whole at the file's dtype beside the float32 tensors
     loading = max(sizes.train + sizes.val, sizes.test) * sizes.dim * itemsize
-    everything = sum(sizes.features(s) for s in ("train", "val", "test"))
-    if not force_stream and fixed + everything + loading <= usable:
-        return Placement(budget=budget, estimate=fixed + everything + loading)
-    block_rows = chunk_rows * max(1, BLOCK_BYTES // max(chunk_rows * sizes.dim * itemsize, 1))
+    if not force_stream:
+        for conc, evals, shape in layouts:
+            estimate = _fixed(sizes, shape, conc, evals, resident) + everything + loading
+            if estimate <= usable:
+                return Placement(budget=budget, estimate=estimate, train_rows=sizes.train,
+                                 jobs=_fewer(conc + evals, concurrency + evaluators))
+    # blocks of BLOCK_BYTES or smaller ones of whole chunks, whichever leaves the widest window
+    # (in rows: smaller blocks hold less memory in flight); the most processes whose widest
+    # window shuffles MIN_WINDOW_BLOCKS standard blocks (or the whole split), else the widest
+    # window of all; blocks of part of a chunk (each read decompresses the whole chunk) only
+    # when nothing else fits
+    standard = chunk_rows * max(1, BLOCK_BYTES // max(chunk_rows * sizes.dim * itemsize, 1))
+    whole_chunks = [standard]
+    while whole_chunks[-1] > chunk_rows:
+        whole_chunks.append(max(chunk_rows, whole_chunks[-1] // 2 // chunk_rows * chunk_rows))
+    part_chunks = []
+    while (part_chunks or whole_chunks)[-1] > MIN_BLOCK_ROWS:
+        part_chunks.append(max(MIN_BLOCK_ROWS, (part_chunks or whole_chunks)[-1] // 2))
+    wide_enough = min(MIN_WINDOW_BLOCKS * standard, sizes.train)
+    for block_sizes in (whole_chunks, part_chunks):
+        widest = None
+        for conc, evals, shape in layouts:
+            fixed = _fixed(sizes, shape, conc, evals, resident)
+            for block_rows in block_sizes:
+                plan = _streamed(sizes, itemsize, block_rows, shape, conc, usable, fixed)
+                if plan is None:
+                    continue
+                placement = Placement(plan[0], block_rows, plan[1], budget, plan[2], force_stream,
+                                      _fewer(conc + evals, concurrency + evaluators), sizes.train,
+                                      block_rows * sizes.dim * itemsize)
+                if widest is None or placement.window_rows > widest.window_rows:
+                    widest = placement
+            if widest is not None and widest.window_rows >= wide_enough:
+                return widest
+        if widest is not None:
+            return widest
+    block = MIN_BLOCK_ROWS * sizes.dim * itemsize
+    raise_budget(budget, fixed + _per_group(sizes, itemsize, MIN_BLOCK_ROWS, shape) + 3 * block)
+
+
+def _layouts(concurrency: int, evaluators: int, group: GroupShape) -> list[tuple[int, int, GroupShape]]:
+    """(concurrent groups, evaluating workers, group shape) from as asked down to one process."""
+    out = [(concurrency, evaluators, group)]
+    out += [(concurrency, e, group) for e in range(evaluators - 1, -1, -1)]
+    out += [(c, 0, group) for c in range(concurrency - 1, 0, -1)]
+    alone = replace(group, snapshots=0)  # one process evaluates where it trains
+    if out[-1] != (1, 0, alone):
+        out.append((1, 0, alone))
+    return out
+
+
+def _fewer(planned: int, asked: int) -> int:
+    return planned if planned < asked else 0
+
+
+def _fixed(sizes: SplitSizes, group: GroupShape, concurrency: int, evaluators: int,
+           resident: int) -> int:
+    """What the search holds whatever the placement: labels, each group's state, workers."""
+    processes = concurrency + evaluators
+    workers = WORKER_BYTES * (processes if processes > 1 else 0)
+    return (resident + PROCESS_BYTES + labels_bytes(sizes) + concurrency * group.bytes(sizes)
+            + evaluators * group.evaluation_bytes(sizes) + workers)
+
+
+def _per_group(sizes: SplitSizes, itemsize: int, block_rows: int, group: GroupShape) -> int:
+    """Per concurrent group: a block being read, its float32 copy and its scores."""
+    return (block_rows * sizes.dim * itemsize + block_rows * sizes.dim * FLOAT32
+            + 2 * block_rows * group.heads * sizes.classes * FLOAT32)
+
+
+def _streamed(sizes: SplitSizes, itemsize: int, block_rows: int, group: GroupShape,
+              concurrency: int, usable: int, fixed: int) -> tuple[tuple[str, ...], int, int] | None:
+    """(streamed splits, window blocks, estimate) with blocks of ``block_rows``, or None when
+    not even a window of one block fits."""
     block = block_rows * sizes.dim * itemsize
-    # per concurrent group: a block being read and its float32 copy and scores
-    per_group = block + block_rows * sizes.dim * FLOAT32 + 2 * block_rows * group.heads * sizes.classes * FLOAT32
+    per_group = _per_group(sizes, itemsize, block_rows, group)
     total_blocks = -(-(sizes.train + sizes.val) // block_rows)
-    kept = [s for s in ("test", "val")]
+    kept = ["test", "val"]
     streamed = ["train"]
     while True:
         in_memory = sum(sizes.features(s) for s in kept)
         room = usable - fixed - in_memory - concurrency * per_group - block
-        window = room // max(concurrency * block, 1)
+        # a window is read, then joined with the rows carried over: two copies at once
+        window = room // max(2 * concurrency * block, 1)
         if window >= min(MIN_WINDOW_BLOCKS, total_blocks) or not kept:
             break
         streamed.append(kept.pop())  # val first, then test
     if window < 1:
-        needed = fixed + concurrency * (per_group + block) + block
-        raise_budget(budget, needed)
+        return None
     window = int(min(window, total_blocks))
-    estimate = fixed + in_memory + concurrency * (per_group + window * block) + block
-    return Placement(tuple(streamed), block_rows, window, budget, estimate, force_stream)
+    estimate = fixed + in_memory + concurrency * (per_group + 2 * window * block) + block
+    return tuple(streamed), window, estimate
 
 
 def raise_budget(budget: int, needed: int) -> None:
     raise OptionError(f"--max-memory {format_size(budget)} is too small for this search: it needs "
                       f"about {format_size(needed / (1 - HEADROOM))} even with the features "
-                      "streamed from the file (per-example state, predictions and evaluation "
-                      "grow with the rows and classes); give a larger --max-memory or fewer "
-                      "--jobs")
+                      f"streamed from the file in blocks of {MIN_BLOCK_ROWS} rows and one "
+                      "process (labels, per-example state, predictions and evaluation grow with "
+                      "the rows and classes); give a larger --max-memory")

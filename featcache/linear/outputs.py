@@ -36,7 +36,7 @@ def run_settings(result_spec, data: TrainingSplits) -> dict:
     if data.pseudo_labels is not None:
         settings["pseudo_labels_sha256"] = data.pseudo_labels.sha256
     placement = getattr(data, "placement", None)
-    if placement is not None:
+    if placement is not None and not placement.in_memory:
         settings["streaming"] = placement.settings()
     return settings
 
@@ -68,6 +68,7 @@ def results_document(result: SearchResult, data: TrainingSplits, device: str) ->
     spec = result.spec
     selected = result.selected
     settings = run_settings(spec, data)
+    placement = getattr(data, "placement", None)
     configs_epochs = sum(len(h.epochs) for s in result.seeds for h in s.heads)
     val_cover, test_cover = evaluation_coverage(data, spec.val_variant)
     val_key = "val_map" if spec.val_variant == "clean" else "val_map_observed"
@@ -91,8 +92,8 @@ def results_document(result: SearchResult, data: TrainingSplits, device: str) ->
             "val_variant": spec.val_variant,
             "early_stop": spec.early_stop, "train_drop_last": True, "eval_every_example": True,
             "features": ("in memory, one permutation of every training row per epoch"
-                         if getattr(data, "placement", None) is None
-                         else data.placement.describe()),
+                         if placement is None or placement.in_memory else placement.describe()),
+            **({} if placement is None else {"memory": placement.record()}),
         },
         "grid": {"lr": list(spec.learning_rates), "batch_size": list(spec.batch_sizes),
                  "params": spec.params.values, "params_source": spec.params.sources,

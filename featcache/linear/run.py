@@ -30,10 +30,11 @@ from featcache.linear.memory import (
     FLOAT32,
     GroupShape,
     SplitSizes,
+    allocated_memory,
     default_budget,
+    mark_interpreter,
     parse_size,
     plan_placement,
-    resident_memory,
 )
 from featcache.linear.outputs import run_settings, write_run
 from featcache.linear.probe import (
@@ -170,6 +171,7 @@ def run_linear(options: LinearOptions, say: Callable[[str], None] = _stderr,
     Status lines (skipped losses, reused runs) go to ``say``; ``on_run`` sees each loss's run
     as soon as it is done.
     """
+    mark_interpreter()  # --max-memory counts what the search allocates from here on
     check_grid(options.learning_rates, options.batch_sizes)
     check_early_stop(options.early_stop)
     check_search(options.search, options.weight_decays)
@@ -256,7 +258,8 @@ def _run_linear(options: LinearOptions, budget: int, job: Ranks, say: Callable[[
                 else:
                     todo.append(spec)
             try:
-                run_searches(data, todo, device, options.progress, jobs, job,
+                run_searches(data, todo, device, options.progress,
+                             planned_jobs(data, jobs), job,
                              on_done=lambda result, data=data: keep(write_loss_run(
                                  data, refit(data, result, device) if options.search == PROBE
                                  else result, folders[result.spec.loss], options, device, job)))
@@ -427,12 +430,21 @@ def load_training_data(labels, features, device, budget: int, stream: bool,
     concurrency = min(workers, groups)
     evaluators = workers - concurrency if group.snapshots else 0
     placement = plan_placement(sizes, features.dtype.itemsize, features.chunk_rows, group,
-                               concurrency, budget, resident_memory(), force_stream=stream,
+                               concurrency, budget, allocated_memory(), force_stream=stream,
                                evaluators=evaluators)
     if placement.in_memory:
-        return read_linear_data(labels, features, device, pseudo_choice)
+        if placement.jobs:
+            say(placement.describe())
+        return replace(read_linear_data(labels, features, device, pseudo_choice),
+                       placement=placement)
     say(placement.describe())
     return load_streamed_data(labels, features, placement, device, pseudo_choice)
+
+
+def planned_jobs(data: TrainingSplits, jobs: int) -> int:
+    """``jobs``, or fewer when the memory plan could afford only fewer processes."""
+    placement = getattr(data, "placement", None)
+    return placement.jobs if placement is not None and placement.jobs else jobs
 
 
 def group_shape(loss: type[SPMLLoss], heads: int, train_map: bool,

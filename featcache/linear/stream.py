@@ -20,7 +20,7 @@ block in one matmul; validation and test stay in memory while the budget allows
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -140,6 +140,8 @@ def load_streamed_data(labels: LabelSet, features: FeatureFile, placement: Place
     """Labels on the device, the streamed splits left in ``features``, the others read into
     memory block by block; every row checked for NaN or Inf once, block by block."""
     splits, notes = split_rows(labels, features)
+    if not placement.train_rows:  # a plan made by hand: what its window is a share of
+        placement = replace(placement, train_rows=len(splits["train"].rows))
     for official in ("train", "test"):
         features.check_finite(official, block_rows=placement.block_rows)
     parts = {}

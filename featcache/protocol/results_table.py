@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from featcache.errors import InputError
-from featcache.losses import loss_names
+from featcache.protocol.catalog import loss_names
 from featcache.protocol.coverage import name_list
 from featcache.protocol.runs import RESULTS, describe_differences, read_json
 from featcache.published import SOURCES, published

@@ -1,0 +1,138 @@
+"""The catalog of losses and backbones that the listing commands read without importing torch:
+the snapshot is up to date, a stale one is never used, and the commands stay off torch."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from dataset_fixtures import invoke
+from linear_fixtures import synthetic_dataset
+
+from featcache.cli import cli
+from featcache.errors import OptionError
+from featcache.protocol import catalog as catalog_module
+from featcache.protocol.catalog import Catalog, build_catalog, source_fingerprint
+
+REPO = Path(__file__).resolve().parents[1]
+HEAVY = ("torch", "torchvision", "timm", "open_clip", "sklearn", "matplotlib")
+
+
+def test_the_snapshot_is_up_to_date_with_the_sources():
+    snapshot = json.loads(catalog_module.SNAPSHOT.read_text())
+    assert snapshot["fingerprint"] == source_fingerprint(), (
+        "featcache/protocol/catalog.json is stale: run `make catalog` "
+        "(python -m featcache.protocol.catalog)")
+    assert Catalog.from_json(snapshot) == build_catalog()
+
+
+def test_a_stale_snapshot_is_ignored_and_the_classes_are_read(tmp_path, monkeypatch):
+    stale = build_catalog().to_json("not the fingerprint")
+    stale["losses"] = stale["losses"][:1]  # what an outdated snapshot could hold
+    path = tmp_path / "catalog.json"
+    path.write_text(json.dumps(stale))
+    monkeypatch.setattr(catalog_module, "SNAPSHOT", path)
+    catalog_module._snapshot_or_build.cache_clear()
+    try:
+        fresh = catalog_module.catalog()
+    finally:
+        catalog_module._snapshot_or_build.cache_clear()
+    from featcache.losses import loss_names
+
+    assert fresh.loss_names() == loss_names()
+    stale["fingerprint"] = source_fingerprint()  # the same outdated content, stamped as current
+    path.write_text(json.dumps(stale))
+    try:
+        assert len(catalog_module.catalog().losses) == 1  # the snapshot is what is read
+    finally:
+        catalog_module._snapshot_or_build.cache_clear()
+
+
+def test_the_fingerprint_follows_every_source_file(tmp_path):
+    for source in catalog_module.SOURCES:
+        (tmp_path / source).mkdir()
+        (tmp_path / source / "a.py").write_text("x = 1\n")
+    before = source_fingerprint(tmp_path)
+    (tmp_path / "losses" / "a.py").write_text("x = 2\n")
+    edited = source_fingerprint(tmp_path)
+    (tmp_path / "backbones" / "new.py").write_text("")
+    assert len({before, edited, source_fingerprint(tmp_path)}) == 3
+
+
+def test_an_unknown_loss_gets_the_registry_s_error():
+    from featcache.losses import loss_class
+
+    with pytest.raises(OptionError) as from_registry:
+        loss_class("roel")
+    with pytest.raises(OptionError) as from_catalog:
+        build_catalog().loss("roel")
+    assert str(from_catalog.value) == str(from_registry.value)
+
+
+def test_loss_names_include_a_loss_registered_at_run_time(monkeypatch):
+    import featcache.losses.registry as registry
+    from featcache.losses import SPMLLoss
+
+    class Extra(SPMLLoss):
+        name = "extra-for-test"
+
+    monkeypatch.setitem(registry._REGISTRY, Extra.name, Extra)
+    assert catalog_module.loss_names()[-1] == "extra-for-test"
+
+
+@pytest.mark.parametrize("env", [{}, {"XDG_CACHE_HOME": "/x/cache"}, {"TORCH_HOME": "~/th"},
+                                 {"TORCH_HOME": "/t", "XDG_CACHE_HOME": "/x"}])
+def test_torch_hub_dir_is_torch_s_own(env, monkeypatch):
+    import torch
+
+    from featcache.backbones.hub import torch_hub_dir
+
+    for key in ("TORCH_HOME", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert torch_hub_dir() == Path(torch.hub.get_dir())
+
+
+def test_backbones_says_whether_default_weights_are_cached(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path))
+    resnet = next(info for info in build_catalog().backbones if info.name == "resnet18")
+    assert resnet.weights_cached() is False
+    checkpoints = tmp_path / "hub" / "checkpoints"
+    checkpoints.mkdir(parents=True)
+    (checkpoints / resnet.weights_file["torch_hub"]).write_bytes(b"weights")
+    assert resnet.weights_cached() is True
+    result = CliRunner().invoke(cli, ["backbones"])
+    assert result.exit_code == 0, result.output
+    resnet_lines = result.output.split("resnet18", 1)[1].split("resnet50", 1)[0]
+    assert "weights cached" in resnet_lines and "not cached" not in resnet_lines
+
+
+def _modules_after(args: list[str], cwd: Path) -> set[str]:
+    """The heavy modules a fresh interpreter holds after running ``featcache ARGS``."""
+    code = ("import sys\nfrom featcache.cli import cli\n"
+            "try:\n    cli.main(sys.argv[1:], prog_name='featcache')\nexcept SystemExit as e:\n"
+            "    assert not e.code, e.code\n"
+            f"print('MODULES', ' '.join(m for m in {HEAVY!r} if m in sys.modules))\n")
+    done = subprocess.run([sys.executable, "-c", code, *args], cwd=cwd, capture_output=True,
+                          text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, check=True)
+    line = next(line for line in done.stdout.splitlines() if line.startswith("MODULES"))
+    return set(line.split()[1:])
+
+
+def test_listing_commands_do_not_import_torch(tmp_path):
+    cache = tmp_path / "cache"
+    synthetic_dataset(cache, "toy")
+    result = invoke("train-linear", "--dataset", "toy", "--loss", "an", "--epochs", "1", "--lr",
+                    "1e-2", "--bsize", "16", "--quiet", "--no-plots", "--device", "cpu",
+                    "--run-id", "r", "--cache", cache)
+    assert result.exit_code == 0, result.output
+    for args in (["losses"], ["losses", "an", "role"], ["losses", "--markdown"],
+                 ["backbones", "--all"], ["--help"], ["info", str(cache / "toy")],
+                 ["table", str(cache / "toy" / "runs")]):
+        assert _modules_after(args, tmp_path) == set(), args
