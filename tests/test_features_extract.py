@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from helpers_images import make_dataset, write_image
 from PIL import Image
 
-from featcache.backbones.registry import image_transform
+from featcache.backbones.transforms import image_transform
 from featcache.cli import cli
 from featcache.data.featurefile import load_features
 from featcache.data.labelfile import load_labels

@@ -14,7 +14,8 @@ from helpers_images import make_dataset
 from PIL import Image
 
 from featcache.backbones.inputs import grid_tiles
-from featcache.backbones.registry import create_backbone, create_text_tower, image_transform
+from featcache.backbones.registry import create_backbone, create_text_tower
+from featcache.backbones.transforms import image_transform
 from featcache.data.featurefile import load_features, read_feature_attrs, read_text_embeddings
 from featcache.errors import InputError, OptionError, OutputExistsError
 from featcache.features import extraction as extraction_module
