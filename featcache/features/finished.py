@@ -20,7 +20,7 @@ class FinishedFile(ClassText):
     final: Path
     job: Ranks
     precision: str
-    transform: str
+    transform: dict
     crops: int
 
     def wanted(self, source: WeightsSource) -> dict:

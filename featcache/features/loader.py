@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from featcache.backbones import BackboneSpec, inputs
+from featcache.backbones import BackboneSpec, Preprocess, inputs
 from featcache.features.options import ExtractOptions
 from featcache.features.shards import ChunkStore
 from featcache.runtime import Ranks, default_workers
@@ -23,7 +23,7 @@ class ImageBatches:
     job: Ranks
     device: torch.device
     spec: BackboneSpec
-    preprocess: str
+    preprocess: Preprocess
     images: np.ndarray
     num_train: int
     batch_size: int
