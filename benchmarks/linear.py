@@ -51,7 +51,7 @@ from sklearn.metrics import average_precision_score
 
 from benchmarks._common import BENCH_DIR, Busy, describe, machine, save, tree_memory
 from benchmarks.reference_code import authors_config_epochs, write_reference_layout
-from featcache.data.featurefile import write_features
+from featcache.data.featurewrite import write_features
 from featcache.data.labelfile import LabelSet, SplitLabels, load_labels, write_labels
 from featcache.data.sampling import observe_uniform, split_train_val
 from featcache.linear.data import load_linear_data

@@ -11,7 +11,8 @@ import torch
 from dataset_fixtures import invoke
 from helpers_finetune import NAME, SIZE, config_trainer, copy_cache, finetune
 
-from featcache.data.featurefile import load_features, read_feature_attrs, write_features
+from featcache.data.featurefile import load_features, read_feature_attrs
+from featcache.data.featurewrite import write_features
 from featcache.data.labelfile import load_labels
 from featcache.errors import InputError
 from featcache.finetune.model import BoostLUHead

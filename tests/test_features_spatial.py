@@ -20,7 +20,8 @@ from helpers_images import make_dataset
 from featcache import fileio
 from featcache.backbones.registry import create_backbone
 from featcache.cli import cli
-from featcache.data.featurefile import load_features, open_features, write_features
+from featcache.data.featurefile import load_features, open_features
+from featcache.data.featurewrite import write_features
 from featcache.data.labelfile import load_labels
 from featcache.errors import DiskFullError, FeatcacheError, InputError, OptionError
 from featcache.features import spatial as spatial_module

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from featcache.backbones import BackboneSpec
-from featcache.data.featurefile import features_file_bytes, write_features
+from featcache.data.featurewrite import features_file_bytes, write_features
 from featcache.errors import DiskFullError, FeatcacheError
 from featcache.features.bad_images import BadImages
 from featcache.features.class_text import ClassText

@@ -4,7 +4,7 @@ Rows follow the labels file, official train then test, in fixed chunks (1024 row
 a multiple of the batch size, so that every batch is the same whatever happened before). Each
 finished chunk is saved as a shard (:mod:`featcache.features.shards`); running again computes
 only the missing chunks; when all exist they are assembled with
-:func:`featcache.data.featurefile.write_features` (atomic) and the shards are removed. The result
+:func:`featcache.data.featurewrite.write_features` (atomic) and the shards are removed. The result
 does not depend on interruptions, nor on the number of ranks under ``torchrun``.
 
 GPU runs use autocast (bf16, or fp16 where bf16 is missing; ``fp32`` for exact fidelity, with

@@ -6,7 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from featcache.backbones.weights import WeightsSource
-from featcache.data.featurefile import add_text_embeddings, read_feature_attrs
+from featcache.data.featurefile import read_feature_attrs
+from featcache.data.featurewrite import add_text_embeddings
 from featcache.errors import InputError, OutputExistsError
 from featcache.features.class_text import ClassText
 from featcache.features.options import ExtractResult

@@ -27,8 +27,8 @@ import h5py
 import numpy as np
 import torch
 
-from featcache.data.featurefile import (
-    SPATIAL,
+from featcache.data.featurefile import SPATIAL
+from featcache.data.featurewrite import (
     chunk_rows,
     features_file_bytes,
     hdf5_filters,
