@@ -34,7 +34,7 @@ from featcache.errors import FeatcacheWarning, LossNeedError, OptionError
 from featcache.linear.data import LinearData
 from featcache.linear.heads import StackedBoostLU, StackedLinear
 from featcache.linear.search import SearchSpec, run_search
-from featcache.losses import loss_class
+from featcache.losses import OBSERVED_NEGATIVES, SPATIAL_FEATURES, HeadKind, loss_class
 from featcache.metrics import average_precision
 from featcache.protocol.coverage import coverage
 from featcache.protocol.selection import LAST_EPOCH, check_early_stop
@@ -233,10 +233,10 @@ class SPMLClassifier(ClassifierMixin, BaseEstimator):
         facts = data.facts
         for need in cls.needs:
             reason = need.unmet(facts)
-            if (reason is None and need.key == "observed_negatives"
+            if (reason is None and need is OBSERVED_NEGATIVES
                     and not facts.has_observed_negatives):
                 reason = f"needs {need.description}"
-            if reason is not None and need.key == "spatial_features":
+            if reason is not None and need is SPATIAL_FEATURES:
                 reason = "trains a BoostLU head on spatial feature maps, one (h, w, D) map per row"
             if reason is not None:
                 raise LossNeedError(f"loss {self.loss!r} {reason} ({NEED_HINT})")
@@ -259,7 +259,7 @@ class SPMLClassifier(ClassifierMixin, BaseEstimator):
         """Logits (n, L), computed as stage two evaluates its heads."""
         check_is_fitted(self)
         X = validate_data(self, X, reset=False, dtype=np.float32)
-        if self.spatial_shape is None or loss_class(self.loss).head != "boostlu":
+        if self.spatial_shape is None or loss_class(self.loss).head is not HeadKind.BOOSTLU:
             return linear_logits(X, self.coef_, self.intercept_, self._device())
         height, width, _ = (int(v) for v in self.spatial_shape)
         return boostlu_logits(X, self.coef_, self.intercept_, height * width,

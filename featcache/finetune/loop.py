@@ -54,7 +54,7 @@ from featcache.finetune.distributed import (
 from featcache.finetune.model import FinetuneNet, build_net, linear_head
 from featcache.finetune.start import StartPoint
 from featcache.interrupt import check_stop
-from featcache.losses import SPMLLoss, Targets, create_loss
+from featcache.losses import HeadKind, SPMLLoss, Targets, create_loss
 from featcache.metrics import average_precision, mean_average_precision
 from featcache.progress import progress, say
 from featcache.protocol.grid import GridPoint
@@ -185,7 +185,7 @@ class ConfigTrainer:
         dim = spec.dim
         self.loss: SPMLLoss = create_loss(settings.loss, num_classes, 1, params=settings.params,
                                           dataset=data.dataset)
-        alpha = self.loss.params["alpha"][0] if self.loss.head == "boostlu" else None
+        alpha = self.loss.params["alpha"][0] if self.loss.head is HeadKind.BOOSTLU else None
         if start.head_weight is not None:
             head = linear_head(dim, num_classes, start.head_weight, start.head_bias,
                                boostlu_alpha=alpha)

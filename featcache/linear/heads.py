@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from featcache.errors import InputError
-from featcache.losses import SPMLLoss
+from featcache.losses import HeadKind, SPMLLoss
 from featcache.losses.boostlu import alpha_value, boost_slope, boostlu_pool
 from featcache.protocol.seeds import init_linear
 
@@ -209,7 +209,7 @@ def create_heads(loss: SPMLLoss, feature_dim: int, shape: tuple[int, int, int] |
                  source: str = "the features file") -> StackedLinear:
     """The stacked heads ``loss`` trains: linear heads on pooled rows, BoostLU heads on spatial
     rows; a loss given the other kind of features is refused, naming the fix."""
-    if loss.head == "boostlu":
+    if loss.head is HeadKind.BOOSTLU:
         if shape is None:
             raise InputError(f"loss {loss.name!r} trains BoostLU heads on spatial feature maps, "
                              f"but {source} holds pooled features: run `featcache features "

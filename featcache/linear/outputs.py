@@ -138,8 +138,8 @@ def head_kind(loss: str, data: TrainingSplits) -> dict:
     convolution over spatial maps of ``spatial_shape`` (h, w, D), boosted by the ``alpha`` of
     the loss parameters)."""
     kind = loss_class(loss).head
-    return {"kind": kind, **({"spatial_shape": list(data.spatial_shape)}
-                             if kind == "boostlu" else {})}
+    return {"kind": kind.value, **({"spatial_shape": list(data.spatial_shape)}
+                                   if kind.spatial else {})}
 
 
 def head_payload(result: SearchResult, data: TrainingSplits) -> dict:

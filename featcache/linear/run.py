@@ -42,7 +42,7 @@ from featcache.linear.search import (
 from featcache.linear.stream import load_streamed_data
 from featcache.linear.trainer import evaluation_can_move
 from featcache.linear.workers import on_main
-from featcache.losses import SPMLLoss, loss_class
+from featcache.losses import HeadKind, SPMLLoss, loss_class
 from featcache.paths import (
     dataset_dir,
     existing_labels,
@@ -369,7 +369,7 @@ def group_shape(loss: type[SPMLLoss], heads: int, train_map: bool,
     """What one group of ``loss`` keeps per training row, from what the loss declares, and
     ``epochs_kept`` epochs of its heads (kept for evaluation elsewhere)."""
     keeps_state = loss.init_state is not SPMLLoss.init_state
-    scoring = CAM_BLOCK_TENSORS * CAM_BLOCK * FLOAT32 if loss.head == "boostlu" else 0
+    scoring = CAM_BLOCK_TENSORS * CAM_BLOCK * FLOAT32 if loss.head is HeadKind.BOOSTLU else 0
     return GroupShape(heads=heads, per_example_state=2 * keeps_state + len(loss.learned_state),
                       learned_state=len(loss.learned_state),
                       train_scores=loss.end_epoch is not SPMLLoss.end_epoch, train_map=train_map,

@@ -12,6 +12,7 @@ every formula.
 """
 
 from featcache.losses.base import SPMLLoss  # noqa: F401
+from featcache.losses.heads import HeadKind  # noqa: F401
 from featcache.losses.needs import (  # noqa: F401
     FULL_LABELS,
     OBSERVED_NEGATIVES,

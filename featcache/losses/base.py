@@ -39,6 +39,7 @@ from torch import Tensor
 
 from featcache.data.kestimate import EstimateRequest
 from featcache.errors import LossNeedError, LossStateError, OptionError, did_you_mean
+from featcache.losses.heads import HeadKind
 from featcache.losses.needs import D, DataFacts, Need
 from featcache.losses.params import Param, ParamValue, ResolvedParams
 from featcache.losses.targets import Targets
@@ -75,11 +76,10 @@ class SPMLLoss:
     learned_state: ClassVar[Mapping[str, str]] = {}
     #: state a linear run hands to fine-tuning (ROLE's label estimates ``phi``)
     handoff_state: ClassVar[tuple[str, ...]] = ()
-    #: the head whose logits the loss receives: ``"linear"`` (on pooled features) or
-    #: ``"boostlu"`` (Kim et al. 2023: a 1x1 convolution over the spatial map, positive entries
-    #: of the class activation map multiplied by the parameter ``alpha`` before pooling; such
-    #: losses also declare the :data:`SPATIAL_FEATURES` need)
-    head: ClassVar[str] = "linear"
+    #: the kind of head whose logits the loss receives (:class:`~featcache.losses.heads.HeadKind`:
+    #: linear on pooled features, or BoostLU's over spatial maps; a loss also declares its
+    #: head's ``needs``)
+    head: ClassVar[HeadKind] = HeadKind.LINEAR
 
     def __init__(self, num_classes: int, num_heads: int = 1,
                  params: Mapping[str, ParamValue] | None = None,

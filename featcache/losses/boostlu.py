@@ -45,12 +45,12 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from featcache.losses.base import SPMLLoss
+from featcache.losses.heads import HeadKind
 from featcache.losses.large_loss import (
     LargeLossCorrectPermanent,
     LargeLossCorrectTemporary,
     LargeLossReject,
 )
-from featcache.losses.needs import SPATIAL_FEATURES
 from featcache.losses.params import Param
 from featcache.losses.registry import register_loss
 from featcache.losses.terms import device_constant, matrix_mean
@@ -92,8 +92,8 @@ def alpha_value(alphas: Sequence[float], like: Tensor, shape: Sequence[int]) -> 
 class BoostLULoss(SPMLLoss):
     """What every BoostLU loss declares: its head, the spatial features it needs, ``alpha``."""
 
-    head = "boostlu"
-    needs = (SPATIAL_FEATURES,)
+    head = HeadKind.BOOSTLU
+    needs = HeadKind.BOOSTLU.needs
     reference = BOOSTLU
     paper = BOOSTLU_PAPER
     year = 2023

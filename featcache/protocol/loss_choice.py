@@ -16,7 +16,7 @@ from featcache.data.kestimate import positive_histogram
 from featcache.data.labelfile import LabelSet
 from featcache.data.pseudofile import available_pseudo_labels
 from featcache.errors import LossNeedError, OptionError, did_you_mean
-from featcache.losses import SPATIAL_FEATURES, DataFacts, ResolvedParams, loss_class, loss_names
+from featcache.losses import DataFacts, ResolvedParams, loss_class, loss_names
 
 
 def training_facts(labels: LabelSet, observed: np.ndarray, has_clean: bool,
@@ -67,8 +67,8 @@ def choose_losses(spec: str | Sequence[str], facts: DataFacts,
 
 
 def needs_spatial(loss: str) -> bool:
-    """Whether ``loss`` trains on spatial feature maps (it declares the spatial-features need)."""
-    return SPATIAL_FEATURES in loss_class(loss).needs
+    """Whether ``loss`` trains on spatial feature maps (its kind of head reads them)."""
+    return loss_class(loss).head.spatial
 
 
 def split_params(given: Mapping[str, Sequence[float]], losses: Sequence[str]) -> dict[str, dict]:
