@@ -365,7 +365,8 @@ def measure_authors_code(args, data, loss: str, ours: float, table: Table) -> di
 
 def measure_all_losses(args, device, labels_path, table: Table) -> dict:
     """``featcache train-linear --loss all`` on the benchmark data: outputs, plots and all."""
-    from featcache.linear.run import LinearOptions, run_linear
+    from featcache.linear.options import LinearOptions
+    from featcache.linear.run import run_linear
 
     options = LinearOptions(dataset=labels_path.parent.name, losses="all", run_id="bench-all",
                             cache=str(labels_path.parent.parent), device=device.type,

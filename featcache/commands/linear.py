@@ -73,7 +73,8 @@ def command(dataset, loss_names, learning_rates, batch_sizes, epochs, param_pair
     is reported. Each loss writes <cache>/<dataset>/runs/<loss>/<run-id>/ (results.json,
     best.pt, summary.md, curves.png); several losses also write a comparison table.
     """
-    from featcache.linear.run import LinearOptions, run_linear
+    from featcache.linear.options import LinearOptions
+    from featcache.linear.run import run_linear
 
     params = parse_params(param_pairs)
     for name, value in (("eps_pos", eps_pos), ("eps_neg", eps_neg)):

@@ -11,7 +11,8 @@ from pathlib import Path
 
 from featcache.fileio import write_json_atomic, write_text_atomic
 from featcache.finetune.data import FinetuneData
-from featcache.finetune.loop import ConfigResult, Settings
+from featcache.finetune.loop import Settings
+from featcache.finetune.records import ConfigResult
 from featcache.finetune.search import GridResult
 from featcache.finetune.start import StartPoint
 from featcache.losses import loss_class

@@ -69,10 +69,10 @@ def run_finetune(options: FinetuneOptions, linear_phase: LinearPhase | None = No
         settings = make_settings(options, start, data, job)
         identity = run_settings(options, settings, start, data)
         configs = grid_points(options.learning_rates, options.batch_sizes)
-        held: dict[str, OutputLock] = {}
+        run_lock: dict[str, OutputLock] = {}
 
         def open_locked() -> Path:
-            path, held["lock"] = open_run_dir(options, identity, lambda path: announce_budget(
+            path, run_lock["lock"] = open_run_dir(options, identity, lambda path: announce_budget(
                 settings, start, data, configs, path, job))
             return path
 
@@ -90,23 +90,34 @@ def run_finetune(options: FinetuneOptions, linear_phase: LinearPhase | None = No
                                      f"{run_dir.name}") from None
             if not job.is_main:
                 return None
-            machine = {"device": describe_device(job.device), "precision": settings.precision,
-                       "compile": settings.compile, "deterministic": options.deterministic,
-                       "world_size": job.world,
-                       "schedule": {"option": options.schedule, **result.schedule},
-                       "workers": settings.workers, "eval_batch_size": settings.eval_batch_size,
-                       "keep_checkpoints": settings.keep_checkpoints}
+            machine = _machine_record(options, settings, job, result)
             document = results_document(result, settings, start, data, identity, machine)
             write_outputs(run_dir, document, result, plot=options.plots)
         finally:
-            if "lock" in held:
-                held["lock"].release()
-        selection = document["selection"]
-        val = selection["val_map"] if settings.val_variant == "clean" else selection["val_map_observed"]
-        return (f"{options.loss}: val {val:.2f}  test {selection['test_map']:.2f}  (lr "
-                f"{selection['lr']:g}, batch {selection['batch_size']}, epoch {selection['epoch']}; "
-                f"{result.seconds:.1f} s, {document['timings']['train_images_per_second']:.1f} "
-                f"train images/s) -> {run_dir}")
+            if "lock" in run_lock:
+                run_lock["lock"].release()
+        return _closing_line(options, settings, document, result, run_dir)
+
+
+def _machine_record(options: FinetuneOptions, settings, job, result) -> dict:
+    """Where and how the run trained (``machine`` of results.json)."""
+    return {"device": describe_device(job.device), "precision": settings.precision,
+            "compile": settings.compile, "deterministic": options.deterministic,
+            "world_size": job.world,
+            "schedule": {"option": options.schedule, **result.schedule},
+            "workers": settings.workers, "eval_batch_size": settings.eval_batch_size,
+            "keep_checkpoints": settings.keep_checkpoints}
+
+
+def _closing_line(options: FinetuneOptions, settings, document: dict, result,
+                  run_dir: Path) -> str:
+    """The command's last line: the selected configuration's scores and where the run is."""
+    selection = document["selection"]
+    val = selection["val_map"] if settings.val_variant == "clean" else selection["val_map_observed"]
+    return (f"{options.loss}: val {val:.2f}  test {selection['test_map']:.2f}  (lr "
+            f"{selection['lr']:g}, batch {selection['batch_size']}, epoch {selection['epoch']}; "
+            f"{result.seconds:.1f} s, {document['timings']['train_images_per_second']:.1f} "
+            f"train images/s) -> {run_dir}")
 
 
 def make_settings(options: FinetuneOptions, start: StartPoint, data: FinetuneData,

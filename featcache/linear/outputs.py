@@ -62,6 +62,22 @@ def _config_record(head: HeadResult) -> dict:
     }
 
 
+def _selection_record(selected, classes: list[str], val_cover, test_cover, val_key: str) -> dict:
+    """The selected configuration of a search (``selection`` of results.json)."""
+    return {
+        "seed": selected.config.seed, "lr": selected.config.lr,
+        "batch_size": selected.config.batch_size, "params": selected.config.param_dict,
+        "epoch": selected.best_epoch + 1, "val_map": selected.best.val_map,
+        "val_map_observed": selected.best.val_map_observed,
+        "test_map": selected.best.test_map, "train_map": selected.best.train_map,
+        "test_ap_per_class": _per_class(classes, selected.test_ap),
+        "val_map_classes_with_positives": val_cover.map_over_present(
+            getattr(selected.best, val_key)),
+        "test_map_classes_with_positives": test_cover.map_over_present(
+            selected.best.test_map),
+    }
+
+
 def results_document(result: SearchResult, data: TrainingSplits, device: str) -> dict:
     """Everything worth keeping about a search, as JSON-ready data."""
     spec = result.spec
@@ -94,18 +110,7 @@ def results_document(result: SearchResult, data: TrainingSplits, device: str) ->
                  "params": spec.params.values, "params_source": spec.params.sources,
                  **({"params_estimates": spec.params.estimates} if spec.params.estimates else {}),
                  "seeds": list(spec.seeds)},
-        "selection": {
-            "seed": selected.config.seed, "lr": selected.config.lr,
-            "batch_size": selected.config.batch_size, "params": selected.config.param_dict,
-            "epoch": selected.best_epoch + 1, "val_map": selected.best.val_map,
-            "val_map_observed": selected.best.val_map_observed,
-            "test_map": selected.best.test_map, "train_map": selected.best.train_map,
-            "test_ap_per_class": _per_class(data.classes, selected.test_ap),
-            "val_map_classes_with_positives": val_cover.map_over_present(
-                getattr(selected.best, val_key)),
-            "test_map_classes_with_positives": test_cover.map_over_present(
-                selected.best.test_map),
-        },
+        "selection": _selection_record(selected, data.classes, val_cover, test_cover, val_key),
         "summary": result.summary(),
         "evaluation": {"validation": val_cover.to_json(), "test": test_cover.to_json()},
         "published": {

@@ -12,7 +12,7 @@ import sys
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from featcache.data.featurefile import FeatureFile, open_features, read_feature_attrs
@@ -30,6 +30,7 @@ from featcache.linear.memory import (
     plan_placement,
     resident_memory,
 )
+from featcache.linear.options import LinearOptions
 from featcache.linear.outputs import run_settings, write_run
 from featcache.linear.report import losses_table, run_summary
 from featcache.linear.search import (
@@ -52,10 +53,11 @@ from featcache.paths import (
     find_spatial_features,
     labels_path,
     runs_dir,
+    runs_root,
     spatial_features_path,
 )
 from featcache.protocol.coverage import evaluation_coverage, evaluation_notes
-from featcache.protocol.grid import BATCH_SIZES, LEARNING_RATES, LINEAR_EPOCHS, check_grid
+from featcache.protocol.grid import LINEAR_EPOCHS, check_grid
 from featcache.protocol.handoff import LinearPhaseRequest
 from featcache.protocol.loss_choice import (
     choose_losses,
@@ -69,32 +71,6 @@ from featcache.protocol.runs import RunFolder, new_run_id, open_finished_or_new
 from featcache.protocol.selection import check_early_stop, resolve_val_variant
 from featcache.runtime import Ranks, describe_device, pick_device, ranks, usable_cpus
 from featcache.tables import Table
-
-
-@dataclass
-class LinearOptions:
-    """Every option of ``featcache train-linear``."""
-
-    dataset: str
-    losses: str | Sequence[str] = "an-ls"
-    learning_rates: Sequence[float] = LEARNING_RATES
-    batch_sizes: Sequence[int] = BATCH_SIZES
-    epochs: int = LINEAR_EPOCHS
-    params: Mapping[str, Sequence[float]] = field(default_factory=dict)
-    seeds: Sequence[int] = (0,)
-    val_variant: str = "auto"
-    early_stop: str = "none"
-    backbone: str | None = None
-    run_id: str | None = None
-    jobs: int | None = None
-    max_memory: str | int | None = None  # budget for the features and training state
-    stream: bool = False  # stream the training features even when they fit the budget
-    plots: bool = True
-    progress: bool = True
-    device: str = "auto"
-    cache: str | None = None
-    overwrite: bool = False
-    pseudo_labels: str | None = None  # the pseudo-label set for the losses that need one
 
 
 @dataclass
@@ -165,30 +141,10 @@ def _run_linear(options: LinearOptions, budget: int, job: Ranks, say: Callable[[
     device = job.device
     labels = load_labels(existing_labels(options.dataset, options.cache))
     files = feature_files(options, labels)
-    parts, _ = split_rows(labels, files.first)
-    train = parts["train"]
-    facts = training_facts(labels, train.labels.observed[train.keep],
-                           labels.train.clean is not None, options.pseudo_labels,
-                           spatial=files.spatial is not None,
-                           backbone=files.pooled.backbone if files.pooled else files.backbone)
-    losses, skipped = choose_losses(options.losses, facts, given=set(options.params))
-    variant, note = resolve_val_variant(options.val_variant, labels.train.clean is not None,
-                                        labels.path)
-    options = replace(options, val_variant=variant)
-    if note:
-        say(note)
-    for name, reason in skipped:
-        say(f"skipping {name}: {reason}")
-    given = split_params(options.params, losses)
-    # Every loss's parameters are resolved (and range-checked) before any data is loaded.
-    specs = [SearchSpec(loss=name, learning_rates=list(options.learning_rates),
-                        batch_sizes=list(options.batch_sizes),
-                        params=resolve_params(name, given[name], facts), seeds=list(options.seeds),
-                        epochs=options.epochs, val_variant=options.val_variant,
-                        early_stop=options.early_stop) for name in losses]
+    options, specs, skipped = _search_specs(options, labels, files, say)
     jobs = options.jobs or max(1, usable_cpus() // job.local_world)
     run_id = on_main(job, lambda: options.run_id or new_run_id())
-    say(f"run id {run_id}: {dataset_dir(options.dataset, options.cache) / 'runs'}/<loss>/{run_id}")
+    say(f"run id {run_id}: {runs_root(options.dataset, options.cache)}/<loss>/{run_id}")
     options = replace(options, jobs=jobs)
     folders = {spec.loss: runs_dir(options.dataset, spec.loss, options.cache) / run_id
                for spec in specs}
@@ -230,15 +186,49 @@ def _run_linear(options: LinearOptions, budget: int, job: Ranks, say: Callable[[
     runs = [done[spec.loss] for spec in specs]
     outcome = LinearOutcome(runs, skipped)
     if len(runs) > 1:
-        outcome.table = losses_table(labels.dataset, {run.loss: run.document for run in runs})
-        out = dataset_dir(options.dataset, options.cache) / "runs" / f"table-{run_id}"
-        if job.is_main:
-            write_text_atomic(out.with_suffix(".md"), outcome.table.markdown())
-            write_text_atomic(out.with_suffix(".csv"), outcome.table.csv())
-            write_text_atomic(out.with_suffix(".json"),
-                              json.dumps(outcome.table.records(), indent=2) + "\n")
-        outcome.table_path = out.with_suffix(".md")
+        _write_losses_table(outcome, labels.dataset, options, run_id, job)
     return outcome
+
+
+def _search_specs(options: LinearOptions, labels, files: FeatureFiles, say: Callable[[str], None]
+                  ) -> tuple[LinearOptions, list[SearchSpec], list[tuple[str, str]]]:
+    """The losses the data can train (and those skipped, with why), each with its search:
+    every parameter resolved and range-checked before any features are loaded; the options
+    with the validation variant decided."""
+    parts, _ = split_rows(labels, files.first)
+    train = parts["train"]
+    facts = training_facts(labels, train.labels.observed[train.keep],
+                           labels.train.clean is not None, options.pseudo_labels,
+                           spatial=files.spatial is not None,
+                           backbone=files.pooled.backbone if files.pooled else files.backbone)
+    losses, skipped = choose_losses(options.losses, facts, given=set(options.params))
+    variant, note = resolve_val_variant(options.val_variant, labels.train.clean is not None,
+                                        labels.path)
+    options = replace(options, val_variant=variant)
+    if note:
+        say(note)
+    for name, reason in skipped:
+        say(f"skipping {name}: {reason}")
+    given = split_params(options.params, losses)
+    specs = [SearchSpec(loss=name, learning_rates=list(options.learning_rates),
+                        batch_sizes=list(options.batch_sizes),
+                        params=resolve_params(name, given[name], facts), seeds=list(options.seeds),
+                        epochs=options.epochs, val_variant=options.val_variant,
+                        early_stop=options.early_stop) for name in losses]
+    return options, specs, skipped
+
+
+def _write_losses_table(outcome: LinearOutcome, dataset: str, options: LinearOptions,
+                        run_id: str, job: Ranks) -> None:
+    """The table of every loss of the run (``runs/table-<run-id>.md``, ``.csv``, ``.json``)."""
+    outcome.table = losses_table(dataset, {run.loss: run.document for run in outcome.runs})
+    out = runs_root(options.dataset, options.cache) / f"table-{run_id}"
+    if job.is_main:
+        write_text_atomic(out.with_suffix(".md"), outcome.table.markdown())
+        write_text_atomic(out.with_suffix(".csv"), outcome.table.csv())
+        write_text_atomic(out.with_suffix(".json"),
+                          json.dumps(outcome.table.records(), indent=2) + "\n")
+    outcome.table_path = out.with_suffix(".md")
 
 
 def interrupted_detail(specs: Sequence[SearchSpec], done: Mapping[str, LossRun], run_id: str,
