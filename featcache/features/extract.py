@@ -52,13 +52,13 @@ def extract_features(dataset: str, options: ExtractOptions | None = None,
     labels = load_labels(existing_labels(dataset, options.cache))
     source = describe_weights(spec, options.weights, options.seed)
     if options.spatial:
-        kind: type[Extraction] = SpatialExtraction
+        engine: type[Extraction] = SpatialExtraction
         final = spatial_features_path(dataset, options.file_tag(source), options.cache)
     else:
-        kind, final = Extraction, features_path(dataset, options.file_tag(source), options.cache)
+        engine, final = Extraction, features_path(dataset, options.file_tag(source), options.cache)
     with ranks(options.device) as job:
         say = say if job.is_main else _quiet
-        run = kind(options, labels, job, final, say)
+        run = engine(options, labels, job, final, say)
         if final.exists() and not options.overwrite:
             return run.check_finished(source)
         return run.execute(source)

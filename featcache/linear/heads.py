@@ -100,8 +100,8 @@ class StackedLinear:
         """Heads of this kind with other (not trained) weights: what evaluation scores."""
         return StackedLinear(weight, bias, trainable=False)
 
-    def kind(self) -> StackedLinear:
-        """These heads' kind without their weights (empty tensors): all :meth:`frozen` needs,
+    def without_weights(self) -> StackedLinear:
+        """These heads without their weights (empty tensors): all :meth:`frozen` needs,
         and nothing to copy when it is sent to another process."""
         empty = self.weight.detach().new_empty((self.num_heads, 0, 0))
         return self.frozen(empty, empty)
