@@ -11,24 +11,23 @@ from featcache.errors import (
     FeatcacheWarning,
     InputError,
     Interrupted,
-    OptionError,
     OutputExistsError,
 )
-from featcache.finetune.budget import check_disk, check_keep, measure_seconds, plan_budget
+from featcache.finetune.budget import check_disk, measure_seconds, plan_budget
 from featcache.finetune.checkpoint import HISTORY
 from featcache.finetune.data import FinetuneData, load_finetune_data
 from featcache.finetune.distributed import on_main
 from featcache.finetune.loop import Settings
 from featcache.finetune.options import FinetuneOptions
-from featcache.finetune.report import results_document, write_outputs
-from featcache.finetune.search import SCHEDULES, run_grid
+from featcache.finetune.outputs import results_document, write_outputs
+from featcache.finetune.search import run_grid
 from featcache.finetune.start import StartPoint, resolve_start
 from featcache.locks import OutputLock
 from featcache.losses import loss_class
 from featcache.paths import existing_labels, finetune_dir
 from featcache.progress import say
 from featcache.protocol.coverage import evaluation_coverage, evaluation_notes
-from featcache.protocol.grid import check_grid, grid_points
+from featcache.protocol.grid import grid_points
 from featcache.protocol.handoff import LinearPhase
 from featcache.protocol.runs import RunFolder, latest_unfinished, new_run_id
 from featcache.protocol.selection import resolve_val_variant
@@ -49,11 +48,8 @@ def run_finetune(options: FinetuneOptions, linear_phase: LinearPhase | None = No
     ``linear_phase`` trains LinearInit's linear phase when ``--init best`` finds no linear run
     (the command passes stage two's :func:`featcache.linear.run.train_linear_phase`).
     """
-    loss = loss_class(options.loss)  # an unknown loss fails before anything is loaded
-    check_grid(options.learning_rates, options.batch_sizes)
-    if options.schedule not in SCHEDULES:
-        raise OptionError(f"--schedule {options.schedule!r}: choose one of {', '.join(SCHEDULES)}")
-    check_keep(options.keep_checkpoints)
+    options.validate()
+    loss = loss_class(options.loss)
     with ranks(options.device) as job:
         data = loss.fit_data(load_finetune_data(existing_labels(options.dataset, options.cache),
                                                 options.images_root, options.pseudo_labels))

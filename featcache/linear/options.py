@@ -1,12 +1,14 @@
 """Every option of ``featcache train-linear``, as given (``None``: decided by the data or the
-device); :func:`featcache.linear.run.run_linear` checks and resolves them."""
+device); :meth:`LinearOptions.validate` checks them before anything is loaded, as
+``ExtractOptions.validate`` and ``FinetuneOptions.validate`` do for the other stages."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from featcache.protocol.grid import BATCH_SIZES, LEARNING_RATES, LINEAR_EPOCHS
+from featcache.protocol.grid import BATCH_SIZES, LEARNING_RATES, LINEAR_EPOCHS, check_grid
+from featcache.protocol.selection import check_early_stop
 
 
 @dataclass
@@ -33,3 +35,9 @@ class LinearOptions:
     cache: str | None = None
     overwrite: bool = False
     pseudo_labels: str | None = None  # the pseudo-label set for the losses that need one
+
+    def validate(self) -> None:
+        """OptionError naming the first option that cannot be used (the grid, --early-stop);
+        what needs the data (losses, parameters) is checked once the labels are read."""
+        check_grid(self.learning_rates, self.batch_sizes)
+        check_early_stop(self.early_stop)

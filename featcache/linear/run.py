@@ -57,7 +57,7 @@ from featcache.paths import (
     spatial_features_path,
 )
 from featcache.protocol.coverage import evaluation_coverage, evaluation_notes
-from featcache.protocol.grid import LINEAR_EPOCHS, check_grid
+from featcache.protocol.grid import LINEAR_EPOCHS
 from featcache.protocol.handoff import LinearPhaseRequest
 from featcache.protocol.loss_choice import (
     choose_losses,
@@ -68,7 +68,7 @@ from featcache.protocol.loss_choice import (
 )
 from featcache.protocol.results_table import seed_choices
 from featcache.protocol.runs import RunFolder, new_run_id, open_finished_or_new
-from featcache.protocol.selection import check_early_stop, resolve_val_variant
+from featcache.protocol.selection import resolve_val_variant
 from featcache.runtime import Ranks, describe_device, pick_device, ranks, usable_cpus
 from featcache.tables import Table
 
@@ -127,8 +127,7 @@ def run_linear(options: LinearOptions, say: Callable[[str], None] = _stderr,
     Status lines (skipped losses, reused runs) go to ``say``; ``on_run`` sees each loss's run
     as soon as it is done.
     """
-    check_grid(options.learning_rates, options.batch_sizes)
-    check_early_stop(options.early_stop)
+    options.validate()
     budget = default_budget() if options.max_memory is None else parse_size(options.max_memory)
     with ranks(options.device) as job:
         if not job.is_main:  # one voice: rank 0 says what happens and writes every file
