@@ -246,9 +246,11 @@ def load_linear_data(labels_path: str | Path, features_path: str | Path,
 
 
 def read_linear_data(labels: LabelSet, features: FeatureFile, device: torch.device | str = "cpu",
-                     pseudo_choice: str | None = None) -> LinearData:
-    """Every split of an opened features file as float32 tensors on ``device``."""
-    splits, notes = split_rows(labels, features)
+                     pseudo_choice: str | None = None,
+                     known_rows: tuple[dict[str, SplitRows], list[str]] | None = None) -> LinearData:
+    """Every split of an opened features file as float32 tensors on ``device`` (``known_rows``:
+    :func:`split_rows` of this file when the caller has it already)."""
+    splits, notes = known_rows or split_rows(labels, features)
     tensors = {}
     with features:
         for official in ("train", "test"):

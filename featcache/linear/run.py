@@ -19,7 +19,7 @@ from featcache.data.featurefile import FeatureFile, open_features, read_feature_
 from featcache.data.labelfile import load_labels
 from featcache.errors import FeatcacheWarning, InputError, Interrupted
 from featcache.fileio import write_text_atomic
-from featcache.linear.data import TrainingSplits, read_linear_data, split_rows
+from featcache.linear.data import SplitRows, TrainingSplits, read_linear_data, split_rows
 from featcache.linear.heads import CAM_BLOCK, CAM_BLOCK_TENSORS
 from featcache.linear.memory import (
     FLOAT32,
@@ -140,7 +140,8 @@ def _run_linear(options: LinearOptions, budget: int, job: Ranks, say: Callable[[
     device = job.device
     labels = load_labels(existing_labels(options.dataset, options.cache))
     files = feature_files(options, labels)
-    options, specs, skipped = _search_specs(options, labels, files, say)
+    first_rows = split_rows(labels, files.first)
+    options, specs, skipped = _search_specs(options, labels, files, first_rows, say)
     jobs = options.jobs or max(1, usable_cpus() // job.local_world)
     run_id = on_main(job, lambda: options.run_id or new_run_id())
     say(f"run id {run_id}: {runs_root(options.dataset, options.cache)}/<loss>/{run_id}")
@@ -160,12 +161,14 @@ def _run_linear(options: LinearOptions, budget: int, job: Ranks, say: Callable[[
             these = [spec for spec in specs if needs_spatial(spec.loss) == spatial]
             if not these:
                 continue
+            features = files.spatial if spatial else files.pooled
             data = load_training_data(
-                labels, files.spatial if spatial else files.pooled, device, budget, options.stream,
+                labels, features, device, budget, options.stream,
                 [(spec.loss, len(spec.configs(0)) // len(spec.batch_sizes)) for spec in these],
                 groups=len(options.seeds) * len(options.batch_sizes), jobs=jobs, say=say,
                 pseudo_choice=options.pseudo_labels, epochs=options.epochs,
-                early_stop=options.early_stop, job=job)
+                early_stop=options.early_stop, job=job,
+                known_rows=first_rows if features is files.first else None)
             if job.is_main and these[0] is specs[0]:
                 for note in evaluation_notes(*evaluation_coverage(data, options.val_variant)):
                     warnings.warn(note, FeatcacheWarning, stacklevel=3)
@@ -189,12 +192,13 @@ def _run_linear(options: LinearOptions, budget: int, job: Ranks, say: Callable[[
     return outcome
 
 
-def _search_specs(options: LinearOptions, labels, files: FeatureFiles, say: Callable[[str], None]
+def _search_specs(options: LinearOptions, labels, files: FeatureFiles,
+                  first_rows: tuple[dict[str, SplitRows], list[str]], say: Callable[[str], None]
                   ) -> tuple[LinearOptions, list[SearchSpec], list[tuple[str, str]]]:
     """The losses the data can train (and those skipped, with why), each with its search:
     every parameter resolved and range-checked before any features are loaded; the options
     with the validation variant decided."""
-    parts, _ = split_rows(labels, files.first)
+    parts, _ = first_rows
     train = parts["train"]
     facts = training_facts(labels, train.labels.observed[train.keep],
                            labels.train.clean is not None, options.pseudo_labels,
@@ -321,7 +325,8 @@ def load_training_data(labels, features, device, budget: int, stream: bool,
                        losses: Sequence[tuple[str, int]], groups: int, jobs: int | None,
                        say: Callable[[str], None] = _stderr,
                        pseudo_choice: str | None = None, epochs: int = LINEAR_EPOCHS,
-                       early_stop: str = "none", job: Ranks | None = None) -> TrainingSplits:
+                       early_stop: str = "none", job: Ranks | None = None,
+                       known_rows: tuple[dict[str, SplitRows], list[str]] | None = None) -> TrainingSplits:
     """The search's data, in memory when it fits ``budget`` (the protocol's exact path), else
     with the training features streamed from the file (:mod:`featcache.linear.stream`).
 
@@ -330,8 +335,11 @@ def load_training_data(labels, features, device, budget: int, stream: bool,
     evaluating the groups that train without reading their evaluation
     (:mod:`featcache.linear.search`; they keep ``epochs`` epochs of heads for it; not under
     ``torchrun``, ``job`` with several ranks, where every group evaluates where it trains).
+    ``known_rows``: :func:`~featcache.linear.data.split_rows` of ``features`` when the caller
+    has it (it is computed once per features file).
     """
-    parts, _ = split_rows(labels, features)
+    known_rows = known_rows or split_rows(labels, features)
+    parts, _ = known_rows
     sizes = SplitSizes(len(parts["train"].rows), len(parts["val"].rows), len(parts["test"].rows),
                        labels.num_classes, features.dim)
     workers = 1 if device.type != "cpu" else max(1, jobs or usable_cpus())
@@ -348,9 +356,9 @@ def load_training_data(labels, features, device, budget: int, stream: bool,
                                concurrency, budget, resident_memory(), force_stream=stream,
                                evaluators=evaluators)
     if placement.in_memory:
-        return read_linear_data(labels, features, device, pseudo_choice)
+        return read_linear_data(labels, features, device, pseudo_choice, known_rows)
     say(placement.describe())
-    return load_streamed_data(labels, features, placement, device, pseudo_choice)
+    return load_streamed_data(labels, features, placement, device, pseudo_choice, known_rows)
 
 
 def group_shape(loss: type[SPMLLoss], heads: int, train_map: bool,

@@ -136,10 +136,13 @@ class StreamedLinearData(TrainingSplits):
 
 def load_streamed_data(labels: LabelSet, features: FeatureFile, placement: Placement,
                        device: torch.device | str = "cpu",
-                       pseudo_choice: str | None = None) -> StreamedLinearData:
+                       pseudo_choice: str | None = None,
+                       known_rows: tuple[dict[str, SplitRows], list[str]] | None = None
+                       ) -> StreamedLinearData:
     """Labels on the device, the streamed splits left in ``features``, the others read into
-    memory block by block; every row checked for NaN or Inf once, block by block."""
-    splits, notes = split_rows(labels, features)
+    memory block by block; every row checked for NaN or Inf once, block by block (``known_rows``:
+    :func:`~featcache.linear.data.split_rows` of this file when the caller has it already)."""
+    splits, notes = known_rows or split_rows(labels, features)
     for official in ("train", "test"):
         features.check_finite(official, block_rows=placement.block_rows)
     parts = {}
