@@ -8,11 +8,16 @@ file is a torchvision state dict (or one under ``state_dict``/``model``, with or
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import torch
 import torchvision
 from torch import Tensor, nn
+
+if TYPE_CHECKING:  # the registry builds its specs with this module's trunk
+    from featcache.backbones.registry import BackboneSpec
 
 
 class ResNetTrunk(nn.Module):
@@ -48,18 +53,19 @@ class ResNetTrunk(nn.Module):
 
 
 
-def tags(spec) -> list[str]:
+def tags(spec: BackboneSpec) -> list[str]:
     """The names ``--weights`` accepts for ``spec`` besides ``random`` and a path: the short
     aliases (``v1``) and torchvision's enum members they stand for."""
     return list(spec.weights_aliases) + [m for m in spec.weights_aliases.values()]
 
 
-def build(spec, image_size: int, path: Path | None = None, tag: str | None = None) -> nn.Module:
+def build(spec: BackboneSpec, image_size: int, path: Path | None = None,
+          tag: str | None = None) -> nn.Module:
     """The trunk of ``spec``'s network: random weights, or those of the checkpoint ``path``
     (``image_size`` and ``tag`` do not matter to a ResNet)."""
     from featcache.backbones.weights import load_state_dict
 
-    net = spec.build()
+    net = cast(Callable[[], nn.Module], spec.build)()  # every torchvision entry has one
     if path is not None:
         load_state_dict(net, path)
     return spec.trunk(net)

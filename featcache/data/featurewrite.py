@@ -9,7 +9,7 @@ import datetime as _dt
 import itertools
 import os
 import shutil
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import h5py
@@ -111,13 +111,15 @@ def _split_sources(labels: LabelSet, features: Mapping[str, np.ndarray | Iterabl
     return sources, dims
 
 
-def features_file_bytes(images, dim: int, dtype: str = "float32") -> int:
+def features_file_bytes(images: Sequence[object] | np.ndarray, dim: int,
+                        dtype: str = "float32") -> int:
     """About how large a features file of ``images`` (all splits) x ``dim`` will be."""
     names = sum(len(str(name).encode()) for name in images)
     return len(images) * (dim * np.dtype(dtype).itemsize + 1 + 16) + names + (64 << 10)
 
 
-def _first_block(name: str, source) -> tuple[np.ndarray, Iterable]:
+def _first_block(name: str, source: np.ndarray | Iterable[np.ndarray]
+                 ) -> tuple[np.ndarray, Iterable]:
     """The first row block of one split's features (it gives the width) and the rest."""
     blocks = iter([source] if isinstance(source, np.ndarray) else source)
     first = next(blocks, None)
@@ -137,7 +139,7 @@ def hdf5_filters(compression: str | None) -> dict:
     return filters
 
 
-def chunk_rows(rows: int, width: int, dtype, chunk_bytes: int) -> int:
+def chunk_rows(rows: int, width: int, dtype: str | np.dtype, chunk_bytes: int) -> int:
     """Rows in one HDF5 chunk of whole rows of about ``chunk_bytes`` (at least 1, at most
     ``rows``)."""
     return max(1, min(rows, chunk_bytes // (width * np.dtype(dtype).itemsize)))
@@ -181,7 +183,7 @@ def write_extra(h5: h5py.File, extra: Mapping[str, np.ndarray]) -> None:
             h5.create_dataset(key, data=array)
 
 
-def add_text_embeddings(path: str | os.PathLike, embeddings: np.ndarray, classes,
+def add_text_embeddings(path: str | os.PathLike, embeddings: np.ndarray, classes: Iterable[str],
                         text_attrs: dict) -> Path:
     """Add (or replace) a finished features file's class-prompt embeddings, atomically: the
     file is copied to a temporary name beside it (after checking that the disk holds the

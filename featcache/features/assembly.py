@@ -56,7 +56,8 @@ class Assembly(BadImages, ClassText):
     def file_bytes(self, store: ChunkStore) -> int:
         return features_file_bytes(self.images, store.dim, self.options.dtype) + self.crop_bytes()
 
-    def assemble(self, store: ChunkStore, attrs: dict, text=None) -> list[dict]:
+    def assemble(self, store: ChunkStore, attrs: dict,
+                 text: tuple[np.ndarray, dict] | None = None) -> list[dict]:
         """Write the features file from all shards (their features read chunk by chunk, never
         all in memory beside the file being built); returns the bad images recorded."""
         n_train, n_test = len(self.labels.train), len(self.labels.test)

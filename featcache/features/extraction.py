@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -47,7 +48,8 @@ class Extraction(FinishedFile, Assembly, ImageBatches):
     """One extraction on one rank. Its :meth:`loader`, :meth:`batches` and :meth:`forward` are
     also what ``benchmarks.extract`` times end to end."""
 
-    def __init__(self, options: ExtractOptions, labels: LabelSet, job: Ranks, final: Path, say):
+    def __init__(self, options: ExtractOptions, labels: LabelSet, job: Ranks, final: Path,
+                 say: Callable[[str], None]) -> None:
         self.options = options
         self.labels = labels
         self.job = job
@@ -220,7 +222,8 @@ class Extraction(FinishedFile, Assembly, ImageBatches):
             return views.new_zeros(0, self.spec.dim)
         return torch.cat([self.forward(model, views[i:i + self.view_batch])
                           for i in range(0, len(views), self.view_batch)])
-    def save(self, store: ChunkStore, chunk: int, parts, oks, root: Path, crops=(),
+    def save(self, store: ChunkStore, chunk: int, parts: list[torch.Tensor],
+             oks: list[torch.Tensor], root: Path, crops: Sequence[torch.Tensor] = (),
              extras: dict | None = None) -> None:
         features = torch.cat(parts).cpu().numpy().astype(self.options.dtype)
         ok = torch.cat(oks).numpy().astype(bool)
@@ -246,6 +249,7 @@ class Extraction(FinishedFile, Assembly, ImageBatches):
         write_shard(store, chunk, features, ~ok, reasons, extras)
 
 
-def write_shard(store: ChunkStore, chunk: int, features, bad, reasons, extras=None) -> None:
+def write_shard(store: ChunkStore, chunk: int, features: np.ndarray, bad: np.ndarray,
+                reasons: dict[int, str], extras: dict | None = None) -> None:
     """Save one finished chunk (a seam for tests that interrupt a run after a chunk)."""
     store.write(chunk, features, bad, reasons, extras)

@@ -4,6 +4,7 @@ straddle a chunk."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -65,7 +66,8 @@ class ImageBatches:
             prefetch_factor=prefetch,
         )
 
-    def batches(self, loader: DataLoader):
+    def batches(self, loader: DataLoader
+                ) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]]:
         """(uint8 images on the device, rows, ok flags, normalised tiles or None) per batch."""
         if self.options.gpu_decode:
             for images, batch_rows, ok in inputs.DeviceDecoder(loader, self.options.image_size,
