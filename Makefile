@@ -21,9 +21,9 @@ DEMO_TAG := resnet50$(if $(filter v1,$(WEIGHTS)),,-$(WEIGHTS))
 help:
 	@echo "make install   create .venv and install featcache with its dev tools and the timm/open_clip backbones"
 	@echo "make demo      run all three stages on the embedded 'shapes' dataset (offline, a few minutes on 2 cores)"
-	@echo "make test      the architecture contracts (lint-imports), then the test suite"
+	@echo "make test      the architecture contracts (lint-imports), the type checker (mypy), then the test suite"
 	@echo "make features DATASET=voc [SPATIAL=1] [FEATURES_ARGS=...]   stage one for a prepared dataset (SPATIAL=1: feature maps for BoostLU and IGNORE too)"
-	@echo "make lint      ruff and the import-linter architecture contracts"
+	@echo "make lint      ruff, the import-linter architecture contracts and the type checker (mypy)"
 	@echo "make catalog   rewrite featcache/protocol/catalog.json after editing a loss or backbone (the listings read it without torch)"
 	@echo "make bench     speed benchmarks (benchmarks/), figures in cache/bench/"
 	@echo "               (REFERENCE_CODE=PATH: also the authors' train.py from that clone)"
@@ -37,9 +37,11 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev,backbones,locks]'
 	touch $(STAMP)
 
-# The architecture contracts (pyproject.toml [tool.importlinter]) are part of the tests.
+# The architecture contracts (pyproject.toml [tool.importlinter]) and the type checker
+# ([tool.mypy]) are part of the tests.
 test: install
 	$(BIN)/lint-imports
+	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
 
 demo: install
@@ -63,6 +65,7 @@ catalog: install
 lint: install
 	$(BIN)/ruff check featcache tests benchmarks
 	$(BIN)/lint-imports
+	$(BIN)/mypy
 
 # REFERENCE_CODE=PATH (a clone of elijahcole/single-positive-multi-label) adds the authors' own
 # train.py to stage two's side-by-side figures.

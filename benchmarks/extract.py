@@ -11,7 +11,7 @@ quality 90, 65-80 kB), resized to ``--image-size``:
 - forward only: normalisation + the backbone (``--backbone``: any registered one) on a batch
   already on the device (our precision and memory layout: channels_last for convolutional nets);
 - end to end, ours: the engine's own loader, decode path and forward
-  (:class:`featcache.features.extract.Extraction`), features copied to the host per chunk;
+  (:class:`featcache.features.extraction.Extraction`), features copied to the host per chunk;
 - end to end, baseline: the plain loop, in the same run with the same batch size and workers:
   a Dataset that opens each file with PIL and applies the full torchvision transform (Resize,
   ToTensor, Normalize: float32 batches), a DataLoader, fp32, NCHW, ``.cpu()`` of every batch.

@@ -240,7 +240,7 @@ class GpuCheck:
 
     def gpu_decode_vs_pil(self) -> tuple[str, dict]:
         from featcache.backbones import inputs
-        from featcache.backbones.registry import resize_transform
+        from featcache.backbones.transforms import resize_transform
         from featcache.data.images import load_rgb
         from featcache.data.labelfile import load_labels
 

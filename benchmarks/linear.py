@@ -61,7 +61,7 @@ from sklearn.metrics import average_precision_score
 
 from benchmarks._common import BENCH_DIR, Busy, describe, machine, save, tree_memory
 from benchmarks.reference_code import authors_config_epochs, write_reference_layout
-from featcache.data.featurefile import write_features
+from featcache.data.featurewrite import write_features
 from featcache.data.labelfile import LabelSet, SplitLabels, load_labels, write_labels
 from featcache.data.sampling import observe_uniform, split_train_val
 from featcache.linear.data import load_linear_data
@@ -454,7 +454,8 @@ def measure_authors_code(args, data, loss: str, ours: float, table: Table) -> di
 
 def measure_all_losses(args, device, labels_path, table: Table) -> dict:
     """``featcache train-linear --loss all`` on the benchmark data: outputs, plots and all."""
-    from featcache.linear.run import LinearOptions, run_linear
+    from featcache.linear.options import LinearOptions
+    from featcache.linear.run import run_linear
 
     options = LinearOptions(dataset=labels_path.parent.name, losses="all", run_id="bench-all",
                             cache=str(labels_path.parent.parent), device=device.type,

@@ -26,7 +26,7 @@ from benchmarks._common import describe, machine, save
 from benchmarks.extract import generated_images
 from featcache.backbones import Uint8Normalize, create_backbone
 from featcache.backbones.inputs import ImageRows
-from featcache.data.featurefile import GZIP_LEVEL, chunk_rows, hdf5_filters
+from featcache.data.featurewrite import GZIP_LEVEL, chunk_rows, hdf5_filters
 from featcache.features.spatial import CHUNK_BYTES
 from featcache.runtime import usable_cpus
 from featcache.tables import Table

@@ -6,7 +6,7 @@ Small files (labels, pseudo-labels) are built in memory and then written with pl
 library in a state that crashes the process later (a segfault was seen while assembling a
 features file), whereas a failed plain write is an ordinary, clean error. Features files may be
 larger than memory, so they are written row block by row block instead
-(:func:`featcache.data.featurefile.write_features`), after an up-front check that the disk can
+(:func:`featcache.data.featurewrite.write_features`), after an up-front check that the disk can
 hold the estimated size, through a :class:`StreamingSink` that keeps a failed write from HDF5. Scalars and strings are stored as they are; dicts and lists as JSON
 strings, decoded back on read.
 """

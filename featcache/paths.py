@@ -160,8 +160,13 @@ def find_spatial_features(dataset: str, backbone: str = "resnet50",
     return path
 
 
+def runs_root(dataset: str, cache: str | os.PathLike | None = None) -> Path:
+    """The folder of every stage-two run of ``dataset`` (``runs/<loss>/<run-id>``)."""
+    return dataset_dir(dataset, cache) / "runs"
+
+
 def runs_dir(dataset: str, loss: str, cache: str | os.PathLike | None = None) -> Path:
-    return dataset_dir(dataset, cache) / "runs" / loss
+    return runs_root(dataset, cache) / loss
 
 
 def finetune_dir(dataset: str, loss: str, cache: str | os.PathLike | None = None) -> Path:

@@ -60,13 +60,13 @@ def reuse_model(monkeypatch, random_resnet50):
     test modules use it for every test: ``pytestmark = pytest.mark.usefixtures(...)``)."""
     import copy
 
-    from featcache.features import extract as extract_module
+    from featcache.features import extraction as extraction_module
 
-    real = extract_module.create_backbone
+    real = extraction_module.create_backbone
 
     def cached(name, weights, seed=0, image_size=None):
         if name == "resnet50" and getattr(weights, "kind", None) == "random" and seed == 0:
             return copy.deepcopy(random_resnet50)
         return real(name, weights, seed=seed, image_size=image_size)
 
-    monkeypatch.setattr(extract_module, "create_backbone", cached)
+    monkeypatch.setattr(extraction_module, "create_backbone", cached)

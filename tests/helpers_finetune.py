@@ -89,7 +89,8 @@ SPATIAL = "spatial-resnet50-random.h5"
 def write_spatial(cache: Path) -> None:
     """The spatial file of the base cache's random ResNet-50 at 32 x 32: its last feature map
     is 1 x 1, so each image's map is exactly its pooled feature."""
-    from featcache.data.featurefile import load_features, read_feature_attrs, write_features
+    from featcache.data.featurefile import load_features, read_feature_attrs
+    from featcache.data.featurewrite import write_features
     from featcache.data.labelfile import load_labels
 
     labels = load_labels(cache / NAME / "labels.h5")

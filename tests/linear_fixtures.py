@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from featcache.data.featurefile import write_features
+from featcache.data.featurewrite import write_features
 from featcache.data.labelfile import LabelSet, SplitLabels, load_labels, write_labels
 from featcache.data.sampling import observe_uniform, split_train_val
 

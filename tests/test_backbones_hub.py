@@ -14,15 +14,17 @@ from PIL import Image
 
 from featcache.backbones import hub
 from featcache.backbones.registry import (
-    Uint8Normalize,
     backbone_names,
     backbone_spec,
     create_backbone,
     create_text_tower,
+    state_sha256,
+)
+from featcache.backbones.transforms import (
+    Uint8Normalize,
     image_transform,
     resize_transform,
     resolve_preprocess,
-    state_sha256,
     transform_description,
 )
 from featcache.backbones.weights import OFFLINE_ENV, describe_weights, locate_weights

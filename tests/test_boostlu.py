@@ -25,7 +25,7 @@ from featcache.linear.heads import StackedBoostLU, StackedLinear, create_heads
 from featcache.linear.memory import GroupShape, SplitSizes, plan_placement
 from featcache.linear.search import SearchSpec, run_search
 from featcache.linear.stream import StreamedRows, load_streamed_data
-from featcache.losses import DataFacts, Targets, create_loss, loss_class
+from featcache.losses import DataFacts, HeadKind, Targets, create_loss, loss_class
 from featcache.losses.boostlu import boostlu_pool, reference_rate
 from featcache.protocol.handoff import load_head
 from featcache.protocol.loss_choice import choose_losses
@@ -170,7 +170,7 @@ def test_per_scheme_delta_rel_defaults_and_alpha_recorded():
     assert create_loss("ll-cp+boostlu", 3).params["delta_rel"] == [0.1]
     assert create_loss("an+boostlu", 3).params == {"alpha": [5.0]}
     for name in ("an+boostlu", "ll-r+boostlu", "ll-ct+boostlu", "ll-cp+boostlu"):
-        assert loss_class(name).head == "boostlu"
+        assert loss_class(name).head is HeadKind.BOOSTLU
     with pytest.raises(OptionError, match=r"alpha=0.5 is out of range: alpha takes \[1, inf\)"):
         create_loss("ll-r+boostlu", 3, params={"alpha": 0.5})
 

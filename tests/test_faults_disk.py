@@ -269,7 +269,7 @@ def test_a_features_file_is_refused_before_its_row_blocks_are_read_when_it_canno
     space is checked up front, from the estimated size, before the first block is consumed."""
     from linear_fixtures import synthetic_dataset
 
-    from featcache.data.featurefile import features_file_bytes, write_features
+    from featcache.data.featurewrite import features_file_bytes, write_features
     from featcache.data.labelfile import load_labels
 
     labels_path, _ = synthetic_dataset(tmp_path, name="toy", n_train=40, n_test=20, dim=256)
@@ -306,7 +306,7 @@ def test_a_disk_that_fills_while_a_features_file_streams_in_is_one_clear_error(t
         sys.path.insert(0, {str(Path(__file__).parent)!r})
         from linear_fixtures import synthetic_dataset
         from featcache import fileio
-        from featcache.data.featurefile import write_features
+        from featcache.data.featurewrite import write_features
         from featcache.data.labelfile import load_labels
         from featcache.errors import DiskFullError
         root = sys.argv[1]

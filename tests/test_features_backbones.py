@@ -10,17 +10,14 @@ from helpers_images import pattern
 from PIL import Image
 from torchvision import transforms
 
+from featcache.backbones.preprocess import IMAGENET_MEAN, IMAGENET_STD
 from featcache.backbones.registry import (
-    IMAGENET_MEAN,
-    IMAGENET_STD,
-    Uint8Normalize,
     backbone_names,
     backbone_spec,
     create_backbone,
-    image_transform,
-    resize_transform,
     state_sha256,
 )
+from featcache.backbones.transforms import Uint8Normalize, image_transform, resize_transform
 from featcache.errors import OptionError
 
 

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from helpers_images import make_dataset, write_image
 from PIL import Image
 
-from featcache.backbones.registry import image_transform
+from featcache.backbones.transforms import image_transform
 from featcache.cli import cli
 from featcache.data.featurefile import load_features
 from featcache.data.labelfile import load_labels
@@ -26,7 +26,8 @@ from featcache.errors import (
     OptionError,
     OutputExistsError,
 )
-from featcache.features import extract as extract_module
+from featcache.features import assembly as assembly_module
+from featcache.features import extraction as extraction_module
 from featcache.features.extract import ExtractOptions, extract_features
 from featcache.features.shards import parts_dir
 
@@ -119,7 +120,7 @@ def test_resume_after_an_interruption_gives_an_identical_file(tmp_path, monkeypa
     copy_labels(tmp_path / "cache", tmp_path / "b" / "cache")
     reference = extract_features("toy", options(tmp_path))
 
-    real, saved = extract_module.write_shard, []
+    real, saved = extraction_module.write_shard, []
 
     def crash_after_first(store, chunk, *args):
         if saved:
@@ -127,14 +128,14 @@ def test_resume_after_an_interruption_gives_an_identical_file(tmp_path, monkeypa
         real(store, chunk, *args)
         saved.append(chunk)
 
-    monkeypatch.setattr(extract_module, "write_shard", crash_after_first)
+    monkeypatch.setattr(extraction_module, "write_shard", crash_after_first)
     with pytest.raises(KeyboardInterrupt):
         extract_features("toy", options(tmp_path / "b"))
     final = tmp_path / "b" / "cache" / "toy" / "features-resnet50-random.h5"
     assert not final.exists()
     assert [p.name for p in sorted(parts_dir(final).glob("chunk-*"))] == ["chunk-000000.npz"]
 
-    monkeypatch.setattr(extract_module, "write_shard", real)
+    monkeypatch.setattr(extraction_module, "write_shard", real)
     messages = []
     resumed = extract_features("toy", options(tmp_path / "b"), say=messages.append)
     assert resumed.resumed_chunks == 1 and resumed.images == 12
@@ -184,7 +185,7 @@ def test_full_disk_keeps_the_previous_file_and_the_chunks(tmp_path, monkeypatch)
     def disk_full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(extract_module, "write_features", disk_full)
+    monkeypatch.setattr(assembly_module, "write_features", disk_full)
     with pytest.raises(DiskFullError, match="could not write .*features-resnet50-random.h5: the "
                        "device holding .* is full.*previous features-resnet50-random.h5 .* is "
                        "untouched and the computed chunks are kept"):
@@ -259,7 +260,7 @@ def test_features_of_another_labels_file_are_refused_naming_the_cause(tmp_path):
 
 def test_unfinished_work_of_other_settings_is_discarded(tmp_path, monkeypatch):
     make_dataset(tmp_path, num_train=14, num_test=2)
-    monkeypatch.setattr(extract_module, "write_shard", _interrupt)
+    monkeypatch.setattr(extraction_module, "write_shard", _interrupt)
     with pytest.raises(KeyboardInterrupt):
         extract_features("toy", options(tmp_path, dtype="float16"))
     monkeypatch.undo()
@@ -273,7 +274,7 @@ def test_damaged_chunk_is_recomputed(tmp_path, monkeypatch):
     make_dataset(tmp_path, num_train=14, num_test=2)
     copy_labels(tmp_path / "cache", tmp_path / "ref")
     reference = extract_features("toy", options(tmp_path, cache=str(tmp_path / "ref")))
-    real, calls = extract_module.write_shard, []
+    real, calls = extraction_module.write_shard, []
 
     def save_two_then_stop(store, chunk, *args):
         if len(calls) == 1:
@@ -282,10 +283,10 @@ def test_damaged_chunk_is_recomputed(tmp_path, monkeypatch):
         real(store, chunk, *args)
         calls.append(chunk)
 
-    monkeypatch.setattr(extract_module, "write_shard", save_two_then_stop)
+    monkeypatch.setattr(extraction_module, "write_shard", save_two_then_stop)
     with pytest.raises(KeyboardInterrupt):
         extract_features("toy", options(tmp_path))
-    monkeypatch.setattr(extract_module, "write_shard", real)
+    monkeypatch.setattr(extraction_module, "write_shard", real)
     parts = parts_dir(tmp_path / "cache" / "toy" / "features-resnet50-random.h5")
     (parts / "chunk-000001.npz").write_bytes(b"damaged")
     result = extract_features("toy", options(tmp_path))
@@ -343,7 +344,7 @@ def test_write_image_helper_makes_distinct_images(tmp_path):
 
 
 def test_device_choices_and_gpu_settings_without_a_gpu(monkeypatch):
-    from featcache.features.extract import default_chunk_rows
+    from featcache.features.options import default_chunk_rows
     from featcache.runtime import backend_flags, pick_device, resolve_precision
 
     cpu = torch.device("cpu")

@@ -9,7 +9,7 @@ from helpers_images import BAD_KINDS, GOOD_KINDS, write_image
 from PIL import Image, ImageFile
 
 from featcache.backbones import inputs
-from featcache.backbones.registry import resize_transform
+from featcache.backbones.transforms import resize_transform
 from featcache.data import images as imgs
 
 

@@ -20,7 +20,8 @@ from helpers_images import make_dataset
 from featcache import fileio
 from featcache.backbones.registry import create_backbone
 from featcache.cli import cli
-from featcache.data.featurefile import load_features, open_features, write_features
+from featcache.data.featurefile import load_features, open_features
+from featcache.data.featurewrite import write_features
 from featcache.data.labelfile import load_labels
 from featcache.errors import DiskFullError, FeatcacheError, InputError, OptionError
 from featcache.features import spatial as spatial_module
@@ -140,12 +141,12 @@ def test_sigkill_mid_run_then_rerun_gives_the_same_file(tmp_path):
     # a run slowed down after each saved chunk, killed with SIGKILL once two chunks exist
     code = textwrap.dedent(f"""
         import time, sys
-        from featcache.features import extract
-        real = extract.write_shard
+        from featcache.features import extraction
+        real = extraction.write_shard
         def slow(*a, **k):
             real(*a, **k)
             time.sleep(0.4)
-        extract.write_shard = slow
+        extraction.write_shard = slow
         from featcache.cli import cli
         cli.main({args!r}, standalone_mode=True)
     """)

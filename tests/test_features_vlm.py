@@ -14,10 +14,11 @@ from helpers_images import make_dataset
 from PIL import Image
 
 from featcache.backbones.inputs import grid_tiles
-from featcache.backbones.registry import create_backbone, create_text_tower, image_transform
+from featcache.backbones.registry import create_backbone, create_text_tower
+from featcache.backbones.transforms import image_transform
 from featcache.data.featurefile import load_features, read_feature_attrs, read_text_embeddings
 from featcache.errors import InputError, OptionError, OutputExistsError
-from featcache.features import extract as extract_module
+from featcache.features import extraction as extraction_module
 from featcache.features.extract import ExtractOptions, extract_features
 
 pytest.importorskip("timm")
@@ -102,7 +103,7 @@ def test_interrupted_run_with_crops_resumes_to_the_same_file(toy, monkeypatch):
     shutil.copytree(tmp_path / "cache", tmp_path / "b")
     whole = extract_features("toy", options(tmp_path, crops=2, cache=str(tmp_path / "a")),
                              say=lambda _: None).path
-    real = extract_module.write_shard
+    real = extraction_module.write_shard
     calls = []
 
     def stop_after_first(store, chunk, *args):
@@ -110,11 +111,11 @@ def test_interrupted_run_with_crops_resumes_to_the_same_file(toy, monkeypatch):
         calls.append(chunk)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(extract_module, "write_shard", stop_after_first)
+    monkeypatch.setattr(extraction_module, "write_shard", stop_after_first)
     with pytest.raises(KeyboardInterrupt):
         extract_features("toy", options(tmp_path, crops=2, cache=str(tmp_path / "b")),
                          say=lambda _: None)
-    monkeypatch.setattr(extract_module, "write_shard", real)
+    monkeypatch.setattr(extraction_module, "write_shard", real)
     messages = []
     resumed = extract_features("toy", options(tmp_path, crops=2, cache=str(tmp_path / "b")),
                                say=messages.append)

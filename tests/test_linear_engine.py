@@ -280,17 +280,17 @@ def test_a_group_trained_first_and_evaluated_afterwards_gives_the_same_results(t
     evaluation = Evaluation(toy)
     # each epoch keeps its own heads: evaluating them in any order gives the same numbers
     for done in reversed(trained.epochs):
-        evaluation.evaluate(trained.kind, done)
+        evaluation.evaluate(trained.empty_heads, done)
     _same_heads(trained.finish(trained.epochs), expected)
 
     # what each evaluation piece ships besides its epochs: the kind of heads, not their weights
-    assert trained.kind.weight.numel() == 0 and len(pickle.dumps(trained.kind)) < 2_000
+    assert trained.empty_heads.weight.numel() == 0 and len(pickle.dumps(trained.empty_heads)) < 2_000
 
 
 def test_the_kind_of_boostlu_heads_keeps_their_settings_and_scores_like_them():
     heads = StackedBoostLU.create(6, 3, [torch.Generator().manual_seed(s) for s in (1, 2)],
                                   positions=4, alpha=[1.0, 5.0])
-    kind = heads.kind()
+    kind = heads.without_weights()
     assert isinstance(kind, StackedBoostLU) and kind.weight.numel() == 0
     assert (kind.positions, kind.alpha) == (4, [1.0, 5.0])
     x = torch.randn(5, 4 * 6, generator=torch.Generator().manual_seed(3))

@@ -8,7 +8,8 @@ import torch
 from dataset_fixtures import invoke
 from linear_fixtures import synthetic_dataset
 
-from featcache.data.featurefile import load_features, open_features, write_features
+from featcache.data.featurefile import load_features, open_features
+from featcache.data.featurewrite import write_features
 from featcache.data.labelfile import load_labels
 from featcache.errors import InputError, OptionError
 from featcache.linear.data import load_linear_data, split_rows

@@ -10,7 +10,7 @@ from loss_math import batch_mean, cells, logit, nl, sig, tensor
 
 from featcache.errors import InputError
 from featcache.losses import SPMLLoss, Targets, create_loss, loss_class, loss_names
-from featcache.losses.base import unit_gradient
+from featcache.losses.terms import unit_gradient
 
 LOGITS = [[0.5, -1.0, 2.0], [-0.3, 0.8, 0.0]]
 CLEAN = [[1, 0, 1], [0, 1, 0]]

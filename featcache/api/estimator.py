@@ -53,7 +53,7 @@ from featcache.errors import FeatcacheWarning, LossNeedError, OptionError
 from featcache.linear.data import LinearData
 from featcache.linear.heads import StackedBoostLU, StackedLinear
 from featcache.linear.search import SearchSpec, run_search
-from featcache.losses import loss_class, loss_names
+from featcache.losses import OBSERVED_NEGATIVES, SPATIAL_FEATURES, HeadKind, loss_class, loss_names
 from featcache.metrics import average_precision
 from featcache.protocol.coverage import coverage
 from featcache.protocol.selection import EARLY_STOP_RULES, LAST_EPOCH
@@ -292,10 +292,10 @@ class SPMLClassifier(ClassifierMixin, BaseEstimator):
         facts = data.facts
         for need in cls.needs:
             reason = need.unmet(facts)
-            if (reason is None and need.key == "observed_negatives"
+            if (reason is None and need is OBSERVED_NEGATIVES
                     and not facts.has_observed_negatives):
                 reason = f"needs {need.description}"
-            if reason is not None and need.key == "spatial_features":
+            if reason is not None and need is SPATIAL_FEATURES:
                 reason = "trains on spatial feature maps, one (h, w, D) map per row"
             if reason is not None:
                 raise LossNeedError(f"loss {self.loss!r} {reason} ({NEED_HINT})")
@@ -323,7 +323,8 @@ class SPMLClassifier(ClassifierMixin, BaseEstimator):
             return linear_logits(X, self.coef_, self.intercept_, self._device())
         height, width, _ = (int(v) for v in self.spatial_shape)
         # IGNORE's heads on maps are linear heads: the mean of the map's CAM (alpha 1)
-        alpha = self.loss_params_["alpha"] if loss_class(self.loss).head == "boostlu" else 1.0
+        alpha = (self.loss_params_["alpha"] if loss_class(self.loss).head is HeadKind.BOOSTLU
+                 else 1.0)
         return boostlu_logits(X, self.coef_, self.intercept_, height * width, alpha,
                               self._device())
 

@@ -39,10 +39,10 @@ from featcache.backbones.rebuild import (
     trunk_for_features,
     trunk_from_state,
 )
-from featcache.backbones.registry import preprocess_mode
+from featcache.backbones.transforms import preprocess_mode
 from featcache.errors import InputError, OptionError
 from featcache.finetune.search import BEST, MODEL_FORMAT, MODEL_FORMAT_VERSION
-from featcache.losses import loss_class
+from featcache.losses import HeadKind, loss_class
 from featcache.protocol.handoff import load_head, load_saved
 from featcache.protocol.runs import RESULTS, RunFolder
 from featcache.runtime import pick_device
@@ -161,7 +161,7 @@ class TrainedRun:
     def boostlu_alpha(self) -> float | None:
         """BoostLU's alpha when the run's head is a BoostLU head (a ``+boostlu`` loss), else
         None: its logits are then the boosted mean over the positions of spatial maps."""
-        if loss_class(self.loss).head != "boostlu":
+        if loss_class(self.loss).head is not HeadKind.BOOSTLU:
             return None
         return float((self.about.get("params") or {})["alpha"])
 

@@ -2,11 +2,12 @@
 offline, their preprocessing, and how a dataset image becomes their input.
 
 Stage one caches a backbone's pooled output; stage three fine-tunes the same module with a
-linear head on top; prediction runs it on new images. Modules: ``registry`` (specs, trunks,
-transforms), ``preprocess`` (resize/crop policies and normalisation), ``weights``
-(``--weights`` resolved offline), ``hub`` (the optional timm/open_clip libraries and the
-Hugging Face cache), ``timm_nets`` and ``openclip_nets`` (their trunks and CLIP's text tower),
-``inputs`` (image datasets for DataLoaders and the on-device JPEG decoder).
+linear head on top; prediction runs it on new images. Modules: ``registry`` (specs and the
+factory), ``preprocess`` (resize/crop policies and normalisation), ``transforms`` (the image
+transforms built from them), ``weights`` (``--weights`` resolved offline), ``hub`` (the
+optional timm/open_clip libraries and the Hugging Face cache), ``torchvision_nets``,
+``timm_nets`` and ``openclip_nets`` (each library's trunks; CLIP's text tower), ``inputs``
+(image datasets for DataLoaders and the on-device JPEG decoder).
 
 The names below load their module on first use (PEP 562), so that ``featcache.backbones.hub``
 can be imported without torch (``featcache backbones`` only looks up caches).
@@ -16,9 +17,10 @@ import importlib
 
 _EXPORTS = {
     "preprocess": ("PROTOCOL", "Preprocess", "described_image_size"),
-    "registry": ("BackboneSpec", "Uint8Normalize", "backbone_names", "backbone_spec",
-                 "create_backbone", "image_transform", "preprocess_mode", "register_backbone",
-                 "resize_transform", "resolve_preprocess", "transform_description"),
+    "registry": ("BackboneSpec", "backbone_names", "backbone_spec", "create_backbone",
+                 "register_backbone"),
+    "transforms": ("Uint8Normalize", "image_transform", "preprocess_mode", "resize_transform",
+                   "resolve_preprocess", "transform_description"),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = sorted(_MODULE_OF)

@@ -1,7 +1,7 @@
 """Dataset images as backbone inputs: decoded (as the reference does), resized, batched.
 
 :class:`ImageRows` decodes with :func:`featcache.data.images.load_rgb` and resizes on the CPU
-to uint8 in DataLoader workers; :class:`~featcache.backbones.registry.Uint8Normalize` finishes
+to uint8 in DataLoader workers; :class:`~featcache.backbones.transforms.Uint8Normalize` finishes
 the transform on the device. The datasets never raise for a bad image: they return
 ``ok = False`` and the caller, in the main process and in row order, either stops with one
 error naming the file or flags the row (stage one's ``--skip-bad``).
@@ -26,7 +26,7 @@ from PIL import Image
 from torch.utils.data import Dataset
 
 from featcache.backbones.preprocess import PROTOCOL, Preprocess
-from featcache.backbones.registry import resize_transform
+from featcache.backbones.transforms import resize_transform
 from featcache.data.images import DECODE_ERRORS, load_rgb, require_strict_pil, to_rgb
 from featcache.errors import FeatcacheError
 from featcache.interrupt import ignore_in_worker

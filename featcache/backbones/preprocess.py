@@ -10,7 +10,7 @@ Two policies cover every registered backbone:
 
 The transform is split in two so that DataLoader workers send uint8: :meth:`Preprocess.pil_steps`
 (resize, crop; then ``PILToTensor``) runs on the CPU and
-:class:`~featcache.backbones.registry.Uint8Normalize` finishes it on the device with the same
+:class:`~featcache.backbones.transforms.Uint8Normalize` finishes it on the device with the same
 operations, in the same order, as ``ToTensor`` + ``Normalize``.
 :meth:`Preprocess.describe` is the transform as data, recorded in features files.
 """

@@ -16,13 +16,8 @@ from pathlib import Path
 from torch import Tensor, nn
 
 from featcache.backbones.preprocess import Preprocess, described_image_size
-from featcache.backbones.registry import (
-    backbone_spec,
-    create_backbone,
-    preprocess_mode,
-    resolve_preprocess,
-    state_sha256,
-)
+from featcache.backbones.registry import backbone_spec, create_backbone, state_sha256
+from featcache.backbones.transforms import preprocess_mode, resolve_preprocess
 from featcache.backbones.weights import describe_weights, locate_weights
 from featcache.data.featurefile import read_feature_attrs
 from featcache.errors import InputError

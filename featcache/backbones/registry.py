@@ -1,4 +1,5 @@
-"""Backbones that map a normalised image batch to pooled features, and their image transform.
+"""The registry of backbones that map a normalised image batch to pooled features, and the
+factory that builds them.
 
 A registry in the style of timm: :func:`create_backbone` builds a registered network with the
 requested weights and returns its *trunk*: ``(B, 3, H, W) -> (B, D)`` pooled features, plus
@@ -15,12 +16,10 @@ interpolation, normalisation: :mod:`featcache.backbones.preprocess`), its defaul
 its weights (torchvision's enum, or the library's pretrained tags found in the Hugging Face
 cache: :mod:`featcache.backbones.weights`) and how its pooled feature relates to its map
 (``pooling``). Adding a backbone is one entry in ``_REGISTRY`` (or a :func:`register_backbone`
-call).
-
-The protocol's transform (PROTOCOL.md section 2; Cole et al., ``datasets.get_transforms``) is
-``Resize((s, s))`` (no crop), a random horizontal flip only when training, ``ToTensor`` and
-ImageNet ``Normalize``: the ResNets' native preprocessing, and ``--preprocess protocol`` for any
-other backbone.
+call). Each library is a family module that builds and loads its trunks:
+:mod:`~featcache.backbones.torchvision_nets`, :mod:`~featcache.backbones.timm_nets` and
+:mod:`~featcache.backbones.openclip_nets`; the image transforms built from a backbone's
+preprocessing are in :mod:`featcache.backbones.transforms`.
 """
 
 from __future__ import annotations
@@ -32,8 +31,7 @@ from dataclasses import dataclass, field
 
 import torch
 import torchvision
-from torch import Tensor, nn
-from torchvision import transforms
+from torch import nn
 
 from featcache.backbones.preprocess import (
     CLIP_MEAN,
@@ -41,48 +39,17 @@ from featcache.backbones.preprocess import (
     HALF,
     IMAGENET_MEAN,
     IMAGENET_STD,
-    PREPROCESS_MODES,
     PROTOCOL,
     Preprocess,
 )
-from featcache.errors import InputError, OptionError, unknown_name
+from featcache.backbones.torchvision_nets import ResNetTrunk
+from featcache.errors import FeatcacheError, InputError, OptionError, unknown_name
 
 DEFAULT_IMAGE_SIZE = 448
 LIBRARIES = ("torchvision", "timm", "open_clip")
-_FAMILY_MODULES = {"timm": "featcache.backbones.timm_nets",
+_FAMILY_MODULES = {"torchvision": "featcache.backbones.torchvision_nets",
+                   "timm": "featcache.backbones.timm_nets",
                    "open_clip": "featcache.backbones.openclip_nets"}
-
-
-class ResNetTrunk(nn.Module):
-    """A torchvision ResNet without its ``fc`` layer: pooled, flattened features.
-
-    The submodules keep torchvision's names (``conv1`` ... ``layer4``, ``avgpool``), so a
-    torchvision state dict without ``fc.*`` loads as is. Pooling runs in float32 even under
-    autocast: averaging 196 (448 px) activations in bf16 would throw away precision for nothing.
-
-    Every trunk offers :meth:`feature_map`, the spatial map (B, D, h, w) its pooled output
-    averages (the last convolutional block: 14 x 14 at 448 px), so that ``forward(x)`` is
-    exactly ``feature_map(x)`` averaged over positions. A linear head over the pooled features
-    applied at every position of the map gives its class activation map.
-    """
-
-    def __init__(self, net: torchvision.models.ResNet):
-        super().__init__()
-        self.conv1, self.bn1, self.relu, self.maxpool = net.conv1, net.bn1, net.relu, net.maxpool
-        self.layer1, self.layer2, self.layer3, self.layer4 = net.layer1, net.layer2, net.layer3, net.layer4
-        self.avgpool = net.avgpool
-
-    def feature_map(self, x: Tensor) -> Tensor:
-        """The last convolutional block's output, (B, D, h, w), before pooling."""
-        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
-        return self.layer4(self.layer3(self.layer2(self.layer1(x))))
-
-    def pool_map(self, fmap: Tensor) -> Tensor:
-        """The pooled features of a map from :meth:`feature_map` (what ``forward`` returns)."""
-        return torch.flatten(self.avgpool(fmap.float()), 1)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.pool_map(self.feature_map(x))
 
 
 @dataclass(frozen=True)
@@ -133,7 +100,7 @@ class BackboneSpec:
 
     @property
     def family(self):
-        """The module that builds timm or open_clip entries (imported on first use)."""
+        """The module that builds this entry's library's trunks (imported on first use)."""
         return importlib.import_module(_FAMILY_MODULES[self.library])
 
     def weights_member(self, alias: str):
@@ -145,9 +112,7 @@ class BackboneSpec:
 
     def weights_names(self) -> list[str]:
         """Names accepted by ``--weights`` besides ``random`` and a path."""
-        if self.library != "torchvision":
-            return self.family.tags(self)
-        return list(self.weights_aliases) + [m for m in self.weights_aliases.values()]
+        return self.family.tags(self)
 
     def check_image_size(self, image_size: int) -> None:
         """OptionError when this backbone cannot take ``image_size`` x ``image_size`` inputs."""
@@ -241,15 +206,6 @@ def backbone_spec(name: str) -> BackboneSpec:
                                        listing="`featcache backbones` lists them")) from None
 
 
-def resolve_preprocess(backbone: str = "resnet50", preprocess: str | Preprocess = "native") -> Preprocess:
-    """``native`` (the backbone's own transform), ``protocol`` (squash + ImageNet), or as given."""
-    if isinstance(preprocess, Preprocess):
-        return preprocess
-    if preprocess not in PREPROCESS_MODES:
-        raise OptionError(f"--preprocess {preprocess!r}: choose one of {', '.join(PREPROCESS_MODES)}")
-    return backbone_spec(backbone).preprocess if preprocess == "native" else PROTOCOL
-
-
 def create_backbone(name: str = "resnet50", weights=None, seed: int = 0,
                     image_size: int | None = None) -> nn.Module:
     """Build backbone ``name`` with ``weights`` in eval mode on the CPU.
@@ -262,7 +218,7 @@ def create_backbone(name: str = "resnet50", weights=None, seed: int = 0,
     gives ``(B, dim, h, w)``. Attributes: ``weights_identity`` (recorded in features files),
     ``pooling`` and ``image_size``. ``seed`` fixes the initialisation of ``random`` weights.
     """
-    from featcache.backbones.weights import WeightsSource, load_state_dict, resolve_weights
+    from featcache.backbones.weights import WeightsSource, resolve_weights
 
     spec = backbone_spec(name)
     image_size = image_size or spec.default_image_size
@@ -271,20 +227,17 @@ def create_backbone(name: str = "resnet50", weights=None, seed: int = 0,
     if source.kind == "random":
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(source.seed)
-            trunk = _build(spec, image_size, None, None)
+            trunk = spec.family.build(spec, image_size, None, None)
         identity = dict(source.identity(), weights_sha256=state_sha256(trunk))
     else:
-        if spec.library == "torchvision":
-            net = spec.build()
-            load_state_dict(net, source)
-            trunk = spec.trunk(net)
-        else:
-            tag = source.name if source.kind == "hub" else None
-            try:
-                trunk = _build(spec, image_size, source.path, tag)
-            except (RuntimeError, KeyError, ValueError) as exc:  # the libraries' load errors
-                raise InputError(f"weights file {source.path} does not fit the {spec.name} backbone "
-                                 f"({spec.library} {spec.model}): {str(exc).splitlines()[0]}") from exc
+        tag = source.name if source.kind == "hub" else None
+        try:
+            trunk = spec.family.build(spec, image_size, source.path, tag)
+        except FeatcacheError:  # torchvision's checkpoint checks name the keys already
+            raise
+        except (RuntimeError, KeyError, ValueError) as exc:  # the libraries' load errors
+            raise InputError(f"weights file {source.path} does not fit the {spec.name} backbone "
+                             f"({spec.library} {spec.model}): {str(exc).splitlines()[0]}") from exc
         identity = source.identity()
     trunk.weights_identity = identity
     trunk.pooling = getattr(trunk, "pooling", spec.pooling)
@@ -315,12 +268,6 @@ def create_text_tower(name: str, weights=None, seed: int = 0, image_size: int | 
                          f"({spec.library} {spec.model}): {str(exc).splitlines()[0]}") from exc
 
 
-def _build(spec: BackboneSpec, image_size: int, path, tag) -> nn.Module:
-    if spec.library == "torchvision":
-        return spec.trunk(spec.build())
-    return spec.family.build(spec, image_size, path, tag)
-
-
 def state_sha256(module: nn.Module) -> str:
     """sha256 over a module's state dict (names, dtypes, shapes and bytes, in order)."""
     digest = hashlib.sha256()
@@ -329,60 +276,3 @@ def state_sha256(module: nn.Module) -> str:
         digest.update(f"{key}:{tensor.dtype}:{tuple(tensor.shape)};".encode())
         digest.update(tensor.numpy().tobytes() if tensor.numel() else b"")
     return digest.hexdigest()
-
-
-def image_transform(image_size: int = DEFAULT_IMAGE_SIZE, train: bool = False,
-                    backbone: str = "resnet50", preprocess: str | Preprocess = "native") -> transforms.Compose:
-    """The evaluation (or, with ``train``, training) transform: PIL RGB image -> normalised
-    float tensor (3, s, s). Training adds a random horizontal flip after the resize, as the
-    protocol's transform does."""
-    chosen = resolve_preprocess(backbone, preprocess)
-    steps = chosen.pil_steps(image_size)
-    if train:
-        steps.append(transforms.RandomHorizontalFlip(0.5))
-    steps += [transforms.ToTensor(), transforms.Normalize(mean=chosen.mean, std=chosen.std)]
-    return transforms.Compose(steps)
-
-
-def resize_transform(image_size: int = DEFAULT_IMAGE_SIZE,
-                     preprocess: Preprocess = PROTOCOL) -> transforms.Compose:
-    """The CPU half of the evaluation transform: PIL image -> resized uint8 tensor (3, s, s).
-
-    :class:`Uint8Normalize` finishes it on the device; together they give exactly the values of
-    :func:`image_transform` while moving a quarter of the bytes between processes.
-    """
-    return transforms.Compose(preprocess.pil_steps(image_size) + [transforms.PILToTensor()])
-
-
-class Uint8Normalize(nn.Module):
-    """uint8 batch (B, 3, H, W) -> float32, normalised exactly as ``ToTensor`` + ``Normalize``.
-
-    A module so that mean and std live on the device once (a per-batch host-to-device copy of
-    them would make the host wait for the GPU).
-    """
-
-    def __init__(self, backbone: str = "resnet50", preprocess: str | Preprocess = "native"):
-        super().__init__()
-        chosen = resolve_preprocess(backbone, preprocess)
-        self.register_buffer("mean", torch.tensor(chosen.mean, dtype=torch.float32).view(-1, 1, 1))
-        self.register_buffer("std", torch.tensor(chosen.std, dtype=torch.float32).view(-1, 1, 1))
-
-    def forward(self, batch: Tensor) -> Tensor:
-        # Same operations in the same order as torchvision's to_tensor and normalize.
-        return batch.to(torch.float32).div(255).sub_(self.mean).div_(self.std)
-
-
-def transform_description(image_size: int, backbone: str = "resnet50", decode: str = "pil",
-                          preprocess: str | Preprocess = "native") -> dict:
-    """The evaluation transform as data, recorded in features files and compared on resume;
-    ``decode`` is ``pil`` (the reference's way), ``pil-draft`` (``--jpeg-draft``) or ``device``
-    (``--gpu-decode``)."""
-    return resolve_preprocess(backbone, preprocess).describe(image_size, decode)
-
-
-def preprocess_mode(description: dict, backbone: str, image_size: int) -> str | None:
-    """Which ``--preprocess`` mode made a recorded transform (None: neither, or another decoder)."""
-    for mode in PREPROCESS_MODES:
-        if transform_description(image_size, backbone, "pil", mode) == description:
-            return mode
-    return None

@@ -165,14 +165,13 @@ def resolve_weights(spec, value: str | None = None, seed: int = 0, download: boo
     return locate_weights(describe_weights(spec, value, seed), download=download)
 
 
-def load_state_dict(net: nn.Module, source: WeightsSource) -> None:
-    """Load ``source``'s checkpoint into the full torchvision network ``net``.
+def load_state_dict(net: nn.Module, path: Path) -> None:
+    """Load the checkpoint ``path`` into the full torchvision network ``net``.
 
     Accepts a plain state dict or one under ``state_dict``/``model``, with or without a
     ``module.`` prefix (DataParallel); the classifier (``fc.*``) may be absent. Any other
     missing or unexpected key is an error naming the keys.
     """
-    path = source.path
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # pickle, zip and tensor errors all mean an unreadable checkpoint

@@ -171,7 +171,7 @@ def describe_features(path: Path) -> str:
     import h5py
 
     from featcache.data.featurefile import OFFICIAL_SPLITS, read_feature_attrs, spatial_shape
-    from featcache.fileio import human_bytes, sha256_file
+    from featcache.fileio import human_bytes
     from featcache.tables import Table
 
     attrs = read_feature_attrs(path)
@@ -184,13 +184,7 @@ def describe_features(path: Path) -> str:
         data = h5["train/features"]
         storage = (data.compression, data.shuffle, data.chunks, data.dtype)
     spatial = spatial_shape(path, attrs, shape[1])
-    beside = path.parent / "labels.h5"
     expected = str(attrs.get("labels_sha256", ""))
-    if beside.exists():
-        match = "yes" if sha256_file(beside) == expected else \
-            f"NO: {beside} changed since; re-extract the features"
-    else:
-        match = f"no labels file at {beside}"
     table = Table(["features", "value"], title="Features")
     table.add("backbone", attrs.get("backbone"))
     table.add("feature dim", attrs.get("feature_dim"))
@@ -221,8 +215,27 @@ def describe_features(path: Path) -> str:
     if attrs.get("weights_sha256"):
         table.add("weights sha256", str(attrs["weights_sha256"])[:12])
     table.add("labels sha256", expected[:12])
-    table.add("matches labels.h5 beside it", match)
+    table.add("matches labels.h5 beside it", _labels_match(path, expected))
     table.add("size on disk", _size(path))
+    _add_provenance(table, attrs)
+    return "\n".join([f"# {path}", "", table.markdown(), "", rows.markdown()])
+
+
+def _labels_match(path: Path, expected: str) -> str:
+    """Whether the labels file beside a features file is the one it was extracted from."""
+    from featcache.fileio import sha256_file
+
+    beside = path.parent / "labels.h5"
+    if beside.exists():
+        match = "yes" if sha256_file(beside) == expected else \
+            f"NO: {beside} changed since; re-extract the features"
+    else:
+        match = f"no labels file at {beside}"
+    return match
+
+
+def _add_provenance(table, attrs: dict) -> None:
+    """The features file's provenance attributes, one row each (sha256s shortened)."""
     for key in ("transform", "source_npz", "source_npz_sha256", "torch_version",
                 "torchvision_version", "featcache_version", "created"):
         if key in attrs:
@@ -230,7 +243,6 @@ def describe_features(path: Path) -> str:
             if isinstance(value, dict):
                 value = ", ".join(f"{k}={v}" for k, v in value.items())
             table.add(key.replace("_", " "), str(value)[:12] if key.endswith("sha256") else value)
-    return "\n".join([f"# {path}", "", table.markdown(), "", rows.markdown()])
 
 
 def describe_pseudo_labels(path: Path) -> str:

@@ -91,8 +91,9 @@ def command(ctx, dataset, loss_names, learning_rates, batch_sizes, epochs, param
     is reported. Each loss writes <cache>/<dataset>/runs/<loss>/<run-id>/ (results.json,
     best.pt, summary.md, curves.png); several losses also write a comparison table.
     """
+    from featcache.linear.options import LinearOptions
     from featcache.linear.probe import PROBE, PROBE_LEARNING_RATES
-    from featcache.linear.run import LinearOptions, run_linear
+    from featcache.linear.run import run_linear
 
     if search == PROBE and (ctx.get_parameter_source("learning_rates")
                             is click.core.ParameterSource.DEFAULT):

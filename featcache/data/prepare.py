@@ -351,7 +351,7 @@ def import_feature_set(npz: str | os.PathLike, name: str, labels_path: str | os.
     dropped there are dropped from the features too. Both outputs are refused up front if
     they exist (unless ``overwrite``).
     """
-    from featcache.data.featurefile import features_file_bytes, write_features
+    from featcache.data.featurewrite import features_file_bytes, write_features
     from featcache.data.formats.npz import read_npz
 
     options = options or PrepareOptions()

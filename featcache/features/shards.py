@@ -241,7 +241,7 @@ def _short(value) -> str:
 
 def stored_blocks(store: ChunkStore, start: int, stop: int, dtype: str) -> Iterator[np.ndarray]:
     """Rows ``[start, stop)`` of train-then-test as row blocks read from the saved chunks one
-    at a time (what the assembly hands :func:`featcache.data.featurefile.write_features`, so
+    at a time (what the assembly hands :func:`featcache.data.featurewrite.write_features`, so
     that the features are never all in memory next to the file being built)."""
     if stop <= start:
         yield np.zeros((0, store.dim), dtype=dtype)

@@ -7,7 +7,7 @@ root attributes ``spatial_shape`` = [H, W, D] and ``layout`` = ``spatial``. Floa
 HDF5 chunks of whole rows of about :data:`CHUNK_BYTES`, compressed (lzf with the byte shuffle by
 default: see docs/features.md for the measured choice).
 
-The engine is the pooled extraction's (:class:`~featcache.features.extract.Extraction`): the same
+The engine is the pooled extraction's (:class:`~featcache.features.extraction.Extraction`): the same
 chunk shards, locks, resume, progress bar, bad-image handling and ``torchrun`` sharding; the
 shards are smaller (about :data:`SHARD_BYTES` each) and the file is assembled by streaming them,
 never holding the maps of the whole dataset in memory. Backbones whose pooled output is the
@@ -27,14 +27,14 @@ import h5py
 import numpy as np
 import torch
 
-from featcache.data.featurefile import (
-    SPATIAL,
+from featcache.data.featurefile import SPATIAL
+from featcache.data.featurewrite import (
     chunk_rows,
     features_file_bytes,
     hdf5_filters,
     write_features,
 )
-from featcache.features.extract import Extraction
+from featcache.features.extraction import Extraction
 from featcache.features.shards import ChunkStore
 from featcache.fileio import free_bytes, human_bytes, require_space
 from featcache.paths import feature_file_tag, pooled_twin

@@ -52,15 +52,15 @@ from featcache.finetune.distributed import (
     sync_state_rows,
 )
 from featcache.finetune.model import FinetuneNet, build_net, linear_head
+from featcache.finetune.records import ConfigResult, EpochRecord
 from featcache.finetune.start import StartPoint
 from featcache.interrupt import check_stop
-from featcache.losses import SPMLLoss, Targets, create_loss
+from featcache.losses import HeadKind, SPMLLoss, Targets, create_loss
 from featcache.metrics import average_precision, mean_average_precision
 from featcache.progress import progress, say
 from featcache.protocol.grid import GridPoint
-from featcache.protocol.records import EpochRecord as BaseEpochRecord
 from featcache.protocol.seeds import derive_seed
-from featcache.protocol.selection import check_early_stop, should_stop
+from featcache.protocol.selection import check_early_stop
 from featcache.runtime import AUTOCAST_DTYPES, Ranks, autocast
 
 #: torch.compile's backend (tests use "eager": the same graph capture and reuse, no codegen)
@@ -104,73 +104,6 @@ class Settings:
                 "early_stop": self.early_stop, "precision": self.precision}
 
 
-@dataclass
-class EpochRecord(BaseEpochRecord):
-    """Metrics of one epoch (``epoch`` 0-based; JSON counts from 1), with its timings."""
-
-    train_seconds: float = 0.0
-    eval_seconds: float = 0.0
-    images_per_second: float = 0.0
-
-    def to_json(self) -> dict:
-        timings = {"train_seconds": self.train_seconds, "eval_seconds": self.eval_seconds,
-                   "images_per_second": self.images_per_second}
-        record = super().to_json()
-        extra = record.pop("extra", None)
-        return record | timings | ({"extra": extra} if extra else {})
-
-    @classmethod
-    def from_json(cls, record: dict) -> EpochRecord:
-        fields = dict(record)
-        fields["epoch"] = int(fields["epoch"]) - 1
-        return cls(**fields)
-
-
-@dataclass
-class ConfigResult:
-    """Everything one configuration produced: its epochs and its best epoch."""
-
-    config: GridPoint
-    epochs: list[EpochRecord] = field(default_factory=list)
-    best_epoch: int = -1
-    best_val: float = -math.inf
-    test_ap: list[float] = field(default_factory=list)  # per class at the best epoch, in [0, 1]
-    stopped_at: int | None = None
-    seconds: float = 0.0
-
-    @property
-    def best(self) -> EpochRecord:
-        return self.epochs[self.best_epoch]
-
-    def add(self, record: EpochRecord, test_ap: Tensor, val_variant: str) -> bool:
-        """Append an epoch; True when it is the new best (the first highest validation mAP)."""
-        self.epochs.append(record)
-        value = record.selection(val_variant)
-        if value > self.best_val:
-            self.best_epoch, self.best_val = len(self.epochs) - 1, value
-            self.test_ap = test_ap.tolist()
-            return True
-        return False
-
-    def should_stop(self, rule: str, improved: bool, val_variant: str) -> bool:
-        """Kim et al.: val more than 3 points below the best; Zhou et al.: no improvement."""
-        return bool(should_stop(rule, self.best_val, self.epochs[-1].selection(val_variant),
-                                improved))
-
-    def to_json(self) -> dict:
-        return {"lr": self.config.lr, "batch_size": self.config.batch_size,
-                "best_epoch": self.best_epoch + 1,
-                "best_val": self.best_val, "test_ap": self.test_ap, "stopped_at": self.stopped_at,
-                "seconds": self.seconds, "epochs": [r.to_json() for r in self.epochs]}
-
-    @classmethod
-    def from_json(cls, record: dict) -> ConfigResult:
-        return cls(GridPoint(float(record["lr"]), int(record["batch_size"])),
-                   [EpochRecord.from_json(r) for r in record["epochs"]],
-                   int(record["best_epoch"]) - 1, float(record["best_val"]), list(record["test_ap"]),
-                   record["stopped_at"], float(record["seconds"]))
-
-
 class ConfigTrainer:
     """The network, loss state, optimizer and loaders of one configuration on one rank."""
 
@@ -185,7 +118,7 @@ class ConfigTrainer:
         dim = spec.dim
         self.loss: SPMLLoss = create_loss(settings.loss, num_classes, 1, params=settings.params,
                                           dataset=data.dataset)
-        alpha = self.loss.params["alpha"][0] if self.loss.head == "boostlu" else None
+        alpha = self.loss.params["alpha"][0] if self.loss.head is HeadKind.BOOSTLU else None
         # IGNORE: a linear head on the feature map (CamHead), whose class activation maps give
         # the masked pass its mask, and strong views from the loader
         masked_pass = self.loss.masked_pass
@@ -211,16 +144,7 @@ class ConfigTrainer:
             self.net = nn.SyncBatchNorm.convert_sync_batchnorm(self.net)
 
         train = data.train
-        self.observed = train.observed.to(device)
-        self.clean = None if train.clean is None else train.clean.to(device)
-        self.pseudo = None if train.pseudo is None else train.pseudo.to(device)
-        generator = torch.Generator().manual_seed(
-            derive_seed(settings.seed, "state", config.batch_size))
-        state = self.loss.init_state(self.observed, self.clean, generator=generator,
-                                     initial=start.initial_state())
-        self.learned = self.loss.learned_state_lr_mults()
-        self.state = {name: (t.detach().to(device).requires_grad_(True) if name in self.learned
-                             else t.to(device)) for name, t in state.items()}
+        self._init_state(start)
 
         self.model: nn.Module = self.net
         if job.world > 1:
@@ -233,13 +157,7 @@ class ConfigTrainer:
             # same batch size) reuses these graphs instead of compiling again.
             self.model = torch.compile(self.model, backend=COMPILE_BACKEND)
             self.eval_net = torch.compile(self.net, backend=COMPILE_BACKEND)
-        head_params = list(self.net.head.parameters())
-        groups = [
-            {"params": list(self.net.trunk.parameters()), "lr": config.lr, "name": "backbone"},
-            {"params": head_params, "lr": config.lr * settings.head_lr_mult, "name": "head"},
-        ] + [{"params": [self.state[name]], "lr": config.lr * mults[0], "name": name}
-             for name, mults in self.learned.items()]
-        self.optimizer = torch.optim.Adam(groups, lr=config.lr, fused=fused_adam(device))
+        self.optimizer = self._optimizer()
         self.scaler = torch.amp.GradScaler(device.type, enabled=settings.precision == "fp16")
         self.sampler = EpochBatches(len(train), config.batch_size, settings.seed, flip=True,
                                     rank=job.rank, world=job.world, strong=masked_pass)
@@ -248,6 +166,32 @@ class ConfigTrainer:
                                         settings.workers, device, config.batch_size // job.world,
                                         persistent=True, ranks_here=job.local_world,
                                         preprocess=self.preprocess)
+
+    def _init_state(self, start: StartPoint) -> None:
+        """The training rows' labels on the device and the loss's per-example state (the
+        state the optimizer trains, :attr:`learned`, with gradients)."""
+        train, device, settings = self.data.train, self.device, self.settings
+        self.observed = train.observed.to(device)
+        self.clean = None if train.clean is None else train.clean.to(device)
+        self.pseudo = None if train.pseudo is None else train.pseudo.to(device)
+        generator = torch.Generator().manual_seed(
+            derive_seed(settings.seed, "state", self.config.batch_size))
+        state = self.loss.init_state(self.observed, self.clean, generator=generator,
+                                     initial=start.initial_state())
+        self.learned = self.loss.learned_state_lr_mults()
+        self.state = {name: (t.detach().to(device).requires_grad_(True) if name in self.learned
+                             else t.to(device)) for name, t in state.items()}
+
+    def _optimizer(self) -> torch.optim.Adam:
+        """Adam over the trunk, the head (``head_lr_mult`` times the rate) and learned state."""
+        config, settings = self.config, self.settings
+        head_params = list(self.net.head.parameters())
+        groups = [
+            {"params": list(self.net.trunk.parameters()), "lr": config.lr, "name": "backbone"},
+            {"params": head_params, "lr": config.lr * settings.head_lr_mult, "name": "head"},
+        ] + [{"params": [self.state[name]], "lr": config.lr * mults[0], "name": name}
+             for name, mults in self.learned.items()]
+        return torch.optim.Adam(groups, lr=config.lr, fused=fused_adam(self.device))
 
     # ------------------------------------------------------------------ steps
     def autocast(self):

@@ -1,5 +1,6 @@
 """Every option of ``featcache finetune``, as given (``None``: decided by the start point or the
-device); :class:`featcache.finetune.loop.Settings` holds what they resolve to."""
+device); :meth:`FinetuneOptions.validate` checks them before anything is loaded, as the other
+stages' options do; :class:`featcache.finetune.loop.Settings` holds what they resolve to."""
 
 from __future__ import annotations
 
@@ -46,3 +47,19 @@ class FinetuneOptions:
     plots: bool = True
     progress: bool = True
     cache: str | None = None
+
+    def validate(self) -> None:
+        """OptionError naming the first option that cannot be used (an unknown loss first,
+        before anything is loaded); what needs the device or the data is checked once they
+        are known (``Settings.validate``, the start point)."""
+        from featcache.errors import OptionError
+        from featcache.finetune.budget import check_keep
+        from featcache.finetune.search import SCHEDULES
+        from featcache.losses import loss_class
+        from featcache.protocol.grid import check_grid
+
+        loss_class(self.loss)
+        check_grid(self.learning_rates, self.batch_sizes)
+        if self.schedule not in SCHEDULES:
+            raise OptionError(f"--schedule {self.schedule!r}: choose one of {', '.join(SCHEDULES)}")
+        check_keep(self.keep_checkpoints)

@@ -11,24 +11,23 @@ from featcache.errors import (
     FeatcacheWarning,
     InputError,
     Interrupted,
-    OptionError,
     OutputExistsError,
 )
-from featcache.finetune.budget import check_disk, check_keep, measure_seconds, plan_budget
+from featcache.finetune.budget import check_disk, measure_seconds, plan_budget
 from featcache.finetune.checkpoint import HISTORY
 from featcache.finetune.data import FinetuneData, load_finetune_data
 from featcache.finetune.distributed import on_main
 from featcache.finetune.loop import Settings
 from featcache.finetune.options import FinetuneOptions
-from featcache.finetune.report import results_document, write_outputs
-from featcache.finetune.search import SCHEDULES, run_grid
+from featcache.finetune.outputs import results_document, write_outputs
+from featcache.finetune.search import run_grid
 from featcache.finetune.start import StartPoint, resolve_start
 from featcache.locks import OutputLock
 from featcache.losses import loss_class
 from featcache.paths import existing_labels, finetune_dir
 from featcache.progress import say
 from featcache.protocol.coverage import evaluation_coverage, evaluation_notes
-from featcache.protocol.grid import check_grid, grid_points
+from featcache.protocol.grid import grid_points
 from featcache.protocol.handoff import LinearPhase
 from featcache.protocol.runs import RunFolder, latest_unfinished, new_run_id
 from featcache.protocol.selection import resolve_val_variant
@@ -49,11 +48,8 @@ def run_finetune(options: FinetuneOptions, linear_phase: LinearPhase | None = No
     ``linear_phase`` trains LinearInit's linear phase when ``--init best`` finds no linear run
     (the command passes stage two's :func:`featcache.linear.run.train_linear_phase`).
     """
-    loss = loss_class(options.loss)  # an unknown loss fails before anything is loaded
-    check_grid(options.learning_rates, options.batch_sizes)
-    if options.schedule not in SCHEDULES:
-        raise OptionError(f"--schedule {options.schedule!r}: choose one of {', '.join(SCHEDULES)}")
-    check_keep(options.keep_checkpoints)
+    options.validate()
+    loss = loss_class(options.loss)
     with ranks(options.device) as job:
         data = loss.fit_data(load_finetune_data(existing_labels(options.dataset, options.cache),
                                                 options.images_root, options.pseudo_labels))
@@ -69,10 +65,10 @@ def run_finetune(options: FinetuneOptions, linear_phase: LinearPhase | None = No
         settings = make_settings(options, start, data, job)
         identity = run_settings(options, settings, start, data)
         configs = grid_points(options.learning_rates, options.batch_sizes)
-        held: dict[str, OutputLock] = {}
+        run_lock: dict[str, OutputLock] = {}
 
         def open_locked() -> Path:
-            path, held["lock"] = open_run_dir(options, identity, lambda path: announce_budget(
+            path, run_lock["lock"] = open_run_dir(options, identity, lambda path: announce_budget(
                 settings, start, data, configs, path, job))
             return path
 
@@ -90,23 +86,34 @@ def run_finetune(options: FinetuneOptions, linear_phase: LinearPhase | None = No
                                      f"{run_dir.name}") from None
             if not job.is_main:
                 return None
-            machine = {"device": describe_device(job.device), "precision": settings.precision,
-                       "compile": settings.compile, "deterministic": options.deterministic,
-                       "world_size": job.world,
-                       "schedule": {"option": options.schedule, **result.schedule},
-                       "workers": settings.workers, "eval_batch_size": settings.eval_batch_size,
-                       "keep_checkpoints": settings.keep_checkpoints}
+            machine = _machine_record(options, settings, job, result)
             document = results_document(result, settings, start, data, identity, machine)
             write_outputs(run_dir, document, result, plot=options.plots)
         finally:
-            if "lock" in held:
-                held["lock"].release()
-        selection = document["selection"]
-        val = selection["val_map"] if settings.val_variant == "clean" else selection["val_map_observed"]
-        return (f"{options.loss}: val {val:.2f}  test {selection['test_map']:.2f}  (lr "
-                f"{selection['lr']:g}, batch {selection['batch_size']}, epoch {selection['epoch']}; "
-                f"{result.seconds:.1f} s, {document['timings']['train_images_per_second']:.1f} "
-                f"train images/s) -> {run_dir}")
+            if "lock" in run_lock:
+                run_lock["lock"].release()
+        return _closing_line(options, settings, document, result, run_dir)
+
+
+def _machine_record(options: FinetuneOptions, settings, job, result) -> dict:
+    """Where and how the run trained (``machine`` of results.json)."""
+    return {"device": describe_device(job.device), "precision": settings.precision,
+            "compile": settings.compile, "deterministic": options.deterministic,
+            "world_size": job.world,
+            "schedule": {"option": options.schedule, **result.schedule},
+            "workers": settings.workers, "eval_batch_size": settings.eval_batch_size,
+            "keep_checkpoints": settings.keep_checkpoints}
+
+
+def _closing_line(options: FinetuneOptions, settings, document: dict, result,
+                  run_dir: Path) -> str:
+    """The command's last line: the selected configuration's scores and where the run is."""
+    selection = document["selection"]
+    val = selection["val_map"] if settings.val_variant == "clean" else selection["val_map_observed"]
+    return (f"{options.loss}: val {val:.2f}  test {selection['test_map']:.2f}  (lr "
+            f"{selection['lr']:g}, batch {selection['batch_size']}, epoch {selection['epoch']}; "
+            f"{result.seconds:.1f} s, {document['timings']['train_images_per_second']:.1f} "
+            f"train images/s) -> {run_dir}")
 
 
 def make_settings(options: FinetuneOptions, start: StartPoint, data: FinetuneData,

@@ -32,7 +32,8 @@ from featcache.errors import FeatcacheError, OptionError
 from featcache.fileio import save_torch_atomic
 from featcache.finetune.data import FinetuneData
 from featcache.finetune.distributed import share_results
-from featcache.finetune.loop import ConfigResult, ConfigTrainer, Settings, train_config
+from featcache.finetune.loop import ConfigTrainer, Settings, train_config
+from featcache.finetune.records import ConfigResult
 from featcache.finetune.start import StartPoint
 from featcache.losses import loss_class
 from featcache.protocol.grid import GridPoint

@@ -158,19 +158,7 @@ class LinearData(TrainingSplits):
                 images=ids)
         num_classes = splits["train"].observed.shape[1]
         classes = list(classes) if classes is not None else [str(c) for c in range(num_classes)]
-        full = [clean for _, _, clean in (train, val)]
-        labels = LabelSet(
-            dataset=dataset, classes=classes,
-            train=SplitLabels(
-                np.concatenate([splits["train"].images, splits["val"].images]),
-                np.concatenate([np.asarray(train[1]), np.asarray(val[1])]).astype(np.int8),
-                None if any(c is None for c in full)
-                else np.concatenate([np.asarray(c) for c in full]).astype(np.uint8)),
-            test=SplitLabels(splits["test"].images, np.asarray(parts["test"][1]).astype(np.int8),
-                             None if parts["test"][2] is None
-                             else np.asarray(parts["test"][2]).astype(np.uint8)),
-            train_index=splits["train"].rows, val_index=splits["val"].rows,
-            provenance={"source": source, **({} if k is None else {"k": float(k)})})
+        labels = _array_labels(parts, splits, dataset, classes, source, k)
         features = FeatureSet(
             train=np.concatenate([np.asarray(train[0]), np.asarray(val[0])]),
             test=np.asarray(parts["test"][0]), train_bad=np.zeros(0, dtype=bool),
@@ -186,6 +174,26 @@ class LinearData(TrainingSplits):
         return replace(data, train=replace(data.train, pseudo=tensor(pseudo)),
                        pseudo_labels=given, pseudo_choice="given")
 
+
+
+def _array_labels(parts: dict, splits: dict, dataset: str, classes: list[str], source: str,
+                  k: float | None) -> LabelSet:
+    """The labels file that :meth:`LinearData.from_arrays`' arrays stand for: train and val
+    rows as its official training set, clean labels only when both splits have them."""
+    train, val = parts["train"], parts["val"]
+    full = [clean for _, _, clean in (train, val)]
+    return LabelSet(
+        dataset=dataset, classes=classes,
+        train=SplitLabels(
+            np.concatenate([splits["train"].images, splits["val"].images]),
+            np.concatenate([np.asarray(train[1]), np.asarray(val[1])]).astype(np.int8),
+            None if any(c is None for c in full)
+            else np.concatenate([np.asarray(c) for c in full]).astype(np.uint8)),
+        test=SplitLabels(splits["test"].images, np.asarray(parts["test"][1]).astype(np.int8),
+                         None if parts["test"][2] is None
+                         else np.asarray(parts["test"][2]).astype(np.uint8)),
+        train_index=splits["train"].rows, val_index=splits["val"].rows,
+        provenance={"source": source, **({} if k is None else {"k": float(k)})})
 
 
 @dataclass
@@ -240,9 +248,11 @@ def load_linear_data(labels_path: str | Path, features_path: str | Path,
 
 
 def read_linear_data(labels: LabelSet, features: FeatureFile, device: torch.device | str = "cpu",
-                     pseudo_choice: str | None = None) -> LinearData:
-    """Every split of an opened features file as float32 tensors on ``device``."""
-    splits, notes = split_rows(labels, features)
+                     pseudo_choice: str | None = None,
+                     known_rows: tuple[dict[str, SplitRows], list[str]] | None = None) -> LinearData:
+    """Every split of an opened features file as float32 tensors on ``device`` (``known_rows``:
+    :func:`split_rows` of this file when the caller has it already)."""
+    splits, notes = known_rows or split_rows(labels, features)
     tensors = {}
     with features:
         for official in ("train", "test"):

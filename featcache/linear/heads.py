@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from featcache.errors import InputError
-from featcache.losses import SPATIAL_FEATURES, SPMLLoss
+from featcache.losses import SPATIAL_FEATURES, HeadKind, SPMLLoss
 from featcache.losses.boostlu import alpha_value, boost_slope, boostlu_pool
 from featcache.protocol.seeds import init_linear
 
@@ -100,8 +100,8 @@ class StackedLinear:
         """Heads of this kind with other (not trained) weights: what evaluation scores."""
         return StackedLinear(weight, bias, trainable=False)
 
-    def kind(self) -> StackedLinear:
-        """These heads' kind without their weights (empty tensors): all :meth:`frozen` needs,
+    def without_weights(self) -> StackedLinear:
+        """These heads without their weights (empty tensors): all :meth:`frozen` needs,
         and nothing to copy when it is sent to another process."""
         empty = self.weight.detach().new_empty((self.num_heads, 0, 0))
         return self.frozen(empty, empty)
@@ -243,7 +243,7 @@ def create_heads(loss: SPMLLoss, feature_dim: int, shape: tuple[int, int, int] |
     """The stacked heads ``loss`` trains: linear heads on pooled rows, BoostLU heads on spatial
     rows, linear heads on spatial rows for the other losses that need feature maps (IGNORE); a
     loss given the other kind of features is refused, naming the fix."""
-    if loss.head == "linear" and SPATIAL_FEATURES in loss.needs:
+    if loss.head is HeadKind.LINEAR and SPATIAL_FEATURES in loss.needs:
         if shape is None:
             raise InputError(f"loss {loss.name!r} trains on spatial feature maps, but {source} "
                              "holds pooled features: run `featcache features --spatial` and "
@@ -251,7 +251,7 @@ def create_heads(loss: SPMLLoss, feature_dim: int, shape: tuple[int, int, int] |
         height, width, channels = shape
         return StackedSpatialLinear.create(channels, classes, generators, device,
                                            positions=height * width)
-    if loss.head == "boostlu":
+    if loss.head is HeadKind.BOOSTLU:
         if shape is None:
             raise InputError(f"loss {loss.name!r} trains BoostLU heads on spatial feature maps, "
                              f"but {source} holds pooled features: run `featcache features "

@@ -63,6 +63,25 @@ def _config_record(head: HeadResult, probe: bool = False) -> dict:
     }
 
 
+def _selection_record(selected, classes: list[str], val_cover, test_cover, val_key: str,
+                      probe: bool = False) -> dict:
+    """The selected configuration of a search (``selection`` of results.json; ``probe``: with
+    its weight decay, ``--search probe``)."""
+    return {
+        "seed": selected.config.seed, "lr": selected.config.lr,
+        "batch_size": selected.config.batch_size, "params": selected.config.param_dict,
+        **({"weight_decay": selected.config.weight_decay} if probe else {}),
+        "epoch": selected.best_epoch + 1, "val_map": selected.best.val_map,
+        "val_map_observed": selected.best.val_map_observed,
+        "test_map": selected.best.test_map, "train_map": selected.best.train_map,
+        "test_ap_per_class": _per_class(classes, selected.test_ap),
+        "val_map_classes_with_positives": val_cover.map_over_present(
+            getattr(selected.best, val_key)),
+        "test_map_classes_with_positives": test_cover.map_over_present(
+            selected.best.test_map),
+    }
+
+
 def results_document(result: SearchResult, data: TrainingSplits, device: str) -> dict:
     """Everything worth keeping about a search, as JSON-ready data."""
     spec = result.spec
@@ -99,19 +118,8 @@ def results_document(result: SearchResult, data: TrainingSplits, device: str) ->
                  "params": spec.params.values, "params_source": spec.params.sources,
                  **({"params_estimates": spec.params.estimates} if spec.params.estimates else {}),
                  "seeds": list(spec.seeds)},
-        "selection": {
-            "seed": selected.config.seed, "lr": selected.config.lr,
-            "batch_size": selected.config.batch_size, "params": selected.config.param_dict,
-            **({"weight_decay": selected.config.weight_decay} if probe else {}),
-            "epoch": selected.best_epoch + 1, "val_map": selected.best.val_map,
-            "val_map_observed": selected.best.val_map_observed,
-            "test_map": selected.best.test_map, "train_map": selected.best.train_map,
-            "test_ap_per_class": _per_class(data.classes, selected.test_ap),
-            "val_map_classes_with_positives": val_cover.map_over_present(
-                getattr(selected.best, val_key)),
-            "test_map_classes_with_positives": test_cover.map_over_present(
-                selected.best.test_map),
-        },
+        "selection": _selection_record(selected, data.classes, val_cover, test_cover, val_key,
+                                       probe),
         "summary": result.summary(),
         "evaluation": {"validation": val_cover.to_json(), "test": test_cover.to_json()},
         "published": {
@@ -145,8 +153,8 @@ def head_kind(loss: str, data: TrainingSplits) -> dict:
     convolution over spatial maps of ``spatial_shape`` (h, w, D), boosted by the ``alpha`` of
     the loss parameters)."""
     kind = loss_class(loss).head
-    return {"kind": kind, **({"spatial_shape": list(data.spatial_shape)}
-                             if kind == "boostlu" else {})}
+    return {"kind": kind.value, **({"spatial_shape": list(data.spatial_shape)}
+                                   if kind.spatial else {})}
 
 
 def head_payload(result: SearchResult, data: TrainingSplits) -> dict:

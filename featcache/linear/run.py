@@ -12,7 +12,7 @@ import sys
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from featcache.data.featurefile import (
@@ -24,7 +24,7 @@ from featcache.data.featurefile import (
 from featcache.data.labelfile import load_labels
 from featcache.errors import FeatcacheWarning, InputError, Interrupted
 from featcache.fileio import write_text_atomic
-from featcache.linear.data import TrainingSplits, read_linear_data, split_rows
+from featcache.linear.data import SplitRows, TrainingSplits, read_linear_data, split_rows
 from featcache.linear.heads import CAM_BLOCK, CAM_BLOCK_TENSORS
 from featcache.linear.memory import (
     FLOAT32,
@@ -36,10 +36,10 @@ from featcache.linear.memory import (
     parse_size,
     plan_placement,
 )
+from featcache.linear.options import LinearOptions
 from featcache.linear.outputs import run_settings, write_run
 from featcache.linear.probe import (
     PROBE,
-    check_search,
     normalised,
     probe_losses,
     probe_spec,
@@ -67,10 +67,11 @@ from featcache.paths import (
     find_spatial_features,
     labels_path,
     runs_dir,
+    runs_root,
     spatial_features_path,
 )
 from featcache.protocol.coverage import evaluation_coverage, evaluation_notes
-from featcache.protocol.grid import BATCH_SIZES, LEARNING_RATES, LINEAR_EPOCHS, check_grid
+from featcache.protocol.grid import LINEAR_EPOCHS
 from featcache.protocol.handoff import LinearPhaseRequest
 from featcache.protocol.loss_choice import (
     choose_losses,
@@ -81,37 +82,9 @@ from featcache.protocol.loss_choice import (
 )
 from featcache.protocol.results_table import seed_choices
 from featcache.protocol.runs import RunFolder, new_run_id, open_finished_or_new
-from featcache.protocol.selection import check_early_stop, resolve_val_variant
+from featcache.protocol.selection import resolve_val_variant
 from featcache.runtime import Ranks, describe_device, pick_device, ranks, usable_cpus
 from featcache.tables import Table
-
-
-@dataclass
-class LinearOptions:
-    """Every option of ``featcache train-linear``."""
-
-    dataset: str
-    losses: str | Sequence[str] = "an-ls"
-    learning_rates: Sequence[float] = LEARNING_RATES
-    batch_sizes: Sequence[int] = BATCH_SIZES
-    epochs: int = LINEAR_EPOCHS
-    params: Mapping[str, Sequence[float]] = field(default_factory=dict)
-    seeds: Sequence[int] = (0,)
-    val_variant: str = "auto"
-    early_stop: str = "none"
-    backbone: str | None = None
-    run_id: str | None = None
-    jobs: int | None = None
-    max_memory: str | int | None = None  # budget for the features and training state
-    stream: bool = False  # stream the training features even when they fit the budget
-    plots: bool = True
-    progress: bool = True
-    device: str = "auto"
-    cache: str | None = None
-    overwrite: bool = False
-    pseudo_labels: str | None = None  # the pseudo-label set for the losses that need one
-    search: str = "protocol"  # or "probe": the wider field's conventions (linear.probe)
-    weight_decays: Sequence[float] | None = None  # the probe search's (default: its grid)
 
 
 @dataclass
@@ -172,9 +145,7 @@ def run_linear(options: LinearOptions, say: Callable[[str], None] = _stderr,
     as soon as it is done.
     """
     mark_interpreter()  # --max-memory counts what the search allocates from here on
-    check_grid(options.learning_rates, options.batch_sizes)
-    check_early_stop(options.early_stop)
-    check_search(options.search, options.weight_decays)
+    options.validate()
     budget = default_budget() if options.max_memory is None else parse_size(options.max_memory)
     with ranks(options.device) as job:
         if not job.is_main:  # one voice: rank 0 says what happens and writes every file
@@ -186,38 +157,14 @@ def _run_linear(options: LinearOptions, budget: int, job: Ranks, say: Callable[[
                 on_run: Callable[[LossRun], None] | None) -> LinearOutcome:
     device = job.device
     labels = load_labels(existing_labels(options.dataset, options.cache))
-    zero_shot, options = split_zero_shot(options)
+    zero_shot_asked, options = split_zero_shot(options)
     files = feature_files(options, labels)
-    parts, _ = split_rows(labels, files.first)
-    train = parts["train"]
-    facts = training_facts(labels, train.labels.observed[train.keep],
-                           labels.train.clean is not None, options.pseudo_labels,
-                           spatial=files.spatial is not None,
-                           backbone=files.pooled.backbone if files.pooled else files.backbone)
-    losses, skipped = (choose_losses(options.losses, facts, given=set(options.params))
-                       if requested_losses(options.losses) else ([], []))
-    zero_shot = zero_shot_wanted(zero_shot, files, skipped)
-    if options.search == PROBE:
-        losses = probe_losses(losses, skipped, requested_losses(options.losses) == ["all"])
-    variant, note = resolve_val_variant(options.val_variant, labels.train.clean is not None,
-                                        labels.path)
-    options = replace(options, val_variant=variant)
-    if note:
-        say(note)
-    for name, reason in skipped:
-        say(f"skipping {name}: {reason}")
-    given = split_params(options.params, losses)
-    # Every loss's parameters are resolved (and range-checked) before any data is loaded.
-    specs = [SearchSpec(loss=name, learning_rates=list(options.learning_rates),
-                        batch_sizes=list(options.batch_sizes),
-                        params=resolve_params(name, given[name], facts), seeds=list(options.seeds),
-                        epochs=options.epochs, val_variant=options.val_variant,
-                        early_stop=options.early_stop) for name in losses]
-    if options.search == PROBE:
-        specs = [probe_spec(spec, options.weight_decays) for spec in specs]
+    first_rows = split_rows(labels, files.first)
+    options, specs, skipped, zero_shot = _search_specs(options, labels, files, first_rows,
+                                                       zero_shot_asked, say)
     jobs = options.jobs or max(1, usable_cpus() // job.local_world)
     run_id = on_main(job, lambda: options.run_id or new_run_id())
-    say(f"run id {run_id}: {dataset_dir(options.dataset, options.cache) / 'runs'}/<loss>/{run_id}")
+    say(f"run id {run_id}: {runs_root(options.dataset, options.cache)}/<loss>/{run_id}")
     options = replace(options, jobs=jobs)
     folders = {spec.loss: runs_dir(options.dataset, spec.loss, options.cache) / run_id
                for spec in specs}
@@ -239,12 +186,14 @@ def _run_linear(options: LinearOptions, budget: int, job: Ranks, say: Callable[[
             these = [spec for spec in specs if needs_spatial(spec.loss) == spatial]
             if not these:
                 continue
+            features = files.spatial if spatial else files.pooled
             data = load_training_data(
-                labels, files.spatial if spatial else files.pooled, device, budget, options.stream,
+                labels, features, device, budget, options.stream,
                 [(spec.loss, len(spec.configs(0)) // len(spec.batch_sizes)) for spec in these],
                 groups=len(options.seeds) * len(options.batch_sizes), jobs=jobs, say=say,
                 pseudo_choice=options.pseudo_labels, epochs=options.epochs,
-                early_stop=options.early_stop, job=job)
+                early_stop=options.early_stop, job=job,
+                known_rows=first_rows if features is files.first else None)
             if options.search == PROBE:
                 data = normalised(data)
             if job.is_main and these[0] is specs[0]:
@@ -265,17 +214,10 @@ def _run_linear(options: LinearOptions, budget: int, job: Ranks, say: Callable[[
                                  else result, folders[result.spec.loss], options, device, job)))
             except Interrupted as exc:
                 raise exc.adding(interrupted_detail(specs, done, run_id, options.run_id)) from None
-    runs = [done[name] for name in [ZERO_SHOT] * zero_shot + [spec.loss for spec in specs]]
+    runs = [done[name] for name in [ZERO_SHOT] * int(zero_shot) + [spec.loss for spec in specs]]
     outcome = LinearOutcome(runs, skipped)
     if len(runs) > 1:
-        outcome.table = losses_table(labels.dataset, {run.loss: run.document for run in runs})
-        out = dataset_dir(options.dataset, options.cache) / "runs" / f"table-{run_id}"
-        if job.is_main:
-            write_text_atomic(out.with_suffix(".md"), outcome.table.markdown())
-            write_text_atomic(out.with_suffix(".csv"), outcome.table.csv())
-            write_text_atomic(out.with_suffix(".json"),
-                              json.dumps(outcome.table.records(), indent=2) + "\n")
-        outcome.table_path = out.with_suffix(".md")
+        _write_losses_table(outcome, labels.dataset, options, run_id, job)
     return outcome
 
 
@@ -313,6 +255,55 @@ def score_zero_shot(labels, features: FeatureFile, run_dir: Path, options: Linea
     if reused:
         say(f"{ZERO_SHOT}: run {run_dir.name} already finished with these settings; reusing it")
     return LossRun(ZERO_SHOT, run_dir, document, reused, document["timings"]["seconds"])
+
+
+def _search_specs(options: LinearOptions, labels, files: FeatureFiles,
+                  first_rows: tuple[dict[str, SplitRows], list[str]], zero_shot: str | None,
+                  say: Callable[[str], None]
+                  ) -> tuple[LinearOptions, list[SearchSpec], list[tuple[str, str]], bool]:
+    """The losses the data can train (and those skipped, with why), each with its search:
+    every parameter resolved and range-checked before any features are loaded; the options
+    with the validation variant decided; whether the zero-shot row is scored."""
+    parts, _ = first_rows
+    train = parts["train"]
+    facts = training_facts(labels, train.labels.observed[train.keep],
+                           labels.train.clean is not None, options.pseudo_labels,
+                           spatial=files.spatial is not None,
+                           backbone=files.pooled.backbone if files.pooled else files.backbone)
+    losses, skipped = (choose_losses(options.losses, facts, given=set(options.params))
+                       if requested_losses(options.losses) else ([], []))
+    zero_shot_scored = zero_shot_wanted(zero_shot, files, skipped)
+    if options.search == PROBE:
+        losses = probe_losses(losses, skipped, requested_losses(options.losses) == ["all"])
+    variant, note = resolve_val_variant(options.val_variant, labels.train.clean is not None,
+                                        labels.path)
+    options = replace(options, val_variant=variant)
+    if note:
+        say(note)
+    for name, reason in skipped:
+        say(f"skipping {name}: {reason}")
+    given = split_params(options.params, losses)
+    specs = [SearchSpec(loss=name, learning_rates=list(options.learning_rates),
+                        batch_sizes=list(options.batch_sizes),
+                        params=resolve_params(name, given[name], facts), seeds=list(options.seeds),
+                        epochs=options.epochs, val_variant=options.val_variant,
+                        early_stop=options.early_stop) for name in losses]
+    if options.search == PROBE:
+        specs = [probe_spec(spec, options.weight_decays) for spec in specs]
+    return options, specs, skipped, zero_shot_scored
+
+
+def _write_losses_table(outcome: LinearOutcome, dataset: str, options: LinearOptions,
+                        run_id: str, job: Ranks) -> None:
+    """The table of every loss of the run (``runs/table-<run-id>.md``, ``.csv``, ``.json``)."""
+    outcome.table = losses_table(dataset, {run.loss: run.document for run in outcome.runs})
+    out = runs_root(options.dataset, options.cache) / f"table-{run_id}"
+    if job.is_main:
+        write_text_atomic(out.with_suffix(".md"), outcome.table.markdown())
+        write_text_atomic(out.with_suffix(".csv"), outcome.table.csv())
+        write_text_atomic(out.with_suffix(".json"),
+                          json.dumps(outcome.table.records(), indent=2) + "\n")
+    outcome.table_path = out.with_suffix(".md")
 
 
 def interrupted_detail(specs: Sequence[SearchSpec], done: Mapping[str, LossRun], run_id: str,
@@ -406,7 +397,8 @@ def load_training_data(labels, features, device, budget: int, stream: bool,
                        losses: Sequence[tuple[str, int]], groups: int, jobs: int | None,
                        say: Callable[[str], None] = _stderr,
                        pseudo_choice: str | None = None, epochs: int = LINEAR_EPOCHS,
-                       early_stop: str = "none", job: Ranks | None = None) -> TrainingSplits:
+                       early_stop: str = "none", job: Ranks | None = None,
+                       known_rows: tuple[dict[str, SplitRows], list[str]] | None = None) -> TrainingSplits:
     """The search's data, in memory when it fits ``budget`` (the protocol's exact path), else
     with the training features streamed from the file (:mod:`featcache.linear.stream`).
 
@@ -415,8 +407,11 @@ def load_training_data(labels, features, device, budget: int, stream: bool,
     evaluating the groups that train without reading their evaluation
     (:mod:`featcache.linear.search`; they keep ``epochs`` epochs of heads for it; not under
     ``torchrun``, ``job`` with several ranks, where every group evaluates where it trains).
+    ``known_rows``: :func:`~featcache.linear.data.split_rows` of ``features`` when the caller
+    has it (it is computed once per features file).
     """
-    parts, _ = split_rows(labels, features)
+    known_rows = known_rows or split_rows(labels, features)
+    parts, _ = known_rows
     sizes = SplitSizes(len(parts["train"].rows), len(parts["val"].rows), len(parts["test"].rows),
                        labels.num_classes, features.dim)
     workers = 1 if device.type != "cpu" else max(1, jobs or usable_cpus())
@@ -435,10 +430,10 @@ def load_training_data(labels, features, device, budget: int, stream: bool,
     if placement.in_memory:
         if placement.jobs:
             say(placement.describe())
-        return replace(read_linear_data(labels, features, device, pseudo_choice),
+        return replace(read_linear_data(labels, features, device, pseudo_choice, known_rows),
                        placement=placement)
     say(placement.describe())
-    return load_streamed_data(labels, features, placement, device, pseudo_choice)
+    return load_streamed_data(labels, features, placement, device, pseudo_choice, known_rows)
 
 
 def planned_jobs(data: TrainingSplits, jobs: int) -> int:

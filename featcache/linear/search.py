@@ -18,6 +18,7 @@ import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import torch
 
@@ -139,7 +140,7 @@ def run_search(data: TrainingSplits, spec: SearchSpec, device: torch.device | st
 
 
 @dataclass(frozen=True)
-class _Train:
+class _TrainGroup:
     """Train one group of a search (and evaluate it there, unless it may be deferred)."""
 
     search: int
@@ -147,17 +148,17 @@ class _Train:
 
 
 @dataclass
-class _Evaluate:
+class _EvaluateEpochs:
     """Evaluate consecutive epochs of a group trained by :meth:`GroupTrainer.train_only`."""
 
     search: int
     group: tuple[int, int]
-    kind: StackedLinear
+    empty_heads: StackedLinear
     epochs: list[EpochState]
 
 
 @dataclass
-class _Evaluating:
+class _PendingEvaluation:
     """A trained group waiting for its epochs' evaluations."""
 
     trained: TrainedGroup
@@ -183,7 +184,7 @@ class _Search:
     spec: SearchSpec
     groups: list[tuple[int, int]]
     done: dict[tuple[int, int], list[HeadResult]] = field(default_factory=dict)
-    evaluating: dict[tuple[int, int], _Evaluating] = field(default_factory=dict)
+    evaluating: dict[tuple[int, int], _PendingEvaluation] = field(default_factory=dict)
     span: tuple[float, float] = (math.inf, -math.inf)  # wall-clock start and end of its groups
     _evaluation: Evaluation | None = None  # this process's, built on first use
 
@@ -235,72 +236,93 @@ def run_searches(data: TrainingSplits, specs: Sequence[SearchSpec],
         spec = spec.resolved(fitted.facts)
         searches.append(_Search(fitted, spec, [(seed, batch_size) for seed in spec.seeds
                                                 for batch_size in spec.batch_sizes]))
-    tasks = [_Train(i, group) for i, search in enumerate(searches) for group in search.groups]
-    jobs = max(1, jobs or usable_cpus())
-    show = progress and (job is None or job.world == 1 or job.is_main)
-    # then every worker may help, even beyond the number of groups
-    defer = (evaluate_elsewhere and workers_evaluate_elsewhere(device, jobs, job)
-             and any(evaluation_can_move(loss_class(search.spec.loss), search.spec.early_stop)
-                     for search in searches))
-    workers = jobs if defer else min(jobs, len(tasks))
-    piece = max(1, math.ceil(max((s.spec.epochs for s in searches), default=1) / (4 * jobs)))
+    return _SharedWorkers(searches, device, progress, jobs, job, on_done,
+                          evaluate_elsewhere).run(len(data.train))
 
-    def work(task: _Train | _Evaluate) -> tuple[object, float, float]:
-        search = searches[task.search]
+
+class _SharedWorkers:
+    """The groups of several searches on one pool of workers: :meth:`work` runs a task where a
+    worker is free, :meth:`finished` takes its outcome where the searches are kept."""
+
+    def __init__(self, searches: list[_Search], device: torch.device, progress: bool,
+                 jobs: int | None, job: Ranks | None,
+                 on_done: Callable[[SearchResult], None] | None, evaluate_elsewhere: bool):
+        self.searches, self.device, self.on_done = searches, device, on_done
+        self.tasks = [_TrainGroup(i, group) for i, search in enumerate(searches)
+                      for group in search.groups]
+        jobs = max(1, jobs or usable_cpus())
+        self.show = progress and (job is None or job.world == 1 or job.is_main)
+        self.job = job
+        # then every worker may help, even beyond the number of groups
+        self.evaluate_elsewhere = (
+            evaluate_elsewhere and workers_evaluate_elsewhere(device, jobs, job)
+            and any(evaluation_can_move(loss_class(search.spec.loss), search.spec.early_stop)
+                    for search in searches))
+        self.workers = jobs if self.evaluate_elsewhere else min(jobs, len(self.tasks))
+        self.epochs_per_evaluation = max(1, math.ceil(
+            max((s.spec.epochs for s in searches), default=1) / (4 * jobs)))
+        self.results: list[SearchResult | None] = [None] * len(searches)
+        self.evaluated: Any = None  # the bar of epochs evaluated elsewhere, while running
+
+    def run(self, train_rows: int) -> list[SearchResult]:
+        # the epochs handed to other workers, evaluated or not yet (grows as groups finish training)
+        self.evaluated = progress_bar(total=0, unit="epoch", desc="evaluating trained groups",
+                                      disable=not (self.show and self.evaluate_elsewhere),
+                                      leave=False, position=self.workers)
+        # a group's cost: its steps per epoch, plus about a hundred steps' worth of evaluation
+        costs = [train_rows // task.group[1] + 100 for task in self.tasks]
+        try:
+            map_groups(self.work, self.tasks, costs, self.device, self.workers, self.job,
+                       on_result=self.finished)
+        finally:
+            self.evaluated.close()
+        return self.results
+
+    def work(self, task: _TrainGroup | _EvaluateEpochs) -> tuple[object, float, float]:
+        search = self.searches[task.search]
         started = time.time()  # wall clock: comparable between the worker processes
-        if isinstance(task, _Evaluate):
+        if isinstance(task, _EvaluateEpochs):
             evaluation, found = search.evaluation(), []
             for done in task.epochs:
                 check_stop()
-                done = evaluation.evaluate(task.kind, done)
+                done = evaluation.evaluate(task.empty_heads, done)
                 found.append((done.val_map, done.val_map_observed, done.test_ap))
             return found, started, time.time()  # the weights stay where they are
         seed, batch_size = task.group
         configs = [c for c in search.spec.configs(seed) if c.batch_size == batch_size]
         trainer = GroupTrainer(search.data, search.spec.loss, configs, search.spec.epochs,
-                               search.spec.val_variant, search.spec.early_stop, device)
-        position = tasks.index(task) % workers
-        outcome = (trainer.train_only(show, position) if defer and trainer.can_defer
-                   else trainer.run(show, position))
+                               search.spec.val_variant, search.spec.early_stop, self.device)
+        position = self.tasks.index(task) % self.workers
+        outcome = (trainer.train_only(self.show, position)
+                   if self.evaluate_elsewhere and trainer.can_defer
+                   else trainer.run(self.show, position))
         return outcome, started, time.time()
 
-    results: list[SearchResult | None] = [None] * len(searches)
-    # the epochs handed to other workers, evaluated or not yet (grows as groups finish training)
-    evaluated = progress_bar(total=0, unit="epoch", desc="evaluating trained groups",
-                             disable=not (show and defer), leave=False, position=workers)
-
-    def finished(index: int | None, task: _Train | _Evaluate,
-                 outcome: tuple[object, float, float]) -> list[_Evaluate]:
-        search = searches[task.search]
+    def finished(self, index: int | None, task: _TrainGroup | _EvaluateEpochs,
+                 outcome: tuple[object, float, float]) -> list[_EvaluateEpochs]:
+        search = self.searches[task.search]
         value, began, ended = outcome
         search.timed(began, ended)
-        if isinstance(task, _Evaluate):
-            evaluated.update(len(task.epochs))
+        if isinstance(task, _EvaluateEpochs):
+            self.evaluated.update(len(task.epochs))
             value = search.evaluating[task.group].take(task.epochs, value, ended - began)
             if value is None:
                 return []
             del search.evaluating[task.group]
         elif isinstance(value, TrainedGroup):
-            pieces = value.chunks(piece)
+            pieces = value.chunks(self.epochs_per_evaluation)
             if pieces:
-                search.evaluating[task.group] = _Evaluating(value, len(pieces))
-                evaluated.total += len(value.epochs)
-                evaluated.refresh()
-                return [_Evaluate(task.search, task.group, value.kind, epochs) for epochs in pieces]
+                search.evaluating[task.group] = _PendingEvaluation(value, len(pieces))
+                self.evaluated.total += len(value.epochs)
+                self.evaluated.refresh()
+                return [_EvaluateEpochs(task.search, task.group, value.empty_heads, epochs)
+                        for epochs in pieces]
             value = value.finish([])  # no epoch to evaluate
         search.done[task.group] = value
         if len(search.done) == len(search.groups):
             number = task.search
-            results[number] = search.result(search.span[1] - search.span[0])
-            if on_done is not None:
-                on_done(results[number])
+            self.results[number] = search.result(search.span[1] - search.span[0])
+            if self.on_done is not None:
+                self.on_done(self.results[number])
         return []
-
-    # a group's cost: its steps per epoch, plus about a hundred steps' worth of evaluation
-    costs = [len(data.train) // task.group[1] + 100 for task in tasks]
-    try:
-        map_groups(work, tasks, costs, device, workers, job, on_result=finished)
-    finally:
-        evaluated.close()
-    return results
 

@@ -136,10 +136,13 @@ class StreamedLinearData(TrainingSplits):
 
 def load_streamed_data(labels: LabelSet, features: FeatureFile, placement: Placement,
                        device: torch.device | str = "cpu",
-                       pseudo_choice: str | None = None) -> StreamedLinearData:
+                       pseudo_choice: str | None = None,
+                       known_rows: tuple[dict[str, SplitRows], list[str]] | None = None
+                       ) -> StreamedLinearData:
     """Labels on the device, the streamed splits left in ``features``, the others read into
-    memory block by block; every row checked for NaN or Inf once, block by block."""
-    splits, notes = split_rows(labels, features)
+    memory block by block; every row checked for NaN or Inf once, block by block (``known_rows``:
+    :func:`~featcache.linear.data.split_rows` of this file when the caller has it already)."""
+    splits, notes = known_rows or split_rows(labels, features)
     if not placement.train_rows:  # a plan made by hand: what its window is a share of
         placement = replace(placement, train_rows=len(splits["train"].rows))
     for official in ("train", "test"):

@@ -177,7 +177,7 @@ class GroupTrainer:
             epochs.append(done)
             bar.update(self.steps)
         bar.close()
-        return TrainedGroup(self.head.kind(), epochs, self.book, time.perf_counter() - started)
+        return TrainedGroup(self.head.without_weights(), epochs, self.book, time.perf_counter() - started)
 
     def progress_bar(self, progress: bool, position: int):
         return progress_bar(
@@ -260,10 +260,10 @@ class Evaluation:
                              else (data.test.observed == 1).float())
 
     @torch.no_grad()
-    def evaluate(self, kind: StackedLinear, done: EpochState) -> EpochState:
-        """Validation and test mAP of heads of ``kind`` (a group's heads, or their
-        :meth:`~StackedLinear.kind`) with ``done``'s weights, the epoch ``done.epoch``."""
-        head = kind.frozen(done.weight, done.bias)
+    def evaluate(self, heads: StackedLinear, done: EpochState) -> EpochState:
+        """Validation and test mAP of heads like ``heads`` (a group's heads, or the same
+        :meth:`~StackedLinear.without_weights`) with ``done``'s weights, the epoch ``done.epoch``."""
+        head = heads.frozen(done.weight, done.bias)
         val = RankedScores(self.val_rows.scores(head))
         done.val_map_observed = _map(val.average_precision(self.val_observed))
         if self.data.val.clean is not None:
@@ -342,7 +342,7 @@ class TrainedGroup:
     """A group trained without its evaluation (:meth:`GroupTrainer.train_only`): each epoch's
     heads, to evaluate anywhere (:class:`Evaluation`), then :meth:`finish` in order."""
 
-    kind: StackedLinear  # the group's kind of heads (no weights), which evaluation scores with
+    empty_heads: StackedLinear  # the group's heads without weights, which evaluation scores with
     epochs: list[EpochState]
     book: GroupRecord
     seconds: float

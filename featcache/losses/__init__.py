@@ -12,22 +12,21 @@ both training stages, and AN / LL-R / LL-Ct / LL-Cp on its logits), ``ignore`` (
 them; ``docs/losses.md`` writes out every formula.
 """
 
-from featcache.losses.base import (  # noqa: F401
+from featcache.losses.base import SPMLLoss  # noqa: F401
+from featcache.losses.heads import HeadKind  # noqa: F401
+from featcache.losses.needs import (  # noqa: F401
     FULL_LABELS,
-    LOG_EPSILON,
     OBSERVED_NEGATIVES,
     SPATIAL_FEATURES,
     DataFacts,
     Need,
-    Param,
-    ResolvedParams,
-    SPMLLoss,
-    Targets,
     TrainingData,
-    neglog,
     pseudo_labels,
 )
+from featcache.losses.params import Param, ResolvedParams  # noqa: F401
 from featcache.losses.registry import create_loss, loss_class, loss_names, register_loss  # noqa: F401
+from featcache.losses.targets import Targets  # noqa: F401
+from featcache.losses.terms import LOG_EPSILON, neglog  # noqa: F401
 
 # Registration order is the order of `featcache losses` and `--loss all`: keep it.
 # isort: off

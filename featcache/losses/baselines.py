@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import torch
 
-from featcache.losses.base import Param, SPMLLoss, matrix_mean, neglog, non_negative
+from featcache.losses.base import SPMLLoss
+from featcache.losses.params import Param, non_negative
 from featcache.losses.registry import register_loss
-from featcache.losses.terms import assume_negative, where_mask
+from featcache.losses.terms import assume_negative, matrix_mean, neglog, where_mask
 
 BASELINE = "baseline in Zhou et al. ECCV 2022 / Li et al."
 BASELINE_PAPER = ("no paper of its own: a baseline of Zhou et al., 'Acknowledging the Unknown for "

@@ -44,19 +44,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from featcache.losses.base import (
-    SPATIAL_FEATURES,
-    Param,
-    SPMLLoss,
-    device_constant,
-    matrix_mean,
-)
+from featcache.losses.base import SPMLLoss
+from featcache.losses.heads import HeadKind
 from featcache.losses.large_loss import (
     LargeLossCorrectPermanent,
     LargeLossCorrectTemporary,
     LargeLossReject,
 )
+from featcache.losses.params import Param
 from featcache.losses.registry import register_loss
+from featcache.losses.terms import device_constant, matrix_mean
 
 BOOSTLU = "Kim et al. CVPR 2023"
 BOOSTLU_PAPER = ("Bridging the Gap between Model Explanations in Partially Annotated Multi-label "
@@ -95,8 +92,8 @@ def alpha_value(alphas: Sequence[float], like: Tensor, shape: Sequence[int]) -> 
 class BoostLULoss(SPMLLoss):
     """What every BoostLU loss declares: its head, the spatial features it needs, ``alpha``."""
 
-    head = "boostlu"
-    needs = (SPATIAL_FEATURES,)
+    head = HeadKind.BOOSTLU
+    needs = HeadKind.BOOSTLU.needs
     reference = BOOSTLU
     paper = BOOSTLU_PAPER
     year = 2023

@@ -14,25 +14,20 @@ import torch
 from torch import Tensor
 
 from featcache.errors import InputError
-from featcache.losses.base import (
-    FULL_LABELS,
-    K_PARAM,
-    OBSERVED_NEGATIVES,
-    SPMLLoss,
-    Targets,
-    expected_positive_regularizer,
-    matrix_mean,
-    neglog,
-    positive,
-    unit_interval,
-)
+from featcache.losses.base import SPMLLoss
+from featcache.losses.needs import FULL_LABELS, OBSERVED_NEGATIVES
+from featcache.losses.params import K_PARAM, positive, unit_interval
 from featcache.losses.registry import register_loss
+from featcache.losses.targets import Targets
 from featcache.losses.terms import (
     assume_negative,
     expand_initial,
+    expected_positive_regularizer,
     inverse_sigmoid,
     inverse_sigmoid_tensor,
     masked_bce_with_grad,
+    matrix_mean,
+    neglog,
     soft_bce,
     soft_bce_with_grad,
     where_mask,

@@ -12,17 +12,13 @@ from collections.abc import Callable, Mapping
 import torch
 from torch import Tensor
 
-from featcache.losses.base import (
-    SPMLLoss,
-    epoch_count,
-    matrix_mean,
-    neglog,
-    non_negative,
-    unit_interval,
-)
+from featcache.losses.base import SPMLLoss
+from featcache.losses.params import epoch_count, non_negative, unit_interval
 from featcache.losses.registry import register_loss
 from featcache.losses.terms import (
     binary_entropy,
+    matrix_mean,
+    neglog,
     select_per_class,
     soft_bce,
     where_mask,

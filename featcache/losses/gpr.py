@@ -25,14 +25,6 @@ from __future__ import annotations
 import torch
 
 from featcache.errors import OptionError
-from featcache.losses.base import (
-    K_PARAM,
-    expected_positive_regularizer,
-    matrix_mean,
-    non_negative,
-    pseudo_labels,
-    unit_interval,
-)
 from featcache.losses.gr import (
     GR_PARAMS,
     GeneralizedRobust,
@@ -41,8 +33,10 @@ from featcache.losses.gr import (
     gr_unobserved_term,
     soft_pseudo_label,
 )
+from featcache.losses.needs import pseudo_labels
+from featcache.losses.params import K_PARAM, non_negative, unit_interval
 from featcache.losses.registry import register_loss
-from featcache.losses.terms import require_pseudo
+from featcache.losses.terms import expected_positive_regularizer, matrix_mean, require_pseudo
 
 TRAN = "Tran et al. ICCV 2025 (AEVLP)"
 TRAN_PAPER = ("More Reliable Pseudo-labels, Better Performance: A Generalized Approach to Single "

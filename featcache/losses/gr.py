@@ -33,9 +33,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from featcache.errors import LossStateError
-from featcache.losses.base import Param, SPMLLoss, epoch_count, matrix_mean, positive
+from featcache.losses.base import SPMLLoss
+from featcache.losses.params import Param, epoch_count, positive
 from featcache.losses.registry import register_loss
-from featcache.losses.terms import head_floats
+from featcache.losses.terms import head_floats, matrix_mean
 
 CHEN = "Chen et al. IJCAI 2024 (GR loss)"
 CHEN_PAPER = ("Boosting Single Positive Multi-label Classification with Generalized Robust Loss "

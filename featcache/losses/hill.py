@@ -21,16 +21,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from featcache.losses.base import (
-    SPMLLoss,
-    epoch_count,
-    matrix_mean,
-    non_negative,
-    switch,
-    unit_interval,
-)
+from featcache.losses.base import SPMLLoss
+from featcache.losses.params import epoch_count, non_negative, switch, unit_interval
 from featcache.losses.registry import register_loss
-from featcache.losses.terms import head_floats
+from featcache.losses.terms import head_floats, matrix_mean
 
 ZHANG = "Zhang et al. arXiv 2021"
 ZHANG_PAPER = ("Simple and Robust Loss Design for Multi-Label Learning with Missing Labels "

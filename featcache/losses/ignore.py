@@ -43,16 +43,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from featcache.errors import LossStateError
-from featcache.losses.base import (
-    SPATIAL_FEATURES,
-    Param,
-    SPMLLoss,
-    epoch_count,
-    neglog,
-    non_negative,
-    switch,
-    unit_interval,
-)
+from featcache.losses.base import SPMLLoss
+from featcache.losses.needs import SPATIAL_FEATURES
+from featcache.losses.params import Param, epoch_count, non_negative, switch, unit_interval
+from featcache.losses.terms import neglog
 from featcache.losses.registry import register_loss
 
 SONG = "Song et al. ECCV 2024"

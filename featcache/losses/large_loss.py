@@ -24,9 +24,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from featcache.losses.base import Param, SPMLLoss, device_constant, matrix_mean, non_negative
+from featcache.losses.base import SPMLLoss
+from featcache.losses.params import Param, non_negative
 from featcache.losses.registry import register_loss
-from featcache.losses.terms import batch_labels, head_floats, per_head_labels
+from featcache.losses.terms import (
+    batch_labels,
+    device_constant,
+    head_floats,
+    matrix_mean,
+    per_head_labels,
+)
 
 KIM = "Kim et al. CVPR 2022"
 KIM_PAPER = "Large Loss Matters in Weakly Supervised Multi-Label Classification"

@@ -18,17 +18,11 @@ from collections.abc import Callable, Mapping
 import torch
 from torch import Tensor
 
-from featcache.losses.base import (
-    LOG_EPSILON,
-    SPMLLoss,
-    epoch_count,
-    non_negative,
-    positive,
-    switch,
-    unit_interval,
-)
+from featcache.losses.base import SPMLLoss
+from featcache.losses.params import epoch_count, non_negative, positive, switch, unit_interval
 from featcache.losses.registry import register_loss
 from featcache.losses.terms import (
+    LOG_EPSILON,
     batch_labels,
     head_floats,
     per_head_labels,

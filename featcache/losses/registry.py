@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from featcache.errors import OptionError, unknown_name
-from featcache.losses.base import DataFacts, ParamValue, SPMLLoss
+from featcache.losses.base import SPMLLoss
+from featcache.losses.needs import DataFacts
+from featcache.losses.params import ParamValue
 
 _REGISTRY: dict[str, type[SPMLLoss]] = {}
 

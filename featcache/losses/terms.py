@@ -1,4 +1,6 @@
-"""Building blocks shared by the losses: label masks, guarded cross-entropy terms, label state.
+"""Building blocks shared by the losses: the numeric conventions (the guarded log, the matrix
+mean, constants on the device, hand-written gradients' seed), label masks, guarded
+cross-entropy terms, label state.
 
 Everything works on stacked heads: probabilities and logits are (H, B, L); label matrices are
 (B, L) (shared by all heads) or (H, B, L) (per-head label state, e.g. LL-Cp's corrections).
@@ -7,19 +9,61 @@ Everything works on stacked heads: probabilities and logits are (H, B, L); label
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
 
 from featcache.errors import InputError, LossStateError
-from featcache.losses.base import (
-    LOG_EPSILON,
-    Targets,
-    device_constant,
-    matrix_mean,
-    neglog,
-    unit_gradient,
-)
+from featcache.losses.targets import Targets
+
+LOG_EPSILON = 1e-5
+
+_CONSTANTS: dict[tuple, Tensor] = {}
+
+
+def device_constant(values: Sequence[float], device: torch.device | str | None,
+                    dtype: torch.dtype) -> Tensor:
+    """``values`` as a 1-D tensor on ``device``, built once per values, device and dtype.
+
+    Losses call this at every step: ``torch.tensor(values, device=cuda)`` would copy from the
+    host each time and make the host wait for the device. Treat the result as read-only.
+    """
+    key = (tuple(values), torch.device(device or "cpu"), dtype)
+    tensor = _CONSTANTS.get(key)
+    if tensor is None:
+        tensor = _CONSTANTS[key] = torch.tensor(list(values), dtype=dtype, device=key[1])
+    return tensor
+
+
+def unit_gradient(like: Tensor, count: int, sign: float = 1.0) -> Tensor:
+    """``sign / count`` as autograd's backward of ``total / count`` computes it (``1 / count``
+    on ``like``'s dtype and device; negation is exact), as a 0-d tensor built once per count,
+    sign, device and dtype: the seed of a hand-written gradient. Treat it as read-only."""
+    key = ("unit", count, sign, like.device, like.dtype)
+    tensor = _CONSTANTS.get(key)
+    if tensor is None:
+        tensor = _CONSTANTS[key] = sign * (torch.ones((), dtype=like.dtype, device=like.device)
+                                           / count)
+    return tensor
+
+
+def neglog(x: Tensor) -> Tensor:
+    """``-log(x + 1e-5)``, the reference code's guarded log on probabilities."""
+    return -torch.log(x + LOG_EPSILON)
+
+
+def matrix_mean(loss_matrix: Tensor) -> Tensor:
+    """Sum an (H, B, L) loss matrix over B and L and divide by B * L: shape (H,)."""
+    batch, classes = loss_matrix.shape[-2:]
+    return loss_matrix.sum(dim=(-2, -1)) / (batch * classes)
+
+
+def expected_positive_regularizer(probs: Tensor, k: float | Tensor) -> Tensor:
+    """``(mean over the batch of sum_i f_ni - k)^2 / L^2`` per head: shape (H,)."""
+    classes = probs.shape[-1]
+    k = k.reshape(-1) if isinstance(k, Tensor) else k
+    return (probs.sum(dim=-1).mean(dim=-1) - k) ** 2 / classes**2
 
 
 def inverse_sigmoid(p: float) -> float:

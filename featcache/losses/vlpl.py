@@ -24,18 +24,12 @@ from __future__ import annotations
 
 import torch
 
-from featcache.losses.base import (
-    SPMLLoss,
-    device_constant,
-    epoch_count,
-    matrix_mean,
-    non_negative,
-    pseudo_labels,
-    unit_interval,
-)
+from featcache.losses.base import SPMLLoss
 from featcache.losses.entropy import ALPHA, EM_ALPHA, entropy_matrix
+from featcache.losses.needs import pseudo_labels
+from featcache.losses.params import epoch_count, non_negative, unit_interval
 from featcache.losses.registry import register_loss
-from featcache.losses.terms import require_pseudo, soft_bce
+from featcache.losses.terms import device_constant, matrix_mean, require_pseudo, soft_bce
 
 VLPL_REFERENCE = "Xing et al. CVPRW 2024"
 

@@ -67,7 +67,8 @@ def choose_losses(spec: str | Sequence[str], facts: DataFacts,
 
 
 def needs_spatial(loss: str) -> bool:
-    """Whether ``loss`` trains on spatial feature maps (it declares the spatial-features need)."""
+    """Whether ``loss`` trains on spatial feature maps (it declares the spatial-features need:
+    its kind of head reads them, or it masks them as IGNORE does)."""
     return SPATIAL_FEATURES in loss_class(loss).needs
 
 

@@ -1,0 +1,110 @@
+"""What a fine-tuning run leaves in ``<cache>/<dataset>/finetune/<loss>/<run-id>/``:
+results.json, summary.md (:mod:`featcache.finetune.report`) and curves.png.
+
+``results.json`` is written last, atomically: a run directory without it is unfinished (its
+checkpoints let ``--resume`` continue). ``best.pt`` is written during the run
+(:func:`featcache.finetune.search.write_best`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from featcache.fileio import write_json_atomic, write_text_atomic
+from featcache.finetune.data import FinetuneData
+from featcache.finetune.loop import Settings
+from featcache.finetune.records import ConfigResult
+from featcache.finetune.report import summary_markdown
+from featcache.finetune.search import GridResult
+from featcache.finetune.start import StartPoint
+from featcache.losses import loss_class
+from featcache.protocol.coverage import evaluation_coverage, evaluation_notes
+from featcache.protocol.plots import plot_series
+from featcache.protocol.records import document_header, machine_record
+from featcache.protocol.runs import RESULTS, fingerprint
+from featcache.published import published
+
+
+def _config_record(result: ConfigResult) -> dict:
+    best = result.best
+    return {
+        "lr": result.config.lr, "batch_size": result.config.batch_size,
+        "best_epoch": best.epoch + 1,
+        "val_map": best.val_map, "val_map_observed": best.val_map_observed,
+        "test_map": best.test_map, "train_map": best.train_map, "stopped_at": result.stopped_at,
+        "seconds": result.seconds, "epochs": [r.to_json() for r in result.epochs],
+    }
+
+
+def results_document(grid: GridResult, settings: Settings, start: StartPoint, data: FinetuneData,
+                     run_settings: dict, machine: dict) -> dict:
+    """Everything worth keeping about a fine-tuning run, as JSON-ready data."""
+    selected = grid.selected
+    best = selected.best
+    epochs = [r for c in grid.configs for r in c.epochs]
+    train_seconds = sum(r.train_seconds for r in epochs)
+    images = sum(r.images_per_second * r.train_seconds for r in epochs)
+    setting = "linearinit" if start.mode == "linear" else "finetune"
+    loss = loss_class(settings.loss)
+    val_cover, test_cover = evaluation_coverage(data, settings.val_variant)
+    val_map = best.val_map if settings.val_variant == "clean" else best.val_map_observed
+    return {
+        **document_header("finetune", loss, data.labels),
+        "images_root": str(data.root),
+        "init": start.record,
+        "backbone": {"name": start.backbone, **start.weights_identity,
+                     "image_size": start.image_size, "preprocess": start.preprocess},
+        "pseudo_labels": None if data.pseudo_labels is None else data.pseudo_labels.identity(),
+        "sizes": {"train": len(data.train), "val": len(data.val), "test": len(data.test),
+                  "classes": data.num_classes},
+        "protocol": {
+            "optimizer": "adam", "epochs": settings.epochs, "head_lr_mult": settings.head_lr_mult,
+            "learned_state_lr_mult": {name: settings.params.get(param) for name, param in
+                              loss.learned_state.items()},
+            "val_variant": settings.val_variant, "early_stop": settings.early_stop,
+            "seed": settings.seed, "train_transform": "resize, horizontal flip (seeded), normalize",
+            "train_drop_last": True, "eval_every_example": True,
+        },
+        "grid": {"lr": run_settings["learning_rates"], "batch_size": run_settings["batch_sizes"]},
+        "selection": {
+            "lr": selected.config.lr, "batch_size": selected.config.batch_size,
+            "params": settings.params,
+            **({"params_estimates": settings.param_estimates} if settings.param_estimates else {}),
+            "epoch": best.epoch + 1,
+            "val_map": best.val_map, "val_map_observed": best.val_map_observed,
+            "test_map": best.test_map, "train_map": best.train_map,
+            "test_ap_per_class": {c: a * 100.0 for c, a in zip(data.classes, selected.test_ap,
+                                                                strict=True)},
+            "val_map_classes_with_positives": val_cover.map_over_present(val_map),
+            "test_map_classes_with_positives": test_cover.map_over_present(best.test_map),
+        },
+        "evaluation": {"validation": val_cover.to_json(), "test": test_cover.to_json()},
+        "configs": [_config_record(c) for c in grid.configs],
+        "published": {
+            "setting": setting,
+            "finetune": published("finetune", settings.loss, data.dataset),
+            "linearinit": published("linearinit", settings.loss, data.dataset),
+        },
+        "notes": start.notes + data.notes + evaluation_notes(val_cover, test_cover, val_map,
+                                                             best.test_map),
+        "timings": {"seconds": grid.seconds, "train_seconds": train_seconds,
+                    "train_images_per_second": images / max(train_seconds, 1e-9),
+                    "epochs": len(epochs)},
+        "machine": machine_record(**machine),
+        "settings": run_settings,
+        "fingerprint": fingerprint(run_settings),
+    }
+
+
+def write_outputs(run_dir: Path, document: dict, grid: GridResult, plot: bool = True) -> None:
+    """summary.md, curves.png, then results.json last (marks the run finished)."""
+    write_text_atomic(run_dir / "summary.md", summary_markdown(document))
+    if plot:
+        variant = document["protocol"]["val_variant"]
+        curves = [(f"lr={c.config.lr:g} bs={c.config.batch_size}", [r.epoch + 1 for r in c.epochs],
+                   [r.selection(variant) for r in c.epochs], [r.test_map for r in c.epochs])
+                  for c in grid.configs]
+        selected = grid.selected
+        plot_series(curves, (selected.best.epoch + 1, selected.best_val), run_dir / "curves.png",
+                    title=f"{document['dataset']} / {document['loss']}: fine-tuned")
+    write_json_atomic(run_dir / RESULTS, document)

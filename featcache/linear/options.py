@@ -1,0 +1,49 @@
+"""Every option of ``featcache train-linear``, as given (``None``: decided by the data or the
+device); :meth:`LinearOptions.validate` checks them before anything is loaded, as
+``ExtractOptions.validate`` and ``FinetuneOptions.validate`` do for the other stages."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from featcache.protocol.grid import BATCH_SIZES, LEARNING_RATES, LINEAR_EPOCHS, check_grid
+from featcache.protocol.selection import check_early_stop
+
+
+@dataclass
+class LinearOptions:
+    """Every option of ``featcache train-linear``."""
+
+    dataset: str
+    losses: str | Sequence[str] = "an-ls"
+    learning_rates: Sequence[float] = LEARNING_RATES
+    batch_sizes: Sequence[int] = BATCH_SIZES
+    epochs: int = LINEAR_EPOCHS
+    params: Mapping[str, Sequence[float]] = field(default_factory=dict)
+    seeds: Sequence[int] = (0,)
+    val_variant: str = "auto"
+    early_stop: str = "none"
+    backbone: str | None = None
+    run_id: str | None = None
+    jobs: int | None = None
+    max_memory: str | int | None = None  # budget for the features and training state
+    stream: bool = False  # stream the training features even when they fit the budget
+    plots: bool = True
+    progress: bool = True
+    device: str = "auto"
+    cache: str | None = None
+    overwrite: bool = False
+    pseudo_labels: str | None = None  # the pseudo-label set for the losses that need one
+    search: str = "protocol"  # or "probe": the wider field's conventions (linear.probe)
+    weight_decays: Sequence[float] | None = None  # the probe search's (default: its grid)
+
+    def validate(self) -> None:
+        """OptionError naming the first option that cannot be used (the grid, --early-stop,
+        --search and --weight-decay); what needs the data (losses, parameters) is checked once
+        the labels are read."""
+        from featcache.linear.probe import check_search  # imports torch
+
+        check_grid(self.learning_rates, self.batch_sizes)
+        check_early_stop(self.early_stop)
+        check_search(self.search, self.weight_decays)
