@@ -33,7 +33,7 @@ install: $(STAMP)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev,backbones,locks]'
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev,backbones,locks,tensorboard]'
 	touch $(STAMP)
 
 # The architecture contracts (pyproject.toml [tool.importlinter]) are part of the tests.

@@ -13,6 +13,8 @@ from featcache.commands.common import (
     parse_number_list,
     parse_params,
     pseudo_labels_option,
+    tensorboard_line,
+    tensorboard_option,
     val_option,
 )
 
@@ -56,13 +58,14 @@ from featcache.commands.common import (
 @click.option("--stream", is_flag=True,
               help="Stream the training features from the file even when they fit the budget.")
 @click.option("--no-plots", is_flag=True, help="Do not draw curves.png.")
+@tensorboard_option
 @click.option("--quiet", is_flag=True, help="No progress bars.")
 @device_option
 @cache_option
 @overwrite_option
 def command(dataset, loss_names, learning_rates, batch_sizes, epochs, param_pairs, eps_pos,
             eps_neg, val_variant, seeds, early_stop, backbone, pseudo_labels, run_id, jobs,
-            max_memory, stream, no_plots, quiet, device, cache, overwrite):
+            max_memory, stream, no_plots, tensorboard, quiet, device, cache, overwrite):
     """Train linear heads on cached features with the protocol's grid and selection.
 
     Under `torchrun --nproc_per_node N -m featcache train-linear ...` the groups are spread
@@ -84,10 +87,13 @@ def command(dataset, loss_names, learning_rates, batch_sizes, epochs, param_pair
         epochs=epochs, params=params, seeds=parse_number_list(seeds, "--seeds", kind=int),
         val_variant=val_variant, early_stop=early_stop, backbone=backbone, run_id=run_id,
         jobs=jobs, max_memory=max_memory, stream=stream, plots=not no_plots, progress=not quiet,
-        device=device, cache=cache, overwrite=overwrite, pseudo_labels=pseudo_labels)
+        device=device, cache=cache, overwrite=overwrite, pseudo_labels=pseudo_labels,
+        tensorboard=tensorboard)
     outcome = run_linear(options, say=lambda line: click.echo(line, err=True),
                          on_run=lambda run: click.echo(run.line()))
     if outcome.table is not None:
         click.echo("")
         click.echo(outcome.table.markdown())
         click.echo(f"table written to {outcome.table_path.with_suffix('')}.md / .csv / .json")
+    if tensorboard:
+        click.echo(tensorboard_line(tensorboard), err=True)

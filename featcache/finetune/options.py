@@ -46,3 +46,4 @@ class FinetuneOptions:
     plots: bool = True
     progress: bool = True
     cache: str | None = None
+    tensorboard: str | None = None  # log the run's curves there (protocol.tensorboard_log)

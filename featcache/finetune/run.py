@@ -32,6 +32,7 @@ from featcache.protocol.grid import check_grid, grid_points
 from featcache.protocol.handoff import LinearPhase
 from featcache.protocol.runs import RunFolder, latest_unfinished, new_run_id
 from featcache.protocol.selection import resolve_val_variant
+from featcache.protocol.tensorboard_log import log_run, require_tensorboard
 from featcache.runtime import (
     Ranks,
     backend_flags,
@@ -54,6 +55,8 @@ def run_finetune(options: FinetuneOptions, linear_phase: LinearPhase | None = No
     if options.schedule not in SCHEDULES:
         raise OptionError(f"--schedule {options.schedule!r}: choose one of {', '.join(SCHEDULES)}")
     check_keep(options.keep_checkpoints)
+    if options.tensorboard:
+        require_tensorboard()
     with ranks(options.device) as job:
         data = loss.fit_data(load_finetune_data(existing_labels(options.dataset, options.cache),
                                                 options.images_root, options.pseudo_labels))
@@ -98,6 +101,8 @@ def run_finetune(options: FinetuneOptions, linear_phase: LinearPhase | None = No
                        "keep_checkpoints": settings.keep_checkpoints}
             document = results_document(result, settings, start, data, identity, machine)
             write_outputs(run_dir, document, result, plot=options.plots)
+            if options.tensorboard:
+                log_run(options.tensorboard, document, run_dir)
         finally:
             if "lock" in held:
                 held["lock"].release()
