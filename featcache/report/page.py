@@ -267,6 +267,7 @@ def curves_section(runs: Sequence[Run]) -> str:
 def finetune_section(runs: Sequence[Run], every_run: Sequence[Run]) -> str:
     """Each fine-tuned run beside the linear run it started from (LinearInit)."""
     by_path = {str(run.path.resolve()): run for run in every_run}
+    by_name = {run.name: run for run in every_run}
     shown = {run.name for run in runs}
     rows, figures = [], []
     for run in runs:
@@ -278,7 +279,10 @@ def finetune_section(runs: Sequence[Run], every_run: Sequence[Run]) -> str:
             start_cells = "<td colspan=3>a fresh head (--init none)</td>"
             linear = None
         else:
-            linear = by_path.get(str(Path(init.get("run_dir", "")).resolve()))
+            start_dir = Path(init.get("run_dir", ""))
+            # the folder it was made from, or the same run in this cache (a moved cache)
+            linear = by_path.get(str(start_dir.resolve())) or by_name.get(
+                f"runs/{start_dir.parent.name}/{start_dir.name}")
             start = (f'<a href="#{linear.anchor}">{esc(linear.name)}</a>'
                      if linear is not None and linear.name in shown
                      else esc(init.get("run_dir")))
