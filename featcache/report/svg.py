@@ -154,8 +154,8 @@ def heatmap_svg(rows: Sequence[str], classes: Sequence[str],
     """Losses (rows) x classes (columns), coloured by AP; a cell where a loss gains on the
     reference loss is outlined green with a triangle up, one where it loses red with a
     triangle down; the numbers in the cell when it is wide enough, always in its tooltip."""
-    cell_w = 34 if len(classes) <= 30 else 14
-    cell_h = 20
+    cell_w = 46 if len(classes) <= 12 else 34 if len(classes) <= 30 else 14
+    cell_h = 22 if len(classes) <= 12 else 20
     label_w = 10 + 7 * max((len(r) for r in rows), default=4)
     top = 16 + 6 * min(max((len(c) for c in classes), default=4), 24)
     width = label_w + cell_w * len(classes) + 90
