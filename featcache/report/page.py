@@ -61,7 +61,7 @@ def provenance_tip(run: Run) -> str:
 
 
 # ---------------------------------------------------------------------------- loss tables
-def loss_table_html(group: TableGroup, index: int) -> str:
+def loss_table_html(group: TableGroup, index: int, number_text: str = "") -> str:
     """A sortable loss table: mean +- sd over seeds, published and difference, val mAP, each
     seed's selected configuration linked to its run."""
     table = group.table
@@ -106,11 +106,17 @@ def loss_table_html(group: TableGroup, index: int) -> str:
                       f"<li>no published number for {esc(dataset)} ({esc(source)} covers "
                       "VOC, COCO, NUS-WIDE and CUB)</li>")
     return (f'<h3 id="table-{index}">{esc(STAGE_TITLES.get(group.stage, group.stage))}'
-            f"{'' if index == 0 else f' ({index + 1})'}</h3>"
+            f"{number_text}</h3>"
             f'<p class="caption">{esc(table.caption())} Click a column to sort; a number\'s '
             "tooltip names its run, command and settings fingerprint.</p>"
             f'<table class="sortable"><thead>{head}</thead><tbody>{"".join(rows)}</tbody>'
             f"</table><ul class=\"notes\">{notes}{published_note}</ul>")
+
+
+def _number_in_stage(groups: Sequence[TableGroup], index: int) -> str:
+    """`` (2)`` for a stage's second table, nothing for its first."""
+    count = sum(g.stage == groups[index].stage for g in groups[:index + 1])
+    return "" if count == 1 else f" ({count})"
 
 
 def _delta_class(delta: float | None) -> str:
@@ -119,7 +125,7 @@ def _delta_class(delta: float | None) -> str:
     return ' class="up"' if delta >= 0 else ' class="down"'
 
 
-def heatmap_html(group: TableGroup, index: int) -> str:
+def heatmap_html(group: TableGroup, index: int, number_text: str = "") -> str:
     """The per-class AP heatmap of one table, with its key."""
     losses, classes, cells, reference = per_class_cells(group)
     if not losses:
@@ -128,8 +134,10 @@ def heatmap_html(group: TableGroup, index: int) -> str:
              f"{group.table.datasets[0]}")
     links = {loss: f"loss-{loss}" for loss in losses}
     if reference is None:
-        key = (f"no {esc('an')} run in this table: nothing to compare against (train "
-               "<code>--loss an</code> with the same settings to see gains and losses)")
+        command = "train-linear" if group.stage == "linear" else "finetune"
+        key = (f"no {esc('an')} run in this table: nothing to compare against (run "
+               f"<code>featcache {command} --loss an</code> with the same settings to see gains "
+               "and losses)")
     else:
         key = (f"outlined green &#9650;: the loss gains on <b>{reference}</b> for that class, "
                f"red &#9660;: it loses (a difference of at least {MIN_HIGHLIGHT:g} AP point, or "
@@ -140,7 +148,7 @@ def heatmap_html(group: TableGroup, index: int) -> str:
     extra = (f" Classes without a test positive (AP 0 by the protocol): {esc(', '.join(missing))}."
              if missing else "")
     return (f'<h3 id="heatmap-{index}">{esc(STAGE_TITLES.get(group.stage, group.stage))}'
-            f"{'' if index == 0 else f' ({index + 1})'}</h3>"
+            f"{number_text}</h3>"
             f'<p class="caption">Colour: test AP, mean over seeds (white 0, dark blue 100); '
             f"{key}. Hover a cell for its numbers.{extra}</p>"
             f'<div class="scroll">{heatmap_svg(losses, classes, cells, title, reference, links)}'
@@ -302,7 +310,7 @@ def finetune_section(runs: Sequence[Run], every_run: Sequence[Run]) -> str:
         pair = []
         if linear is not None:
             pair.append(curves_svg(run_series(linear, only_selected=True),
-                                   f"linear start: {linear.name} (selected configuration)",
+                                   f"linear start: {linear.name} (each seed's selection)",
                                    width=420, height=260))
         pair.append(curves_svg(run_series(run), f"fine-tuned: {run.name}", width=420,
                                height=260))
@@ -344,8 +352,10 @@ def render_page(dataset: str, runs: Sequence[Run], every_run: Sequence[Run],
     title = title or f"featcache report: {dataset}"
     stages = {run.stage for run in runs}
     created = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
-    tables = "".join(loss_table_html(g, i) for i, g in enumerate(groups))
-    heatmaps = "".join(heatmap_html(g, i) for i, g in enumerate(groups))
+    tables = "".join(loss_table_html(g, i, _number_in_stage(groups, i))
+                     for i, g in enumerate(groups))
+    heatmaps = "".join(heatmap_html(g, i, _number_in_stage(groups, i))
+                       for i, g in enumerate(groups))
     finetune = finetune_section(runs, every_run)
     cams = cam_section(figures, root)
     nav = [("tables", "Loss tables"), ("per-class", "Per-class AP")]

@@ -83,6 +83,9 @@ def curves_svg(series: Sequence[Series], title: str, width: int = 520, height: i
                                                                        strict=True)
                               if v is not None)
             kind = "val" if not style else "test"
+            if points and " " not in points:  # one epoch: a dot, as a line would not show
+                cx, cy = points.split(",")
+                parts.append(f'<circle cx="{cx}" cy="{cy}" r="2.5" fill="{s.colour}"/>')
             parts.append(f'<polyline points="{points}" fill="none" stroke="{s.colour}" '
                          f'stroke-width="{2 if s.emphasis else 1.2}"{style}>'
                          f'<title>{escape(s.label)} ({kind})</title></polyline>')
