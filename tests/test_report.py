@@ -3,6 +3,7 @@ against the runs' results.json; it parses, holds no URL, renders in a headless b
 
 from __future__ import annotations
 
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -241,11 +242,17 @@ def test_bad_input_is_one_clear_error(cache, tmp_path):
         build_report(cache / NAME, ["nope"])
     with pytest.raises(InputError, match="is not a dataset folder"):
         build_report(tmp_path / "missing")
-    (tmp_path / "empty").mkdir()
-    result = invoke("report", tmp_path / "empty")
+    # a dataset without runs: the command it suggests trains one, pasted as printed
+    (tmp_path / NAME).mkdir()
+    for name in ("labels.h5", "features-resnet50-random.h5"):
+        shutil.copy(cache / NAME / name, tmp_path / NAME / name)
+    result = invoke("report", tmp_path / NAME)
     assert result.exit_code != 0
     assert "holds no finished run" in result.output
-    assert "featcache train-linear --dataset empty" in result.output
+    suggested = result.output.split("train one with `")[1].split("`")[0]
+    assert suggested == f"featcache train-linear --dataset {NAME} --cache {tmp_path}"
+    assert invoke(*shlex.split(suggested)[1:]).exit_code == 0
+    assert invoke("report", tmp_path / NAME).exit_code == 0
 
 
 def _browser() -> str | None:

@@ -30,14 +30,26 @@ def build_report(dataset_dir: str | Path, runs: Sequence[str] = (), title: str |
     every = find_runs(root)
     if not every:
         raise InputError(f"{root} holds no finished run (no runs/<loss>/<run-id>/results.json or "
-                         "finetune/<loss>/<run-id>/results.json); train one with `featcache "
-                         f"train-linear --dataset {root.name}`")
+                         "finetune/<loss>/<run-id>/results.json); train one with "
+                         f"`{train_command(root)}`")
     chosen = select_runs(every, runs)
     datasets = sorted({run.document["dataset"] for run in chosen})
     if len(datasets) > 1:
         raise InputError(f"{root} holds runs of several datasets ({', '.join(datasets)}); a "
                          "report covers one")
     return render_page(datasets[0], chosen, every, find_cam_figures(root), root, title)
+
+
+def train_command(root: Path) -> str:
+    """The stage-two command that trains a run into the dataset folder ``root``."""
+    import shlex
+
+    from featcache.paths import cache_root
+
+    command = f"featcache train-linear --dataset {shlex.quote(root.name)}"
+    if root.parent.resolve() != cache_root().resolve():
+        command += f" --cache {shlex.quote(str(root.parent))}"
+    return command
 
 
 def write_report(dataset_dir: str | Path, out: str | Path | None = None,
