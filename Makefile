@@ -34,7 +34,7 @@ install: $(STAMP)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev,backbones,locks]'
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev,backbones,locks,tensorboard]'
 	touch $(STAMP)
 
 # The architecture contracts (pyproject.toml [tool.importlinter]) and the type checker
@@ -52,7 +52,8 @@ demo: install
 	$(FEATCACHE) table cache/shapes/runs/*/demo-$(DEMO_TAG) --format latex --out cache/shapes/table-demo-$(DEMO_TAG).tex --overwrite
 	$(FEATCACHE) predict --run cache/shapes/finetune/role/demo-$(DEMO_TAG) cache/shapes/images/test --out cache/shapes/predictions-demo-$(DEMO_TAG).csv --quiet --overwrite
 	$(FEATCACHE) cam --run cache/shapes/runs/an/demo-$(DEMO_TAG) --run cache/shapes/runs/ll-r/demo-$(DEMO_TAG) --run cache/shapes/finetune/role/demo-$(DEMO_TAG) cache/shapes/images/test/000005.jpg --out cache/shapes/cam-demo-$(DEMO_TAG).png --overwrite
-	@echo "demo finished: see cache/shapes/runs/table-demo-$(DEMO_TAG).md, cache/shapes/finetune/role/demo-$(DEMO_TAG)/summary.md, cache/shapes/table-demo-$(DEMO_TAG).tex, predictions-demo-$(DEMO_TAG).csv and cam-demo-$(DEMO_TAG).png"
+	$(FEATCACHE) report cache/shapes --runs demo-$(DEMO_TAG) --title "featcache demo: shapes, $(DEMO_TAG) features" --out cache/shapes/report-demo-$(DEMO_TAG).html --overwrite
+	@echo "demo finished: open cache/shapes/report-demo-$(DEMO_TAG).html in a browser (all of it on one page); also cache/shapes/runs/table-demo-$(DEMO_TAG).md, cache/shapes/finetune/role/demo-$(DEMO_TAG)/summary.md, cache/shapes/table-demo-$(DEMO_TAG).tex, predictions-demo-$(DEMO_TAG).csv and cam-demo-$(DEMO_TAG).png"
 
 features: install
 	$(FEATCACHE) features --dataset $(DATASET)$(if $(SPATIAL), --spatial) $(FEATURES_ARGS)

@@ -36,6 +36,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "predict": ("featcache.commands.predict", "Probabilities of a trained run for images or features."),
     "cam": ("featcache.commands.cam", "Class activation maps of trained runs on an image (PNG)."),
     "table": ("featcache.commands.table", "A paper table (md, csv, LaTeX, json) from finished runs."),
+    "report": ("featcache.commands.report", "One self-contained HTML page of a dataset's runs."),
     "pipeline": ("featcache.commands.pipeline", "Run a declared experiment recipe from pipelines/."),
 }
 

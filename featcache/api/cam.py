@@ -32,6 +32,9 @@ from featcache.errors import InputError, OptionError, unknown_name
 from featcache.fileio import atomic_output
 from featcache.runtime import pick_device
 
+#: the PNG "Software" text of a CAM figure (how `featcache report` tells it from other PNGs)
+CAM_SOFTWARE = "featcache cam"
+
 
 @dataclass
 class ClassMap:
@@ -184,7 +187,10 @@ def draw_maps(rows: Sequence[RunMaps], out: str | Path, title: str = "", alpha: 
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     out = Path(out)
+    # what `featcache report` needs to find the figure and say what it shows
+    metadata = {"Software": CAM_SOFTWARE, "Title": title,
+                "Description": "; ".join(row.label for row in rows)}
     with atomic_output(out, overwrite=overwrite) as tmp:
-        fig.savefig(tmp, format="png")
+        fig.savefig(tmp, format="png", metadata=metadata)
     plt.close(fig)
     return out

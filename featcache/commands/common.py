@@ -35,6 +35,22 @@ pseudo_labels_option = click.option(
 )
 
 
+tensorboard_option = click.option(
+    "--tensorboard", "tensorboard", type=click.Path(file_okay=False), default=None,
+    envvar="FEATCACHE_TENSORBOARD", show_envvar=True,
+    help="Log each configuration's per-epoch train loss and val/test mAP, and the selected "
+         "configuration's hyper-parameters, for TensorBoard under DIR/<dataset>/<loss>/"
+         "<stage>-<run-id>/<lr>-<batch>-<seed> (needs `pip install 'featcache[tensorboard]'`; "
+         "view with `tensorboard --logdir DIR`).")
+
+
+def tensorboard_line(directory: str) -> str:
+    """The closing line of a command that logged runs for TensorBoard."""
+    import shlex
+
+    return f"TensorBoard logs in {directory}: tensorboard --logdir {shlex.quote(str(directory))}"
+
+
 val_option = click.option(
     "--val", "val_variant", type=click.Choice(["auto", "clean", "observed"]), default="auto",
     show_default=True,

@@ -11,6 +11,8 @@ from featcache.commands.common import (
     parse_params,
     preprocess_option,
     pseudo_labels_option,
+    tensorboard_line,
+    tensorboard_option,
     val_option,
 )
 
@@ -106,13 +108,14 @@ from featcache.commands.common import (
                    "over); all, every epoch's checkpoint (configs/<lr-bs>/epoch-NNN.pt). The disk "
                    "use and a time estimate are printed before training starts.")
 @click.option("--no-plots", is_flag=True, help="Do not draw curves.png.")
+@tensorboard_option
 @click.option("--quiet", is_flag=True, help="No progress bars.")
 @cache_option
 def command(dataset, loss, init, learning_rates, batch_sizes, epochs, head_lr_mult, param_pairs,
             linear_lr, linear_batch_size, backbone, weights, image_size, preprocess, pseudo_labels,
             precision, use_compile, deterministic, schedule, workers, eval_batch_size, val_variant, early_stop,
             seed, device, images_root, run_id,
-            resume, overwrite, keep_checkpoints, no_plots, quiet, cache):
+            resume, overwrite, keep_checkpoints, no_plots, tensorboard, quiet, cache):
     """Stage three: fine-tune the whole network end to end on the images.
 
     \b
@@ -143,8 +146,10 @@ def command(dataset, loss, init, learning_rates, batch_sizes, epochs, head_lr_mu
         eval_batch_size=eval_batch_size, val_variant=val_variant, early_stop=early_stop, seed=seed,
         device=device, images_root=images_root, run_id=run_id, resume=resume, overwrite=overwrite,
         keep_checkpoints=keep_checkpoints,
-        plots=not no_plots, progress=not quiet, cache=cache,
+        plots=not no_plots, progress=not quiet, cache=cache, tensorboard=tensorboard,
     )
     outcome = run_finetune(options, linear_phase=train_linear_phase)
     if outcome is not None:
         click.echo(outcome)
+        if tensorboard:
+            click.echo(tensorboard_line(tensorboard), err=True)

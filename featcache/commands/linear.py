@@ -13,6 +13,8 @@ from featcache.commands.common import (
     parse_number_list,
     parse_params,
     pseudo_labels_option,
+    tensorboard_line,
+    tensorboard_option,
     val_option,
 )
 
@@ -72,6 +74,7 @@ from featcache.commands.common import (
 @click.option("--stream", is_flag=True,
               help="Stream the training features from the file even when they fit the budget.")
 @click.option("--no-plots", is_flag=True, help="Do not draw curves.png.")
+@tensorboard_option
 @click.option("--quiet", is_flag=True, help="No progress bars.")
 @device_option
 @cache_option
@@ -79,7 +82,7 @@ from featcache.commands.common import (
 @click.pass_context
 def command(ctx, dataset, loss_names, learning_rates, batch_sizes, epochs, param_pairs, eps_pos,
             eps_neg, val_variant, seeds, early_stop, search, weight_decays, backbone,
-            pseudo_labels, run_id, jobs, max_memory, stream, no_plots, quiet, device, cache,
+            pseudo_labels, run_id, jobs, max_memory, stream, no_plots, tensorboard, quiet, device, cache,
             overwrite):
     """Train linear heads on cached features with the protocol's grid and selection.
 
@@ -110,10 +113,12 @@ def command(ctx, dataset, loss_names, learning_rates, batch_sizes, epochs, param
         val_variant=val_variant, early_stop=early_stop, backbone=backbone, run_id=run_id,
         jobs=jobs, max_memory=max_memory, stream=stream, plots=not no_plots, progress=not quiet,
         device=device, cache=cache, overwrite=overwrite, pseudo_labels=pseudo_labels,
-        search=search, weight_decays=weight_decays)
+        search=search, weight_decays=weight_decays, tensorboard=tensorboard)
     outcome = run_linear(options, say=lambda line: click.echo(line, err=True),
                          on_run=lambda run: click.echo(run.line()))
     if outcome.table is not None:
         click.echo("")
         click.echo(outcome.table.markdown())
         click.echo(f"table written to {outcome.table_path.with_suffix('')}.md / .csv / .json")
+    if tensorboard:
+        click.echo(tensorboard_line(tensorboard), err=True)

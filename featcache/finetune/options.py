@@ -47,6 +47,7 @@ class FinetuneOptions:
     plots: bool = True
     progress: bool = True
     cache: str | None = None
+    tensorboard: str | None = None  # log the run's curves there (protocol.tensorboard_log)
 
     def validate(self) -> None:
         """OptionError naming the first option that cannot be used (an unknown loss first,

@@ -31,6 +31,7 @@ from featcache.protocol.grid import grid_points
 from featcache.protocol.handoff import LinearPhase
 from featcache.protocol.runs import RunFolder, latest_unfinished, new_run_id
 from featcache.protocol.selection import resolve_val_variant
+from featcache.protocol.tensorboard_log import log_run, require_tensorboard
 from featcache.runtime import (
     Ranks,
     backend_flags,
@@ -50,6 +51,8 @@ def run_finetune(options: FinetuneOptions, linear_phase: LinearPhase | None = No
     """
     options.validate()
     loss = loss_class(options.loss)
+    if options.tensorboard:
+        require_tensorboard()
     with ranks(options.device) as job:
         data = loss.fit_data(load_finetune_data(existing_labels(options.dataset, options.cache),
                                                 options.images_root, options.pseudo_labels))
@@ -89,6 +92,8 @@ def run_finetune(options: FinetuneOptions, linear_phase: LinearPhase | None = No
             machine = _machine_record(options, settings, job, result)
             document = results_document(result, settings, start, data, identity, machine)
             write_outputs(run_dir, document, result, plot=options.plots)
+            if options.tensorboard:
+                log_run(options.tensorboard, document, run_dir)
         finally:
             if "lock" in run_lock:
                 run_lock["lock"].release()

@@ -37,6 +37,7 @@ class LinearOptions:
     pseudo_labels: str | None = None  # the pseudo-label set for the losses that need one
     search: str = "protocol"  # or "probe": the wider field's conventions (linear.probe)
     weight_decays: Sequence[float] | None = None  # the probe search's (default: its grid)
+    tensorboard: str | None = None  # log every run's curves there (protocol.tensorboard_log)
 
     def validate(self) -> None:
         """OptionError naming the first option that cannot be used (the grid, --early-stop,

@@ -83,6 +83,7 @@ from featcache.protocol.loss_choice import (
 from featcache.protocol.results_table import seed_choices
 from featcache.protocol.runs import RunFolder, new_run_id, open_finished_or_new
 from featcache.protocol.selection import resolve_val_variant
+from featcache.protocol.tensorboard_log import log_run, require_tensorboard
 from featcache.runtime import Ranks, describe_device, pick_device, ranks, usable_cpus
 from featcache.tables import Table
 
@@ -146,6 +147,8 @@ def run_linear(options: LinearOptions, say: Callable[[str], None] = _stderr,
     """
     mark_interpreter()  # --max-memory counts what the search allocates from here on
     options.validate()
+    if options.tensorboard:
+        require_tensorboard()
     budget = default_budget() if options.max_memory is None else parse_size(options.max_memory)
     with ranks(options.device) as job:
         if not job.is_main:  # one voice: rank 0 says what happens and writes every file
@@ -174,6 +177,8 @@ def _run_linear(options: LinearOptions, budget: int, job: Ranks, say: Callable[[
 
     def keep(run: LossRun) -> None:
         done[run.loss] = run
+        if options.tensorboard and job.is_main:
+            log_run(options.tensorboard, run.document, run.run_dir, replace=not run.reused)
         if on_run is not None:
             on_run(run)
 

@@ -46,8 +46,8 @@ from featcache.errors import LossStateError
 from featcache.losses.base import SPMLLoss
 from featcache.losses.needs import SPATIAL_FEATURES
 from featcache.losses.params import Param, epoch_count, non_negative, switch, unit_interval
-from featcache.losses.terms import neglog
 from featcache.losses.registry import register_loss
+from featcache.losses.terms import neglog
 
 SONG = "Song et al. ECCV 2024"
 SONG_PAPER = ("IGNORE: Information Gap-based False Negative Loss Rejection for Single Positive "
