@@ -44,6 +44,7 @@ from __future__ import annotations
 import datetime as _dt
 import itertools
 import os
+import shlex
 import shutil
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -57,6 +58,7 @@ from featcache.data.labelfile import LabelSet
 from featcache.errors import InputError
 from featcache.fileio import atomic_output, require_space, sha256_file
 from featcache.hdf5 import StreamingSink, decode_attrs, encode_attr
+from featcache.paths import cache_root
 
 FORMAT = "featcache-features"
 FORMAT_VERSION = 1
@@ -285,6 +287,36 @@ def read_train_rows(path: str | os.PathLike, key: str, start: int, stop: int) ->
         return h5[f"train/{key}"][start:stop].astype(np.float32)
 
 
+def features_command(path: str | os.PathLike, attrs: Mapping) -> str:
+    """The command that made the features file ``path`` (``attrs``: its root attributes), with
+    the options it was made with: ``featcache features --dataset D [--backbone B] [--weights W]
+    [--image-size S] ...``, or ``featcache prepare features --npz FILE --name D`` for a set
+    imported from features. Callers add ``--overwrite`` or ``--spatial``."""
+    path = Path(path)
+    dataset = str(attrs.get("labels_dataset") or path.parent.name)
+    backbone = str(attrs.get("backbone", "resnet50"))
+    root = path.parent.parent
+    cache = ([] if root.resolve() == cache_root().resolve() else ["--cache", str(root)])
+    if attrs.get("source_npz"):
+        words = ["prepare", "features", "--npz", str(attrs["source_npz"]), "--name", dataset,
+                 *(["--backbone", backbone] if backbone != "imported" else [])]
+        return shlex.join(["featcache", *words, *cache])
+    words = ["features", "--dataset", dataset,
+             *(["--backbone", backbone] if backbone != "resnet50" else [])]
+    weights = attrs.get("weights")
+    if weights == "file":  # a checkpoint file: its name is all the features file keeps
+        words += ["--weights", str(attrs.get("weights_file") or "CHECKPOINT")]
+    elif weights and not (backbone == "resnet50" and weights == "IMAGENET1K_V1"):
+        words += ["--weights", str(weights)]
+    if attrs.get("image_size"):
+        words += ["--image-size", str(attrs["image_size"])]
+    if path.stem.endswith("-protocol"):
+        words += ["--preprocess", "protocol"]
+    if attrs.get("dtype") == "float16" and attrs.get("layout") != SPATIAL:
+        words += ["--dtype", "float16"]
+    return shlex.join(["featcache", *words, *cache])
+
+
 def read_feature_attrs(path: str | os.PathLike) -> dict:
     """The root attributes of a features file (JSON strings decoded); validates the format."""
     path = Path(path)
@@ -373,8 +405,8 @@ class FeatureFile:
             shown = ", ".join(str(r) for r in broken[:5])
             raise InputError(
                 f"{self.path}: {broken.size} {name} rows hold NaN or Inf features (rows {shown}"
-                f"{', …' if broken.size > 5 else ''}); re-extract them with `featcache features "
-                "--overwrite`"
+                f"{', …' if broken.size > 5 else ''}); make the file again: "
+                f"`{features_command(self.path, self.attrs)} --overwrite`"
             )
 
     def _h5(self) -> h5py.File:
@@ -451,8 +483,7 @@ def _other_labels_message(path: Path, h5: h5py.File, attrs: dict, labels: LabelS
     """Why a features file does not belong to ``labels``, and what to do: features of another
     dataset, of other images, or of the same images whose labels were prepared again."""
     built_for = attrs.get("labels_dataset")
-    redo = (f"`featcache features --dataset {labels.dataset} --overwrite` (or `featcache prepare "
-            "features --overwrite` for an imported feature set)")
+    redo = f"`{features_command(path, attrs)} --overwrite`"
     if built_for and built_for != labels.dataset:
         return (f"{path} holds features of dataset {built_for!r}, not of {labels.dataset!r} "
                 f"({labels.path}); use the features of {labels.dataset!r} (extract them with "

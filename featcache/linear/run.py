@@ -15,7 +15,12 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from featcache.data.featurefile import FeatureFile, open_features, read_feature_attrs
+from featcache.data.featurefile import (
+    FeatureFile,
+    features_command,
+    open_features,
+    read_feature_attrs,
+)
 from featcache.data.labelfile import load_labels
 from featcache.errors import FeatcacheWarning, InputError, Interrupted
 from featcache.fileio import write_text_atomic
@@ -170,7 +175,10 @@ def _run_linear(options: LinearOptions, budget: int, job: Ranks, say: Callable[[
     facts = training_facts(labels, train.labels.observed[train.keep],
                            labels.train.clean is not None, options.pseudo_labels,
                            spatial=files.spatial is not None,
-                           backbone=files.pooled.backbone if files.pooled else files.backbone)
+                           backbone=files.pooled.backbone if files.pooled else files.backbone,
+                           features_command=(features_command(files.pooled.path,
+                                                              files.pooled.attrs)
+                                             if files.pooled else ""))
     losses, skipped = choose_losses(options.losses, facts, given=set(options.params))
     variant, note = resolve_val_variant(options.val_variant, labels.train.clean is not None,
                                         labels.path)
@@ -282,7 +290,10 @@ def feature_files(options: LinearOptions, labels) -> FeatureFiles:
     every = names == ["all"]
     spatial_named = every or any(needs_spatial(name) for name in names)
     pooled = None
-    if every or not names or any(not needs_spatial(name) for name in names):
+    # a set imported from features has no spatial file to look for: its pooled file's facts
+    # say why BoostLU is not available on it
+    imported = labels.provenance.get("source_format") == "npz"
+    if every or not names or imported or any(not needs_spatial(name) for name in names):
         pooled = open_features(find_features(options.dataset, options.backbone, options.cache),
                                labels)
     # the spatial file of the same backbone and weights: spatial-<tag>.h5 beside features-<tag>.h5

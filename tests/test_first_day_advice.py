@@ -1,0 +1,82 @@
+"""Issue 25, first-day fixes: every piece of advice featcache prints works when followed.
+
+Each test reads the suggestion out of the message and runs it as printed.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+
+import h5py
+import numpy as np
+import pytest
+from dataset_fixtures import invoke
+
+FAST = ("--epochs", "1", "--lr", "1e-2", "--bsize", "16", "--quiet", "--no-plots",
+        "--device", "cpu")
+
+
+def feature_set(path, rows=60, test_rows=30, dim=8, classes=3, seed=0):
+    """An .npz feature set with every row holding a positive."""
+    rng = np.random.RandomState(seed)
+
+    def labels(n):
+        y = (rng.rand(n, classes) < 0.4).astype(np.uint8)
+        y[np.arange(n), rng.randint(0, classes, n)] = 1
+        return y
+
+    np.savez(path, X_train=rng.rand(rows, dim).astype(np.float32),
+             X_test=rng.rand(test_rows, dim).astype(np.float32), Y_train=labels(rows),
+             Y_test=labels(test_rows), label_names=np.array(["a", "b", "c"][:classes]))
+    return path
+
+
+def suggested(text: str, start: str = "featcache ") -> list[str]:
+    """Every backquoted command in ``text`` that starts with ``start``."""
+    return [c for c in re.findall(r"`([^`]+)`", text) if c.startswith(start)]
+
+
+def run_suggestion(command: str):
+    """Run a printed ``featcache ...`` command in-process, as a user would paste it."""
+    words = shlex.split(command)
+    assert words[0] == "featcache", command
+    return invoke(*words[1:])
+
+
+@pytest.fixture
+def imported(tmp_path, cache_dir):
+    npz = feature_set(tmp_path / "set.npz")
+    result = invoke("prepare", "features", "--npz", npz, "--name", "imp")
+    assert result.exit_code == 0, result.output
+    return npz
+
+
+def test_bad_features_of_an_imported_set_advise_importing_again(imported, cache_dir):
+    path = cache_dir / "imp" / "features-imported.h5"
+    with h5py.File(path, "r+") as h5:
+        h5["train/features"][3, 1] = np.nan
+    result = invoke("train-linear", "--dataset", "imp", "--loss", "an", *FAST)
+    assert result.exit_code == 1
+    error = result.output.strip().splitlines()[-1]
+    assert "NaN or Inf" in error and "`featcache features" not in error
+    fixes = suggested(error)
+    assert fixes == [f"featcache prepare features --npz {imported} --name imp --overwrite"]
+    assert run_suggestion(fixes[0]).exit_code == 0
+    result = invoke("train-linear", "--dataset", "imp", "--loss", "an", *FAST)
+    assert result.exit_code == 0, result.output
+
+
+def test_loss_all_on_an_imported_set_says_what_is_not_available(imported, cache_dir):
+    result = invoke("train-linear", "--dataset", "imp", "--loss", "all", "--run-id", "r",
+                    *FAST)
+    assert result.exit_code == 0, result.output
+    skips = [line for line in result.output.splitlines() if line.startswith("skipping ")]
+    skipped = {line.split(":")[0].split()[1]: line for line in skips}
+    for name in ("an+boostlu", "ll-r+boostlu", "vlpl", "gpr"):
+        assert "not available for a set imported from features" in skipped[name], skipped[name]
+        assert "`featcache" not in skipped[name]
+    result = invoke("train-linear", "--dataset", "imp", "--loss", "an+boostlu", *FAST)
+    assert result.exit_code == 1
+    assert "not available for a set imported from features" in result.output
+    assert "--backbone imported" not in result.output
