@@ -80,3 +80,28 @@ def test_loss_all_on_an_imported_set_says_what_is_not_available(imported, cache_
     assert result.exit_code == 1
     assert "not available for a set imported from features" in result.output
     assert "--backbone imported" not in result.output
+
+
+def test_cam_on_a_run_from_imported_features_says_it_has_no_images(imported, cache_dir, tmp_path):
+    from PIL import Image
+
+    assert invoke("train-linear", "--dataset", "imp", "--loss", "an", "--run-id", "r",
+                  *FAST).exit_code == 0
+    run = cache_dir / "imp" / "runs" / "an" / "r"
+    image = tmp_path / "photo.jpg"
+    Image.new("RGB", (64, 64), "red").save(image)
+    errors = {}
+    for name, command in (("predict", ["predict", "--run", run, image, "--device", "cpu"]),
+                          ("cam", ["cam", "--run", run, image, "--out", tmp_path / "cam.png",
+                                   "--device", "cpu"])):
+        result = invoke(*command)
+        assert result.exit_code == 1
+        errors[name] = result.output.strip().splitlines()[-1]
+        assert "has features but no images" in errors[name], errors[name]
+        assert "unknown backbone" not in errors[name]
+    assert errors["cam"] == errors["predict"]
+    fix = suggested(errors["cam"])
+    assert fix == [f"featcache predict --run {run} --features FILE"]
+    features = cache_dir / "imp" / "features-imported.h5"
+    result = run_suggestion(fix[0].replace("FILE", str(features)))
+    assert result.exit_code == 0, result.output
