@@ -105,3 +105,41 @@ def test_cam_on_a_run_from_imported_features_says_it_has_no_images(imported, cac
     features = cache_dir / "imp" / "features-imported.h5"
     result = run_suggestion(fix[0].replace("FILE", str(features)))
     assert result.exit_code == 0, result.output
+
+
+def test_train_linear_backbone_finds_the_only_features_file_of_that_backbone(cache_dir):
+    import shutil
+
+    from linear_fixtures import synthetic_dataset
+
+    _, toy = synthetic_dataset(cache_dir)
+    root = toy.parent
+
+    def features_of(backbone: str, tag: str):
+        path = root / f"features-{tag}.h5"
+        shutil.copy(toy, path)
+        with h5py.File(path, "r+") as h5:
+            h5.attrs["backbone"] = backbone
+        return path
+
+    features_of("clip-vit-b16", "clip-vit-b16-random")
+    features_of("clip-vit-l14-336", "clip-vit-l14-336")
+    result = invoke("train-linear", "--dataset", "toy", "--backbone", "clip-vit-b16",
+                    "--loss", "an", "--run-id", "b16", *FAST)
+    assert result.exit_code == 0, result.output
+    assert ("--backbone clip-vit-b16: using features-clip-vit-b16-random.h5, the only features "
+            "file of that backbone") in result.output
+    results = cache_dir / "toy" / "runs" / "an" / "b16" / "results.json"
+    assert "features-clip-vit-b16-random.h5" in results.read_text()
+    # several files of the backbone, or none: every file is listed with its --backbone value
+    features_of("clip-vit-b16", "clip-vit-b16-v2")
+    for backbone in ("clip-vit-b16", "clip-vit-l14"):
+        result = invoke("train-linear", "--dataset", "toy", "--backbone", backbone, "--loss",
+                        "an", *FAST)
+        assert result.exit_code == 1
+        error = result.output.strip().splitlines()[-1]
+        for tag in ("clip-vit-b16-random", "clip-vit-b16-v2", "clip-vit-l14-336", "toy"):
+            assert f"features-{tag}.h5 (--backbone {tag})" in error, error
+    result = invoke("train-linear", "--dataset", "toy", "--backbone", "clip-vit-b16-v2",
+                    "--loss", "an", *FAST)
+    assert result.exit_code == 0, result.output
