@@ -143,3 +143,22 @@ def test_train_linear_backbone_finds_the_only_features_file_of_that_backbone(cac
     result = invoke("train-linear", "--dataset", "toy", "--backbone", "clip-vit-b16-v2",
                     "--loss", "an", *FAST)
     assert result.exit_code == 0, result.output
+
+
+def test_info_resolves_a_dataset_name_and_advises_on_a_run_folder(imported, cache_dir):
+    by_name = invoke("info", "imp")
+    assert by_name.exit_code == 0, by_name.output
+    assert by_name.output == invoke("info", cache_dir / "imp").output
+    assert "features-imported.h5" in by_name.output
+    wrong = invoke("info", "ipm")
+    assert wrong.exit_code == 1 and "did you mean 'imp'" in wrong.output
+    assert invoke("train-linear", "--dataset", "imp", "--loss", "an", "--run-id", "r",
+                  *FAST).exit_code == 0
+    for folder in (cache_dir / "imp" / "runs" / "an" / "r", cache_dir / "imp" / "runs"):
+        result = invoke("info", folder)
+        assert result.exit_code == 1
+        error = result.output.strip().splitlines()[-1]
+        assert "featcache prepare" not in error
+        fixes = suggested(error)
+        assert fixes == [f"featcache table {folder}"], error
+        assert run_suggestion(fixes[0]).exit_code == 0
