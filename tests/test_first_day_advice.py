@@ -162,3 +162,35 @@ def test_info_resolves_a_dataset_name_and_advises_on_a_run_folder(imported, cach
         fixes = suggested(error)
         assert fixes == [f"featcache table {folder}"], error
         assert run_suggestion(fixes[0]).exit_code == 0
+
+
+def truncate(path):
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+def test_truncated_files_name_the_fix(imported, cache_dir):
+    truncate(cache_dir / "imp" / "features-imported.h5")
+    result = invoke("train-linear", "--dataset", "imp", "--loss", "an", *FAST)
+    assert result.exit_code == 1
+    error = result.output.strip().splitlines()[-1]
+    assert "truncated or corrupt" in error
+    fixes = suggested(error)
+    assert fixes == [f"featcache prepare features --npz {imported} --name imp --overwrite"]
+    assert run_suggestion(fixes[0]).exit_code == 0
+    assert invoke("train-linear", "--dataset", "imp", "--loss", "an", *FAST).exit_code == 0
+    truncate(cache_dir / "imp" / "labels.h5")
+    result = invoke("train-linear", "--dataset", "imp", "--loss", "an", *FAST)
+    error = result.output.strip().splitlines()[-1]
+    assert result.exit_code == 1 and "truncated or corrupt" in error
+    assert "make it again with the command that made it and --overwrite" in error, error
+    assert "featcache info" not in error
+
+
+def test_a_features_file_of_other_settings_shows_the_keys_that_differ():
+    from featcache.protocol.runs import describe_differences
+
+    old = {"transform": {"resize": 448, "crop": None, "interpolation": "bilinear",
+                         "normalize": "imagenet", "decode": "pil"}, "weights": "random"}
+    new = {"transform": {**old["transform"], "resize": 224}, "weights": "random"}
+    assert describe_differences(old, new) == "transform.resize: 448 -> 224"

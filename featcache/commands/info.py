@@ -82,7 +82,8 @@ def _file_format(path: Path) -> str | None:
         with h5py.File(path, "r") as h5:
             value = h5.attrs.get("format")
     except OSError as exc:
-        raise InputError(f"{path} is not a readable HDF5 file (truncated or corrupt?): {exc}") from None
+        raise InputError(f"{path} is not a readable HDF5 file (truncated or corrupt?): {exc}; "
+                         "make it again with the command that made it and --overwrite") from None
     return None if value is None else str(value)
 
 

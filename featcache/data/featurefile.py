@@ -58,7 +58,7 @@ from featcache.data.labelfile import LabelSet
 from featcache.errors import InputError
 from featcache.fileio import atomic_output, require_space, sha256_file
 from featcache.hdf5 import StreamingSink, decode_attrs, encode_attr
-from featcache.paths import cache_root
+from featcache.paths import cache_root, feature_file_tag
 
 FORMAT = "featcache-features"
 FORMAT_VERSION = 1
@@ -287,6 +287,22 @@ def read_train_rows(path: str | os.PathLike, key: str, start: int, stop: int) ->
         return h5[f"train/{key}"][start:stop].astype(np.float32)
 
 
+def damaged(path: Path, exc: OSError, labels: LabelSet | None = None, what: str = "is not a "
+            "readable HDF5 file") -> InputError:
+    """The error for a features file HDF5 cannot read, with the fix: the import command for a
+    set imported from features (known from ``labels``), else the command that made it."""
+    source = labels.provenance.get("sources", [{}])[0].get("file") if labels is not None else None
+    if labels is not None and labels.provenance.get("source_format") == "npz" and source:
+        attrs = {"source_npz": source, "labels_dataset": labels.dataset,
+                 "backbone": feature_file_tag(path)}
+        fix = f"make it again: `{features_command(path, attrs)} --overwrite`"
+    else:
+        fix = ("make it again with the command that made it and --overwrite (`featcache "
+               "features --dataset ... --overwrite` with the same --backbone, --weights and "
+               "--image-size)")
+    return InputError(f"{path} {what} (truncated or corrupt?): {exc}; {fix}")
+
+
 def features_command(path: str | os.PathLike, attrs: Mapping) -> str:
     """The command that made the features file ``path`` (``attrs``: its root attributes), with
     the options it was made with: ``featcache features --dataset D [--backbone B] [--weights W]
@@ -326,7 +342,7 @@ def read_feature_attrs(path: str | os.PathLike) -> dict:
         with h5py.File(path, "r") as h5:
             return _attrs(path, h5)
     except OSError as exc:
-        raise InputError(f"{path} is not a readable HDF5 file (truncated or corrupt?): {exc}") from exc
+        raise damaged(path, exc) from exc
 
 
 def load_features(path: str | os.PathLike, labels: LabelSet | None = None) -> FeatureSet:
@@ -389,7 +405,7 @@ class FeatureFile:
         try:
             return self._h5()[name]["features"][start:stop]
         except OSError as exc:
-            raise InputError(f"{self.path} could not be read (truncated or corrupt?): {exc}") from exc
+            raise damaged(self.path, exc, what="could not be read") from exc
 
     def check_finite(self, name: str, array: np.ndarray | None = None, start: int = 0,
                      block_rows: int = 65536) -> None:
@@ -441,7 +457,7 @@ def open_features(path: str | os.PathLike, labels: LabelSet | None = None) -> Fe
     try:
         h5 = h5py.File(path, "r")
     except OSError as exc:
-        raise InputError(f"{path} is not a readable HDF5 file (truncated or corrupt?): {exc}") from exc
+        raise damaged(path, exc, labels) from exc
     with h5:
         attrs = _attrs(path, h5)
         if labels is not None and labels.sha256 is not None and attrs.get("labels_sha256") != labels.sha256:
@@ -473,7 +489,7 @@ def open_features(path: str | os.PathLike, labels: LabelSet | None = None) -> Fe
         except KeyError as exc:
             raise InputError(f"{path} is missing a required key: {exc}") from exc
         except OSError as exc:
-            raise InputError(f"{path} could not be read (truncated or corrupt?): {exc}") from exc
+            raise damaged(path, exc, labels, "could not be read") from exc
     spatial_shape(path, attrs, shapes["train"][1])
     return FeatureFile(path=path, attrs=attrs, sha256=sha256_file(path), shapes=shapes,
                        dtype=np.dtype(dtype), bad=flags, chunk_rows=int(max(chunk_rows)))
