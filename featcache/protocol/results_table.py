@@ -240,7 +240,7 @@ class ResultsTable:
         time) is taken and :attr:`chosen` says so; ``run_id`` takes only the runs of that id,
         ``all_runs`` every run (their seeds pooled, as for runs named one by one).
         """
-        documents, searched = [], []
+        documents: list[tuple[dict, Path, bool]] = []
         for raw in paths:
             for path in find_results([raw]):
                 if path.resolve() in (p.resolve() for _, p, _ in documents):
