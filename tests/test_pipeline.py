@@ -220,7 +220,7 @@ def test_real_features_resolves_its_data_from_the_recipe_and_names_the_fix(tmp_p
     assert f"`featcache pipeline run {recipe} --set shared=PATH`" in dry.stderr
     result = invoke("pipeline", "run", recipe)
     assert result.exit_code == 1
-    assert f"--set shared=PATH" in result.output and "step 1 (import scene)" in result.output
+    assert "--set shared=PATH" in result.output and "step 1 (import scene)" in result.output
     assert not (cache_dir / "scene").exists()  # refused before any step
     data = tmp_path / "data"
     for name in ("scene", "yeast", "emotions", "enron", "bibtex"):
