@@ -322,7 +322,8 @@ def features_command(path: str | os.PathLike, attrs: Mapping) -> str:
     weights = attrs.get("weights")
     if weights == "file":  # a checkpoint file: its name is all the features file keeps
         words += ["--weights", str(attrs.get("weights_file") or "CHECKPOINT")]
-    elif weights and not (backbone == "resnet50" and weights == "IMAGENET1K_V1"):
+    elif weights not in (None, "", "none") and not (backbone == "resnet50"
+                                                  and weights == "IMAGENET1K_V1"):
         words += ["--weights", str(weights)]
     if attrs.get("image_size"):
         words += ["--image-size", str(attrs["image_size"])]
