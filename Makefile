@@ -15,6 +15,13 @@ SPATIAL ?=
 WEIGHTS ?= random
 # The features file's tag: resnet50 for v1, resnet50-<weights> otherwise (docs/features.md).
 DEMO_TAG := resnet50$(if $(filter v1,$(WEIGHTS)),,-$(WEIGHTS))
+DEMO_RUN := demo-$(DEMO_TAG)
+# The demo's folder: under $$FEATCACHE_CACHE when it is set (every featcache command reads it
+# too), else under cache/.
+DEMO_DIR := $(or $(FEATCACHE_CACHE),cache)/shapes
+# The demo's image size (features and fine-tuning): small, so that its one fine-tuning
+# configuration takes about a minute of CPU.
+DEMO_IMAGE_SIZE ?= 112
 
 .PHONY: install test demo features lint bench gpu-check clean-demo real-features catalog help
 
@@ -28,7 +35,7 @@ help:
 	@echo "make bench     speed benchmarks (benchmarks/), figures in cache/bench/"
 	@echo "               (REFERENCE_CODE=PATH: also the authors' train.py from that clone)"
 	@echo "make gpu-check validate the GPU paths (under 10 min on one H100; CPU-able parts only without CUDA)"
-	@echo "make real-features   every loss on the real feature sets of ../shared/data (README table)"
+	@echo "make real-features [SHARED=PATH]   every loss on the real feature sets of ../shared/data (README table)"
 
 install: $(STAMP)
 
@@ -45,15 +52,15 @@ test: install
 	$(BIN)/python -m pytest -q
 
 demo: install
-	test -f cache/shapes/labels.h5 || $(FEATCACHE) prepare shapes
-	$(FEATCACHE) features --dataset shapes --weights $(WEIGHTS) --image-size 224
-	$(FEATCACHE) train-linear --dataset shapes --backbone $(DEMO_TAG) --loss all --run-id demo-$(DEMO_TAG) --quiet
-	$(FEATCACHE) finetune --dataset shapes --loss role --init best --epochs 1 --lr 1e-4 --batch-size 16 --run-id demo-$(DEMO_TAG) --overwrite
-	$(FEATCACHE) table cache/shapes/runs/*/demo-$(DEMO_TAG) --format latex --out cache/shapes/table-demo-$(DEMO_TAG).tex --overwrite
-	$(FEATCACHE) predict --run cache/shapes/finetune/role/demo-$(DEMO_TAG) cache/shapes/images/test --out cache/shapes/predictions-demo-$(DEMO_TAG).csv --quiet --overwrite
-	$(FEATCACHE) cam --run cache/shapes/runs/an/demo-$(DEMO_TAG) --run cache/shapes/runs/ll-r/demo-$(DEMO_TAG) --run cache/shapes/finetune/role/demo-$(DEMO_TAG) cache/shapes/images/test/000005.jpg --out cache/shapes/cam-demo-$(DEMO_TAG).png --overwrite
-	$(FEATCACHE) report cache/shapes --runs demo-$(DEMO_TAG) --title "featcache demo: shapes, $(DEMO_TAG) features" --out cache/shapes/report-demo-$(DEMO_TAG).html --overwrite
-	@echo "demo finished: open cache/shapes/report-demo-$(DEMO_TAG).html in a browser (all of it on one page); also cache/shapes/runs/table-demo-$(DEMO_TAG).md, cache/shapes/finetune/role/demo-$(DEMO_TAG)/summary.md, cache/shapes/table-demo-$(DEMO_TAG).tex, predictions-demo-$(DEMO_TAG).csv and cam-demo-$(DEMO_TAG).png"
+	test -f $(DEMO_DIR)/labels.h5 || $(FEATCACHE) prepare shapes
+	$(FEATCACHE) features --dataset shapes --weights $(WEIGHTS) --image-size $(DEMO_IMAGE_SIZE)
+	$(FEATCACHE) train-linear --dataset shapes --backbone $(DEMO_TAG) --loss all --run-id $(DEMO_RUN) --quiet
+	$(FEATCACHE) finetune --dataset shapes --loss role --init best --epochs 1 --lr 1e-4 --batch-size 16 --run-id $(DEMO_RUN) --overwrite
+	$(FEATCACHE) table $(DEMO_DIR)/runs/*/$(DEMO_RUN) --format latex --out $(DEMO_DIR)/table-$(DEMO_RUN).tex --overwrite
+	$(FEATCACHE) predict --run $(DEMO_DIR)/finetune/role/$(DEMO_RUN) $(DEMO_DIR)/images/test --out $(DEMO_DIR)/predictions-$(DEMO_RUN).csv --quiet --overwrite
+	$(FEATCACHE) cam --run $(DEMO_DIR)/runs/an/$(DEMO_RUN) --run $(DEMO_DIR)/runs/ll-r/$(DEMO_RUN) --run $(DEMO_DIR)/finetune/role/$(DEMO_RUN) $(DEMO_DIR)/images/test/000005.jpg --out $(DEMO_DIR)/cam-$(DEMO_RUN).png --overwrite
+	$(FEATCACHE) report $(DEMO_DIR) --runs $(DEMO_RUN) --title "featcache demo: shapes, $(DEMO_TAG) features" --out $(DEMO_DIR)/report-$(DEMO_RUN).html --overwrite
+	@echo "demo finished: open $(DEMO_DIR)/report-$(DEMO_RUN).html in a browser (all of it on one page); also $(DEMO_DIR)/runs/table-$(DEMO_RUN).md, $(DEMO_DIR)/finetune/role/$(DEMO_RUN)/summary.md, $(DEMO_DIR)/table-$(DEMO_RUN).tex, $(DEMO_DIR)/predictions-$(DEMO_RUN).csv and $(DEMO_DIR)/cam-$(DEMO_RUN).png"
 
 features: install
 	$(FEATCACHE) features --dataset $(DATASET)$(if $(SPATIAL), --spatial) $(FEATURES_ARGS)
@@ -82,7 +89,10 @@ gpu-check:
 	PYTHONPATH=$(CURDIR) $(GPU_PYTHON) -m benchmarks.gpu_check $(GPU_CHECK_ARGS)
 
 clean-demo:
-	rm -rf cache/shapes
+	rm -rf $(DEMO_DIR)
 
+# SHARED=PATH: the real data folder (default: shared/data beside the repository's folder,
+# resolved from the recipe's place, whatever the working directory)
+SHARED ?=
 real-features: install
-	$(FEATCACHE) pipeline run pipelines/real-features.toml
+	$(FEATCACHE) pipeline run pipelines/real-features.toml$(if $(SHARED), --set shared=$(SHARED))

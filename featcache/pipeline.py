@@ -34,7 +34,11 @@ value of ``param`` (points with the same value: mean and standard deviation over
 seeds); runs matching ``reference_run_id`` (optional) draw a band, mean +- std. It writes
 ``sweep.png`` beside the table.
 
-``{cache}`` is always the cache root. Steps re-use finished work (features files are kept when
+``{cache}`` is always the cache root and ``{recipe_dir}`` the recipe's folder (so that a
+default path such as ``shared = "{recipe_dir}/../../shared/data"`` does not depend on the
+working directory); [vars] values may use both. An argument that names a path through a
+[vars] variable is a step input: a run refuses before its first step when an input of a step
+that will run is missing (naming the ``--set`` that fixes it), and a dry run lists them. Steps re-use finished work (features files are kept when
 up to date, a linear run id that finished with the same settings is reused), so an
 interrupted pipeline is resumed by running it again.
 """
@@ -43,8 +47,10 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import shlex
 import statistics
+import string
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,6 +69,9 @@ class Step:
     name: str
     command: list[str]
     skip_if_exists: str | None = None
+    #: (path, variable) for each argument that names a path through a [vars] variable: the
+    #: step's inputs, checked before a run (and listed by a dry run) when missing
+    inputs: list[tuple[str, str]] = field(default_factory=list)
 
 
 @dataclass
@@ -92,8 +101,10 @@ def load_recipe(path: str | Path, overrides: dict[str, str] | None = None,
         raise OptionError(f"--set {', '.join(unknown)}: {path} has no such variable"
                           f"{did_you_mean(unknown[0], variables)}; its variables are "
                           f"{', '.join(sorted(variables)) or 'none'}")
+    builtins = {"cache": str(cache_root(cache)), "recipe_dir": str(path.resolve().parent)}
+    variables = {k: _fill(v, builtins, path) for k, v in variables.items()}
     variables.update(overrides or {})
-    variables["cache"] = str(cache_root(cache))
+    variables.update(builtins)
     steps = []
     for number, raw in enumerate(document.get("steps", []), start=1):
         command = raw.get("command")
@@ -103,10 +114,15 @@ def load_recipe(path: str | Path, overrides: dict[str, str] | None = None,
             raise InputError(f"{path}: step {number} needs a command (a list of strings)")
         for values in _combinations(raw.get("each", {}), variables, path, number):
             scope = {**variables, **values}
+            filled = [_fill(c, scope, path) for c in command]
+            inputs = [(value, name) for template, value in zip(command, filled, strict=True)
+                      for name in _user_variables(template, variables, builtins)
+                      if "/" in value or os.sep in value]
             steps.append(Step(name=_fill(str(raw.get("name", " ".join(command[:3]))), scope, path),
-                              command=[_fill(c, scope, path) for c in command],
+                              command=filled,
                               skip_if_exists=_fill(raw["skip_if_exists"], scope, path)
-                              if "skip_if_exists" in raw else None))
+                              if "skip_if_exists" in raw else None,
+                              inputs=inputs))
     report = {k: (_fill(v, variables, path) if isinstance(v, str) else v)
               for k, v in document.get("report", {}).items()}
     if report and report.get("stage", "linear") not in REPORT_STAGES:
@@ -114,6 +130,27 @@ def load_recipe(path: str | Path, overrides: dict[str, str] | None = None,
     return Recipe(path=path, name=str(document.get("name", path.stem)),
                   description=str(document.get("description", "")), variables=variables,
                   steps=steps, report=report)
+
+
+def _user_variables(template: str, variables: dict[str, str], builtins: dict[str, str]) -> list[str]:
+    """The [vars] variables (not {cache} or {recipe_dir}) that ``template`` refers to."""
+    names = [field_name for _, field_name, _, _ in string.Formatter().parse(template) if field_name]
+    return [n for n in names if n in variables and n not in builtins][:1]
+
+
+def missing_inputs(recipe: Recipe) -> list[str]:
+    """One line for each input path of a step that will run (its ``skip_if_exists`` output is
+    absent) that does not exist, naming the variable and the ``--set`` that points it elsewhere."""
+    lines = []
+    for number, step in enumerate(recipe.steps, start=1):
+        if step.skip_if_exists and Path(step.skip_if_exists).exists():
+            continue
+        for value, name in step.inputs:
+            if not Path(value).exists():
+                lines.append(f"step {number} ({step.name}) reads {value}, which does not exist "
+                             f"({{{name}}} is {recipe.variables[name]!r}): point it at the data "
+                             f"with `featcache pipeline run {recipe.path} --set {name}=PATH`")
+    return lines
 
 
 def _combinations(each, variables: dict[str, str], path: Path, number: int) -> list[dict[str, str]]:

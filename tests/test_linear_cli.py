@@ -103,7 +103,7 @@ def test_features_built_from_other_labels_are_refused(toy):
     result = invoke("train-linear", "--dataset", "toy", "--loss", "an", *FAST)
     assert result.exit_code != 0
     assert f"{labels} was prepared again after {features} was extracted" in result.output
-    assert "run `featcache features --dataset toy --overwrite`" in result.output
+    assert "run `featcache features --dataset toy --backbone toy --overwrite`" in result.output
 
 
 def test_nan_features_are_refused_naming_the_rows(toy):

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import re
+import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 from dataset_fixtures import invoke
 from linear_fixtures import synthetic_dataset
@@ -195,3 +198,44 @@ def test_a_step_stopped_by_ctrl_c_stops_the_recipe(tmp_path, monkeypatch):
     assert "[1/2] first" in result.output
     assert "[2/2]" not in result.output
     assert "stopped before step 2 (second); run it again" in result.output
+
+
+def test_real_features_resolves_its_data_from_the_recipe_and_names_the_fix(tmp_path, cache_dir,
+                                                                             monkeypatch):
+    """A clone anywhere, run from any folder: the default data path comes from the recipe's
+    place, a missing input is noticed by a dry run and refused before any step, naming
+    --set shared=PATH, and the printed fix works."""
+    import shlex
+
+    clone = tmp_path / "elsewhere" / "featcache"
+    (clone / "pipelines").mkdir(parents=True)
+    shutil.copy(REPO / "pipelines" / "real-features.toml", clone / "pipelines")
+    monkeypatch.chdir(tmp_path)
+    recipe = clone / "pipelines" / "real-features.toml"
+    expected = (clone / "pipelines" / ".." / ".." / "shared" / "data").resolve()
+    assert Path(load_recipe(recipe).variables["shared"]).resolve() == expected
+    dry = invoke("pipeline", "run", recipe, "--dry-run")
+    assert dry.exit_code == 0
+    assert f"reads {load_recipe(recipe).variables['shared']}/scene/scene.npz, which does not exist" in dry.stderr
+    assert f"`featcache pipeline run {recipe} --set shared=PATH`" in dry.stderr
+    result = invoke("pipeline", "run", recipe)
+    assert result.exit_code == 1
+    assert "--set shared=PATH" in result.output and "step 1 (import scene)" in result.output
+    assert not (cache_dir / "scene").exists()  # refused before any step
+    data = tmp_path / "data"
+    for name in ("scene", "yeast", "emotions", "enron", "bibtex"):
+        (data / name).mkdir(parents=True)
+        np.savez(data / name / f"{name}.npz", X_train=np.ones((2, 2)))
+    fix = re.search(r"`(featcache pipeline run [^`]+)`", result.output).group(1)
+    words = shlex.split(fix.replace("PATH", str(data)))[1:] + ["--dry-run"]
+    again = invoke(*words)
+    assert again.exit_code == 0 and "does not exist" not in again.stderr
+
+
+def test_make_real_features_has_a_variable_for_the_data():
+    import subprocess
+
+    dry = subprocess.run(["make", "-n", "-o", ".venv/.installed", "real-features",
+                          "SHARED=/data/shared"], cwd=REPO, capture_output=True, text=True,
+                         check=True)
+    assert "pipeline run pipelines/real-features.toml --set shared=/data/shared" in dry.stdout

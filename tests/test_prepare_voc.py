@@ -146,8 +146,6 @@ def test_missing_root_and_wrong_year(tmp_path):
     write_voc(tmp_path, VOC_SPLITS)
     with pytest.raises(InputError, match="VOC2007.*is --year 2007 right"):
         read_voc(tmp_path, year="2007")
-    with pytest.raises(InputError, match="pass the parent folder of VOCdevkit"):
-        read_voc(tmp_path / "VOCdevkit")
     with pytest.raises(OptionError, match="both 'train'"):
         read_voc(tmp_path, train_split="train", test_split="train")
 
@@ -189,3 +187,21 @@ def test_duplicate_and_inconsistent_image_lists(tmp_path):
     with pytest.raises(InputError, match=r"cat_val.txt and .*aeroplane_val.txt list different "
                                          r"images: cat_val.txt has 2008_999999"):
         read_voc(tmp_path)
+
+
+def test_root_may_be_the_year_folder_vocdevkit_or_its_parent(tmp_path, cache_dir):
+    """The protocol's own layout points at VOCdevkit/VOC2012: all three roots read the same."""
+    base = write_voc(tmp_path / "pascal", VOC_SPLITS)
+    read = {root: read_voc(root) for root in (tmp_path / "pascal", base.parent, base)}
+    first = read[tmp_path / "pascal"]
+    for source in read.values():
+        assert source.train.images == first.train.images
+        assert np.array_equal(source.train.clean, first.train.clean)
+        assert source.image_root == base / "JPEGImages"
+    result = invoke("prepare", "voc", "--root", base)
+    assert result.exit_code == 0, result.output
+    assert load_labels(cache_dir / "voc" / "labels.h5").image_root.endswith("VOC2012/JPEGImages")
+    with pytest.raises(InputError, match=r"VOC2012 folder but --year is 2007: pass --year 2012"):
+        read_voc(base, year="2007")
+    with pytest.raises(InputError, match=r"VOCdevkit/VOC2007/ImageSets/Main does not exist; is --year 2007 right"):
+        read_voc(base.parent, year="2007")

@@ -49,7 +49,8 @@ def _table(*args):
 
 
 def test_cells_pool_every_seed_and_record_each_selection(runs):
-    results = ResultsTable.from_paths([runs / "voc" / "runs", runs / "toy2" / "runs"])
+    results = ResultsTable.from_paths([runs / "voc" / "runs", runs / "toy2" / "runs"],
+                                      all_runs=True)
     assert results.losses == ["an", "an-ls"] and results.datasets == ["toy2", "voc"]
     cell = results.cells[("an", "voc")]
     tests = [load_results(runs / "voc" / "runs" / "an" / run)["seeds"][i]["selected"]["test_map"]
@@ -67,7 +68,7 @@ def test_cells_pool_every_seed_and_record_each_selection(runs):
 
 
 def test_markdown_has_the_caption_the_best_in_bold_and_each_seeds_configuration(runs):
-    text = _table(runs / "voc" / "runs", runs / "toy2" / "runs")
+    text = _table(runs / "voc" / "runs", runs / "toy2" / "runs", "--all-runs")
     header = next(line for line in text.splitlines() if line.startswith("| loss"))
     assert [c.strip() for c in header.strip("|").split("|")] == [
         "loss", "toy2", "voc", "voc published", "voc delta"]
@@ -82,12 +83,14 @@ def test_markdown_has_the_caption_the_best_in_bold_and_each_seeds_configuration(
 
 
 def test_csv_and_json_keep_full_precision(runs):
-    rows = list(csv.DictReader(io.StringIO(_table(runs / "voc" / "runs", "--format", "csv"))))
-    cell = ResultsTable.from_paths([runs / "voc" / "runs"]).cells[("an", "voc")]
+    rows = list(csv.DictReader(io.StringIO(_table(runs / "voc" / "runs", "--format", "csv",
+                                                  "--all-runs"))))
+    cell = ResultsTable.from_paths([runs / "voc" / "runs"], all_runs=True).cells[("an", "voc")]
     an = next(r for r in rows if r["loss"] == "an")
     assert float(an["voc"]) == cell.estimate.mean and float(an["voc sd"]) == cell.estimate.sd
     assert an["voc seeds"] == "3" and float(an["voc published"]) == 84.2
-    document = json.loads(_table(runs / "voc" / "runs", runs / "toy2" / "runs", "--format", "json"))
+    document = json.loads(_table(runs / "voc" / "runs", runs / "toy2" / "runs", "--format", "json",
+                                 "--all-runs"))
     assert document["losses"] == ["an", "an-ls"] and "caption" in document
     voc = document["rows"][0]["voc"]
     assert [s["seed"] for s in voc["selected"]] == [0, 1, 2]
@@ -184,3 +187,21 @@ def test_latex_escaping_and_estimates():
     assert "| an   | 84.20 ± 0.50 |" in table.markdown() and "**86.50**" in table.markdown()
     assert "role & \\textbf{86.50} \\\\" in table.latex()
     assert table.records()[0]["voc"] == {"mean": 84.2, "sd": 0.5, "n": 3}
+
+
+def test_a_folder_of_runs_takes_the_latest_run_of_each_loss_and_says_which(runs):
+    """The README's first example, `featcache table cache/<ds>/runs`, with two runs of a loss."""
+    result = invoke("table", runs / "voc" / "runs")
+    assert result.exit_code == 0, result.output
+    assert ("note: an on voc: the latest of 2 runs, s2 (not s01; --run-id ID takes another, "
+            "--all-runs pools them)") in result.stderr
+    latest = ResultsTable.from_paths([runs / "voc" / "runs"])
+    assert [s.seed for s in latest.cells[("an", "voc")].seeds] == [2]
+    assert [s.seed for s in latest.cells[("an-ls", "voc")].seeds] == [0, 1]
+    by_id = ResultsTable.from_paths([runs / "voc" / "runs"], run_id="s01")
+    assert [s.seed for s in by_id.cells[("an", "voc")].seeds] == [0, 1] and not by_id.chosen
+    assert invoke("table", runs / "voc" / "runs", "--run-id", "s01").exit_code == 0
+    missing = invoke("table", runs / "voc" / "runs", "--run-id", "s9")
+    assert missing.exit_code == 1 and "run ids there: s01, s2" in missing.output
+    both = invoke("table", runs / "voc" / "runs", "--run-id", "s01", "--all-runs")
+    assert both.exit_code == 1 and "give one" in both.output

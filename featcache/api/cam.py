@@ -132,6 +132,7 @@ def upsample_maps(maps: torch.Tensor, size: tuple[int, int], image_size: int,
 def class_activation_maps(run, path: str | Path, classes: Sequence[str] | None = None,
                           top: int = 3, device: str = "cpu", label: str | None = None) -> RunMaps:
     """Maps of ``classes`` (names), or of the ``top`` most probable classes, on one image."""
+    run.require_images()
     image = read_image(path)
     maps, logits = logit_maps(run, image, pick_device(device))
     probs = 1.0 / (1.0 + np.exp(-logits.astype(np.float64)))

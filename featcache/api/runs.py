@@ -208,9 +208,7 @@ class TrainedRun:
                    device: str = "cpu", workers: int = 0, precision: str = "auto",
                    skip_bad: bool = False, progress: bool = True) -> tuple[list[Path], np.ndarray]:
         """(images read, their pooled features): the work behind the image methods."""
-        if self.image_size is None:
-            raise InputError(f"{self.path} records no image size (its features did not come "
-                             "from images): it predicts from features only")
+        self.require_images()
         where = pick_device(device)
         layout = (torch.channels_last if backbone_spec(self.backbone).channels_last
                   else torch.contiguous_format)
@@ -221,6 +219,17 @@ class TrainedRun:
                              batch_size=batch_size, workers=workers, precision=precision,
                              skip_bad=skip_bad, progress=progress, desc=f"predict {self.loss}",
                              preprocess=self.preprocess)
+
+    def require_images(self) -> None:
+        """InputError when the run's features did not come from images (a set imported with
+        ``featcache prepare features``): nothing can put an image through its backbone."""
+        if self.image_size is None:
+            raise InputError(
+                f"{self.path} was trained on features that did not come from images (backbone "
+                f"{self.backbone!r}, e.g. a set imported from features): it has features but no "
+                "images, so it reads no images (no predictions from images, no class activation "
+                f"maps); predict from features with `featcache predict --run {self.path} "
+                "--features FILE`")
 
     def logits(self, features: np.ndarray) -> np.ndarray:
         weight, bias = self.head

@@ -15,7 +15,8 @@ import click
 def command(path: Path, show_classes: bool) -> None:
     """Show what PATH holds, as tables.
 
-    PATH is a labels file (labels.h5), a features file (features-<backbone>.h5 or the spatial
+    PATH is a dataset name (scene: the folder <cache>/scene), a labels file (labels.h5), a
+    features file (features-<backbone>.h5 or the spatial
     spatial-<backbone>.h5), a pseudo-label file (pseudo-labels-<name>.h5) or a dataset folder
     such as cache/voc (its labels file and every features and pseudo-label file in it). For labels:
     split sizes, positives per class and per image, observed labels, k and the provenance
@@ -27,15 +28,16 @@ def command(path: Path, show_classes: bool) -> None:
     file they came from, counts and precision/recall.
     """
     from featcache.errors import InputError
-    from featcache.paths import features_files_in
+    from featcache.paths import existing_labels, features_files_in
 
+    if not path.exists() and len(path.parts) == 1:  # a dataset name, as every command takes
+        path = existing_labels(str(path)).parent
     if path.is_dir():
         files = [path / "labels.h5"] if (path / "labels.h5").exists() else []
         files += features_files_in(path) + features_files_in(path, spatial=True)
         files += sorted(path.glob("pseudo-labels-*.h5"))
         if not files:
-            raise InputError(f"{path} holds neither labels.h5 nor features-*.h5; run "
-                             "`featcache prepare` (and `featcache features`) first")
+            raise InputError(_not_a_dataset(path))
     elif path.exists():
         files = [path]
     else:
@@ -56,6 +58,21 @@ def command(path: Path, show_classes: bool) -> None:
     click.echo("\n\n".join(blocks))
 
 
+def _not_a_dataset(folder: Path) -> str:
+    """Why ``folder`` has nothing for info, and what does: a run folder or a folder of runs
+    is tabulated, anything else is prepared first."""
+    from featcache.protocol.runs import RESULTS
+
+    if (folder / RESULTS).is_file():
+        return (f"{folder} is a run folder, not a dataset: read {folder / 'summary.md'}, or "
+                f"tabulate it with `featcache table {folder}`")
+    if next(folder.rglob(RESULTS), None) is not None:
+        return (f"{folder} is a folder of runs, not a dataset: tabulate them with "
+                f"`featcache table {folder}`")
+    return (f"{folder} holds neither labels.h5 nor features-*.h5; run `featcache prepare` "
+            "(and `featcache features`) first")
+
+
 def _file_format(path: Path) -> str | None:
     import h5py
 
@@ -65,7 +82,8 @@ def _file_format(path: Path) -> str | None:
         with h5py.File(path, "r") as h5:
             value = h5.attrs.get("format")
     except OSError as exc:
-        raise InputError(f"{path} is not a readable HDF5 file (truncated or corrupt?): {exc}") from None
+        raise InputError(f"{path} is not a readable HDF5 file (truncated or corrupt?): {exc}; "
+                         "make it again with the command that made it and --overwrite") from None
     return None if value is None else str(value)
 
 

@@ -43,8 +43,13 @@ def run_recipe(recipe, cache: str | None = None, dry_run: bool = False) -> None:
     from featcache.cli import cli
     from featcache.errors import FeatcacheError, Interrupted
     from featcache.interrupt import check_stop
-    from featcache.pipeline import write_report
+    from featcache.pipeline import missing_inputs, write_report
 
+    missing = missing_inputs(recipe)
+    if missing and not dry_run:
+        raise FeatcacheError(f"{recipe.path}: " + "; ".join(missing))
+    for line in missing:
+        click.echo(f"note: {line}", err=True)
     def stop_before(what: str) -> None:
         """A Ctrl-C during the last step (which said what it kept) or between steps ends the
         recipe too; running it again reuses what is finished."""

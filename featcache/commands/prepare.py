@@ -119,7 +119,7 @@ def command() -> None:
     """
 
 
-@official_layout_command("voc", "Folder holding VOCdevkit/VOC<year>/ImageSets/Main.", [
+@official_layout_command("voc", "The VOC<year> folder (holding ImageSets/Main), VOCdevkit, or the folder holding VOCdevkit.", [
     click.option("--year", default="2012", show_default=True, help="VOC edition."),
     click.option("--train-split", default="train", show_default=True,
                  help="ImageSet used as the official training set (VOC2007: trainval)."),
@@ -129,7 +129,7 @@ def command() -> None:
 def voc(ctx, root, year, train_split, test_split, images, **common):
     """PASCAL VOC from its devkit lists (20 classes, positive only where a list says 1).
 
-    Images are looked for in <root>/VOCdevkit/VOC<year>/JPEGImages, paths '<id>.jpg'.
+    Images are looked for in VOCdevkit/VOC<year>/JPEGImages, paths '<id>.jpg'.
     """
     from featcache.data.formats.voc import read_voc
 

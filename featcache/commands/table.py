@@ -17,10 +17,20 @@ from featcache.commands.common import overwrite_option
 @click.option("--out", default="-", show_default=True, help="Output file, or - for stdout.")
 @click.option("--label", default="tab:featcache", show_default=True,
               help="LaTeX \\label of the table.")
+@click.option("--run-id", default=None,
+              help="Take only the runs of this run id (from the folders searched).")
+@click.option("--all-runs", is_flag=True, default=False,
+              help="Take every run found, pooling the seeds of the runs of one loss (they must "
+                   "share their settings)  [default: the latest run of each loss].")
 @overwrite_option
-def command(run_dirs, fmt, per_class, out, label, overwrite):
+def command(run_dirs, fmt, per_class, out, label, run_id, all_runs, overwrite):
     """Rebuild a results table from RUN_DIRS: run folders, or folders holding runs (searched
     for results.json), e.g. cache/voc/runs cache/coco/runs.
+
+    \b
+    Where a searched folder holds several runs of one loss, the latest is taken (the command
+    says which); --run-id ID takes the runs of that id, --all-runs every run. Run folders
+    named one by one are all taken.
 
     \b
     Rows are losses, columns datasets; a cell is the test mAP, mean ± sd over every seed of
@@ -32,10 +42,15 @@ def command(run_dirs, fmt, per_class, out, label, overwrite):
     """
     import json
 
+    from featcache.errors import OptionError
     from featcache.fileio import write_text_atomic
     from featcache.protocol.results_table import ResultsTable
 
-    results = ResultsTable.from_paths(run_dirs)
+    if run_id is not None and all_runs:
+        raise OptionError("--run-id and --all-runs choose runs in two ways: give one")
+    results = ResultsTable.from_paths(run_dirs, run_id=run_id, all_runs=all_runs)
+    for line in results.chosen:
+        click.echo(f"note: {line}", err=True)
     if fmt == "json":
         text = json.dumps(results.to_json(per_class=per_class), indent=2) + "\n"
     elif per_class and fmt == "csv":

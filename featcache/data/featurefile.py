@@ -42,6 +42,8 @@ neither side needs the whole file in memory.
 from __future__ import annotations
 
 import os
+import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -52,6 +54,7 @@ from featcache.data.labelfile import LabelSet
 from featcache.errors import InputError
 from featcache.fileio import sha256_file
 from featcache.hdf5 import decode_attrs
+from featcache.paths import cache_root, feature_file_tag
 
 FORMAT = "featcache-features"
 FORMAT_VERSION = 1
@@ -117,6 +120,53 @@ def read_train_rows(path: str | os.PathLike, key: str, start: int, stop: int) ->
         return h5[f"train/{key}"][start:stop].astype(np.float32)
 
 
+def damaged(path: Path, exc: OSError, labels: LabelSet | None = None, what: str = "is not a "
+            "readable HDF5 file") -> InputError:
+    """The error for a features file HDF5 cannot read, with the fix: the import command for a
+    set imported from features (known from ``labels``), else the command that made it."""
+    source = labels.provenance.get("sources", [{}])[0].get("file") if labels is not None else None
+    if labels is not None and labels.provenance.get("source_format") == "npz" and source:
+        attrs = {"source_npz": source, "labels_dataset": labels.dataset,
+                 "backbone": feature_file_tag(path)}
+        fix = f"make it again: `{features_command(path, attrs)} --overwrite`"
+    else:
+        fix = ("make it again with the command that made it and --overwrite (`featcache "
+               "features --dataset ... --overwrite` with the same --backbone, --weights and "
+               "--image-size)")
+    return InputError(f"{path} {what} (truncated or corrupt?): {exc}; {fix}")
+
+
+def features_command(path: str | os.PathLike, attrs: Mapping) -> str:
+    """The command that made the features file ``path`` (``attrs``: its root attributes), with
+    the options it was made with: ``featcache features --dataset D [--backbone B] [--weights W]
+    [--image-size S] ...``, or ``featcache prepare features --npz FILE --name D`` for a set
+    imported from features. Callers add ``--overwrite`` or ``--spatial``."""
+    path = Path(path)
+    dataset = str(attrs.get("labels_dataset") or path.parent.name)
+    backbone = str(attrs.get("backbone", "resnet50"))
+    root = path.parent.parent
+    cache = ([] if root.resolve() == cache_root().resolve() else ["--cache", str(root)])
+    if attrs.get("source_npz"):
+        words = ["prepare", "features", "--npz", str(attrs["source_npz"]), "--name", dataset,
+                 *(["--backbone", backbone] if backbone != "imported" else [])]
+        return shlex.join(["featcache", *words, *cache])
+    words = ["features", "--dataset", dataset,
+             *(["--backbone", backbone] if backbone != "resnet50" else [])]
+    weights = attrs.get("weights")
+    if weights == "file":  # a checkpoint file: its name is all the features file keeps
+        words += ["--weights", str(attrs.get("weights_file") or "CHECKPOINT")]
+    elif weights not in (None, "", "none") and not (backbone == "resnet50"
+                                                  and weights == "IMAGENET1K_V1"):
+        words += ["--weights", str(weights)]
+    if attrs.get("image_size"):
+        words += ["--image-size", str(attrs["image_size"])]
+    if path.stem.endswith("-protocol"):
+        words += ["--preprocess", "protocol"]
+    if attrs.get("dtype") == "float16" and attrs.get("layout") != SPATIAL:
+        words += ["--dtype", "float16"]
+    return shlex.join(["featcache", *words, *cache])
+
+
 def read_feature_attrs(path: str | os.PathLike) -> dict:
     """The root attributes of a features file (JSON strings decoded); validates the format."""
     path = Path(path)
@@ -126,7 +176,7 @@ def read_feature_attrs(path: str | os.PathLike) -> dict:
         with h5py.File(path, "r") as h5:
             return _attrs(path, h5)
     except OSError as exc:
-        raise InputError(f"{path} is not a readable HDF5 file (truncated or corrupt?): {exc}") from exc
+        raise damaged(path, exc) from exc
 
 
 def load_features(path: str | os.PathLike, labels: LabelSet | None = None) -> FeatureSet:
@@ -189,7 +239,7 @@ class FeatureFile:
         try:
             return self._h5()[name]["features"][start:stop]
         except OSError as exc:
-            raise InputError(f"{self.path} could not be read (truncated or corrupt?): {exc}") from exc
+            raise damaged(self.path, exc, what="could not be read") from exc
 
     def check_finite(self, name: str, array: np.ndarray | None = None, start: int = 0,
                      block_rows: int = 65536) -> None:
@@ -205,8 +255,8 @@ class FeatureFile:
             shown = ", ".join(str(r) for r in broken[:5])
             raise InputError(
                 f"{self.path}: {broken.size} {name} rows hold NaN or Inf features (rows {shown}"
-                f"{', …' if broken.size > 5 else ''}); re-extract them with `featcache features "
-                "--overwrite`"
+                f"{', …' if broken.size > 5 else ''}); make the file again: "
+                f"`{features_command(self.path, self.attrs)} --overwrite`"
             )
 
     def _h5(self) -> h5py.File:
@@ -241,7 +291,7 @@ def open_features(path: str | os.PathLike, labels: LabelSet | None = None) -> Fe
     try:
         h5 = h5py.File(path, "r")
     except OSError as exc:
-        raise InputError(f"{path} is not a readable HDF5 file (truncated or corrupt?): {exc}") from exc
+        raise damaged(path, exc, labels) from exc
     with h5:
         attrs = _attrs(path, h5)
         if labels is not None and labels.sha256 is not None and attrs.get("labels_sha256") != labels.sha256:
@@ -273,7 +323,7 @@ def open_features(path: str | os.PathLike, labels: LabelSet | None = None) -> Fe
         except KeyError as exc:
             raise InputError(f"{path} is missing a required key: {exc}") from exc
         except OSError as exc:
-            raise InputError(f"{path} could not be read (truncated or corrupt?): {exc}") from exc
+            raise damaged(path, exc, labels, "could not be read") from exc
     spatial_shape(path, attrs, shapes["train"][1])
     return FeatureFile(path=path, attrs=attrs, sha256=sha256_file(path), shapes=shapes,
                        dtype=np.dtype(dtype), bad=flags, chunk_rows=int(max(chunk_rows)))
@@ -283,8 +333,7 @@ def _other_labels_message(path: Path, h5: h5py.File, attrs: dict, labels: LabelS
     """Why a features file does not belong to ``labels``, and what to do: features of another
     dataset, of other images, or of the same images whose labels were prepared again."""
     built_for = attrs.get("labels_dataset")
-    redo = (f"`featcache features --dataset {labels.dataset} --overwrite` (or `featcache prepare "
-            "features --overwrite` for an imported feature set)")
+    redo = f"`{features_command(path, attrs)} --overwrite`"
     if built_for and built_for != labels.dataset:
         return (f"{path} holds features of dataset {built_for!r}, not of {labels.dataset!r} "
                 f"({labels.path}); use the features of {labels.dataset!r} (extract them with "

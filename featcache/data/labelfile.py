@@ -34,6 +34,9 @@ from featcache.hdf5 import decode_attrs, encode_attr, write_hdf5_atomic
 
 FORMAT = "featcache-labels"
 FORMAT_VERSION = 1
+#: the fix for a damaged labels file
+REMAKE = ("make it again with the command that made it and --overwrite (`featcache prepare "
+          "--help` lists the formats)")
 SPLITS = ("train", "val", "test")
 
 
@@ -211,7 +214,8 @@ def load_labels(path: str | os.PathLike) -> LabelSet:
     try:
         h5 = h5py.File(path, "r")
     except OSError as exc:
-        raise InputError(f"{path} is not a readable HDF5 file (truncated or corrupt?): {exc}") from exc
+        raise InputError(f"{path} is not a readable HDF5 file (truncated or corrupt?): {exc}; "
+                         f"{REMAKE}") from exc
     with h5:
         if h5.attrs.get("format") != FORMAT:
             raise InputError(f"{path} is not a featcache labels file (attribute 'format' is "
@@ -235,7 +239,8 @@ def load_labels(path: str | os.PathLike) -> LabelSet:
         except KeyError as exc:
             raise InputError(f"{path} is missing a required key: {exc}") from exc
         except OSError as exc:
-            raise InputError(f"{path} could not be read (truncated or corrupt?): {exc}") from exc
+            raise InputError(f"{path} could not be read (truncated or corrupt?): {exc}; "
+                             f"{REMAKE}") from exc
         provenance = decode_attrs(h5.attrs, skip=("format", "format_version", "dataset", "image_root"))
         labels = LabelSet(
             dataset=str(h5.attrs.get("dataset", path.parent.name)),

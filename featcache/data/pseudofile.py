@@ -102,6 +102,15 @@ def write_pseudo_labels(path: str | os.PathLike, labels: LabelSet, matrix: np.nd
     return write_hdf5_atomic(path, fill, overwrite=overwrite)
 
 
+def _remake(path: Path) -> str:
+    """The command that makes the damaged pseudo-label file ``path`` again."""
+    name = path.stem.removeprefix("pseudo-labels-")
+    rule = name if name in ("vlpl", "aevlp") else "RULE"
+    named = "" if rule == name else f" --name {name}"
+    return (f"make it again: `featcache pseudo-label --dataset {path.parent.name} --rule {rule}"
+            f"{named} --overwrite`")
+
+
 def read_pseudo_attrs(path: str | os.PathLike) -> dict:
     """The root attributes of a pseudo-label file (validated format)."""
     path = Path(path)
@@ -109,7 +118,8 @@ def read_pseudo_attrs(path: str | os.PathLike) -> dict:
         with h5py.File(path, "r") as h5:
             return _attrs(path, h5)
     except OSError as exc:
-        raise InputError(f"{path} is not a readable HDF5 file (truncated or corrupt?): {exc}") from exc
+        raise InputError(f"{path} is not a readable HDF5 file (truncated or corrupt?): {exc}; "
+                         f"{_remake(path)}") from exc
 
 
 def load_pseudo_labels(path: str | os.PathLike, labels: LabelSet) -> PseudoLabels:
@@ -132,7 +142,8 @@ def load_pseudo_labels(path: str | os.PathLike, labels: LabelSet) -> PseudoLabel
     except KeyError as exc:
         raise InputError(f"{path} is missing a required key: {exc}") from exc
     except OSError as exc:
-        raise InputError(f"{path} could not be read (truncated or corrupt?): {exc}") from exc
+        raise InputError(f"{path} could not be read (truncated or corrupt?): {exc}; "
+                         f"{_remake(path)}") from exc
     if matrix.shape != (len(labels.train), labels.num_classes) or \
             (np.asarray(images, dtype=object) != labels.train.images).any():
         raise InputError(f"{path}: its rows are not {labels.path}'s training images")

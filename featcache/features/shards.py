@@ -33,6 +33,7 @@ import numpy as np
 from featcache.errors import DiskFullError, FeatcacheError
 from featcache.fileio import atomic_output, write_json_atomic
 from featcache.locks import OutputLock
+from featcache.protocol.runs import describe_differences
 
 SHARD_FORMAT = 1
 
@@ -225,18 +226,6 @@ class ChunkStore:
             if shard is None or (shard.bad.any() and not accept_bad):
                 todo.append(chunk)
         return todo
-
-
-def describe_differences(old: dict, new: dict) -> str:
-    """``key: old -> new`` for every key whose value differs (for messages)."""
-    keys = sorted(set(old) | set(new))
-    parts = [f"{k}: {_short(old.get(k))} -> {_short(new.get(k))}" for k in keys if old.get(k) != new.get(k)]
-    return "; ".join(parts) or "no differences"
-
-
-def _short(value) -> str:
-    text = json.dumps(value) if isinstance(value, (dict, list)) else str(value)
-    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def stored_blocks(store: ChunkStore, start: int, stop: int, dtype: str) -> Iterator[np.ndarray]:

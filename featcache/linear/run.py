@@ -17,12 +17,13 @@ from pathlib import Path
 
 from featcache.data.featurefile import (
     FeatureFile,
+    features_command,
     open_features,
     read_feature_attrs,
     read_text_embeddings,
 )
 from featcache.data.labelfile import load_labels
-from featcache.errors import FeatcacheWarning, InputError, Interrupted
+from featcache.errors import FeatcacheWarning, InputError, Interrupted, OptionError
 from featcache.fileio import write_text_atomic
 from featcache.linear.data import SplitRows, TrainingSplits, read_linear_data, split_rows
 from featcache.linear.heads import CAM_BLOCK, CAM_BLOCK_TENSORS
@@ -161,7 +162,7 @@ def _run_linear(options: LinearOptions, budget: int, job: Ranks, say: Callable[[
     device = job.device
     labels = load_labels(existing_labels(options.dataset, options.cache))
     zero_shot_asked, options = split_zero_shot(options)
-    files = feature_files(options, labels)
+    files = feature_files(options, labels, say)
     first_rows = split_rows(labels, files.first)
     options, specs, skipped, zero_shot = _search_specs(options, labels, files, first_rows,
                                                        zero_shot_asked, say)
@@ -274,7 +275,10 @@ def _search_specs(options: LinearOptions, labels, files: FeatureFiles,
     facts = training_facts(labels, train.labels.observed[train.keep],
                            labels.train.clean is not None, options.pseudo_labels,
                            spatial=files.spatial is not None,
-                           backbone=files.pooled.backbone if files.pooled else files.backbone)
+                           backbone=files.pooled.backbone if files.pooled else files.backbone,
+                           features_command=(features_command(files.pooled.path,
+                                                              files.pooled.attrs)
+                                             if files.pooled else ""))
     losses, skipped = (choose_losses(options.losses, facts, given=set(options.params))
                        if requested_losses(options.losses) else ([], []))
     zero_shot_scored = zero_shot_wanted(zero_shot, files, skipped)
@@ -344,7 +348,8 @@ def requested_losses(spec: str | Sequence[str]) -> list[str]:
     return [n for n in names if n]
 
 
-def feature_files(options: LinearOptions, labels) -> FeatureFiles:
+def feature_files(options: LinearOptions, labels,
+                  say: Callable[[str], None] = lambda _: None) -> FeatureFiles:
     """Open the pooled features file unless only BoostLU losses are named, and the spatial one
     when it exists and ``--loss all`` or a BoostLU loss is named (a named BoostLU loss without
     a spatial file is refused by its need, naming the command that makes one)."""
@@ -352,12 +357,14 @@ def feature_files(options: LinearOptions, labels) -> FeatureFiles:
     every = names == ["all"]
     spatial_named = every or any(needs_spatial(name) for name in names)
     pooled = None
-    if every or not names or any(not needs_spatial(name) for name in names):
-        pooled = open_features(find_features(options.dataset, options.backbone, options.cache),
-                               labels)
+    # a set imported from features has no spatial file to look for: its pooled file's facts
+    # say why BoostLU is not available on it
+    imported = labels.provenance.get("source_format") == "npz"
+    if every or not names or imported or any(not needs_spatial(name) for name in names):
+        pooled = open_features(pooled_features_path(options, say), labels)
     # the spatial file of the same backbone and weights: spatial-<tag>.h5 beside features-<tag>.h5
-    backbone = options.backbone or (feature_file_tag(pooled.path) if pooled is not None
-                                    else _only_spatial_backbone(options))
+    backbone = (feature_file_tag(pooled.path) if pooled is not None
+                else options.backbone or _only_spatial_backbone(options))
     path = (spatial_features_path(options.dataset, backbone, options.cache)
             if backbone is not None else None)
     if (path is not None and not path.exists() and pooled is not None
@@ -381,6 +388,31 @@ def feature_files(options: LinearOptions, labels) -> FeatureFiles:
     if pooled is None and spatial is None:
         find_spatial_features(options.dataset, backbone or "resnet50", options.cache)
     return FeatureFiles(pooled, spatial, backbone)
+
+
+def pooled_features_path(options: LinearOptions, say: Callable[[str], None]) -> Path:
+    """``--backbone``'s pooled features file: ``features-<backbone>.h5``, else the only file
+    made with that backbone (whatever its weights: said). When none or several fit, the error
+    lists every features file with the ``--backbone`` value that picks it."""
+    try:
+        return find_features(options.dataset, options.backbone, options.cache)
+    except InputError as exc:
+        if options.backbone is None:
+            raise
+        missing = exc
+    root = dataset_dir(options.dataset, options.cache)
+    present = features_files_in(root)
+    made_with = [p for p in present if read_feature_attrs(p).get("backbone") == options.backbone]
+    if len(made_with) == 1:
+        say(f"--backbone {options.backbone}: using {made_with[0].name}, the only features file "
+            f"of that backbone in {root}")
+        return made_with[0]
+    if not present:
+        raise missing
+    listed = ", ".join(f"{p.name} (--backbone {feature_file_tag(p)})" for p in present)
+    what = (f"several features files of backbone {options.backbone}" if made_with
+            else f"no features file features-{options.backbone}.h5")
+    raise OptionError(f"{root} holds {what}; choose one of its features files: {listed}")
 
 
 def _only_spatial_backbone(options: LinearOptions) -> str | None:

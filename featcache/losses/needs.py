@@ -27,6 +27,16 @@ class DataFacts:
     #: ``featcache features --spatial``; stage three: the trunk's feature map, always)
     spatial_features: bool = False
     backbone: str | None = None  # the features' backbone, named in messages
+    #: the set was imported from precomputed features (``featcache prepare features``): it has
+    #: no images, so nothing can make feature maps or pseudo-labels for it
+    imported: bool = False
+    #: the command that made the pooled features, with its options (``--spatial`` is added to
+    #: it in the spatial need's advice); empty when unknown
+    features_command: str = ""
+
+
+#: why a need that images would meet cannot be met on a set imported from features
+NOT_FOR_IMPORTED = "is not available for a set imported from features"
 
 
 class TrainingData(Protocol):
@@ -82,6 +92,9 @@ def pseudo_labels(rule: str) -> Need:
         name = facts.pseudo_choice or rule
         if name in facts.pseudo_labels:
             return None
+        if facts.imported:
+            return (f"{NOT_FOR_IMPORTED} (pseudo-labels {name!r} come from a vision-language "
+                    "backbone run on the images, and it has none)")
         have = f" (made so far: {', '.join(facts.pseudo_labels)})" if facts.pseudo_labels else ""
         return (f"needs pseudo-labels {name!r}{have}; make them from a vision-language features "
                 f"file with `featcache pseudo-label --dataset {facts.dataset} --rule {rule}`"
@@ -97,10 +110,13 @@ def pseudo_labels(rule: str) -> Need:
 def _needs_spatial(facts: DataFacts) -> str | None:
     if facts.spatial_features:
         return None
+    if facts.imported:
+        return (f"{NOT_FOR_IMPORTED} (a head on feature maps (BoostLU, IGNORE) trains on the "
+                "backbone's feature maps of the images, and it has none)")
     backbone = f" --backbone {facts.backbone}" if facts.backbone else ""
+    make = facts.features_command or f"featcache features --dataset {facts.dataset}{backbone}"
     return ("trains on spatial feature maps, but there is no spatial features "
-            f"file for {facts.dataset}: run "
-            f"`featcache features --dataset {facts.dataset}{backbone} --spatial` first")
+            f"file for {facts.dataset}: run `{make} --spatial` first")
 
 
 #: full (clean) training labels: the oracles bce, bce-ls and iun

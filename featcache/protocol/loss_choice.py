@@ -21,10 +21,12 @@ from featcache.losses import SPATIAL_FEATURES, DataFacts, ResolvedParams, loss_c
 
 def training_facts(labels: LabelSet, observed: np.ndarray, has_clean: bool,
                    pseudo_choice: str | None = None, spatial: bool = False,
-                   backbone: str | None = None) -> DataFacts:
+                   backbone: str | None = None, features_command: str = "") -> DataFacts:
     """What a loss may ask of a training split: its observed labels, whether full labels exist,
     which pseudo-label sets were made for its labels file (``pseudo_choice``: the one the
-    user chose), and whether spatial feature maps of ``backbone`` are at hand (``spatial``)."""
+    user chose), whether spatial feature maps of ``backbone`` are at hand (``spatial``; else
+    ``features_command`` plus ``--spatial`` makes them), and whether the set was imported from
+    features (no images: no feature maps or pseudo-labels can be made)."""
     return DataFacts(
         dataset=labels.dataset, num_classes=labels.num_classes,
         source=str(labels.path or labels.provenance.get("source", "the labels")),
@@ -34,6 +36,8 @@ def training_facts(labels: LabelSet, observed: np.ndarray, has_clean: bool,
                              if labels.train.clean is not None else ()),
         pseudo_labels=tuple(available_pseudo_labels(labels)), pseudo_choice=pseudo_choice,
         spatial_features=spatial, backbone=backbone,
+        imported=labels.provenance.get("source_format") == "npz",
+        features_command=features_command,
     )
 
 

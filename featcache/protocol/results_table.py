@@ -130,6 +130,28 @@ def find_results(paths: Iterable[str | Path]) -> list[Path]:
     return found
 
 
+def _latest_runs(documents: list[tuple[dict, Path, bool]], chosen: list[str]
+                 ) -> list[tuple[dict, Path, bool]]:
+    """Of the runs found by searching a folder, the latest of each stage, loss and dataset
+    (runs named one by one are all kept); ``chosen`` gets a line for each choice made."""
+    groups: dict[tuple, list[tuple[dict, Path, bool]]] = {}
+    for entry in documents:
+        document, _, named = entry
+        key = ((document.get("stage", "linear"), document["loss"], document["dataset"])
+               if not named else id(entry))
+        groups.setdefault(key, []).append(entry)
+    kept = []
+    for key, runs in groups.items():
+        latest = max(runs, key=lambda e: (str(e[0].get("created", "")), e[1].stat().st_mtime))
+        kept.append(latest)
+        if len(runs) > 1:
+            others = ", ".join(sorted(e[1].parent.name for e in runs if e is not latest))
+            chosen.append(f"{key[1]} on {key[2]}: the latest of {len(runs)} runs, "
+                          f"{latest[1].parent.name} (not {others}; --run-id ID takes another, "
+                          "--all-runs pools them)")
+    return kept
+
+
 def seed_choices(document: dict, run: str) -> list[SeedChoice]:
     """Each seed's selected configuration in a results document (either stage)."""
     variant = document.get("protocol", {}).get("val_variant", "clean")
@@ -165,6 +187,8 @@ class ResultsTable:
     losses: list[str]
     datasets: list[str]
     cells: dict[tuple[str, str], Cell]
+    #: which run was taken where a searched folder held several of one loss (see from_paths)
+    chosen: list[str] = field(default_factory=list)
 
     @classmethod
     def from_documents(cls, documents: Sequence[tuple[str, dict]],
@@ -209,15 +233,38 @@ class ResultsTable:
         return cls(stage, list(losses or found_losses), list(datasets or found_datasets), cells)
 
     @classmethod
-    def from_paths(cls, paths: Iterable[str | Path]) -> ResultsTable:
-        """Every finished run under ``paths`` (see :func:`find_results`)."""
-        documents = []
-        for path in find_results(paths):
-            document = read_json(path)
-            if not isinstance(document, dict) or "selection" not in document or "loss" not in document:
-                raise InputError(f"{path} is not a featcache results file (no selection)")
-            documents.append((str(path.parent), document))
-        return cls.from_documents(documents)
+    def from_paths(cls, paths: Iterable[str | Path], run_id: str | None = None,
+                   all_runs: bool = False) -> ResultsTable:
+        """The finished runs under ``paths`` (see :func:`find_results`).
+
+        Run folders named in ``paths`` are all taken. Where a searched folder (``cache/voc/runs``)
+        holds several runs of one loss and dataset, the latest (by its results' ``created``
+        time) is taken and :attr:`chosen` says so; ``run_id`` takes only the runs of that id,
+        ``all_runs`` every run (their seeds pooled, as for runs named one by one).
+        """
+        documents: list[tuple[dict, Path, bool]] = []
+        for raw in paths:
+            for path in find_results([raw]):
+                if path.resolve() in (p.resolve() for _, p, _ in documents):
+                    continue
+                document = read_json(path)
+                if (not isinstance(document, dict) or "selection" not in document
+                        or "loss" not in document):
+                    raise InputError(f"{path} is not a featcache results file (no selection)")
+                named = Path(raw).resolve() in (path.parent.resolve(), path.resolve())
+                documents.append((document, path, named))
+        if run_id is not None:
+            found = sorted({p.parent.name for _, p, _ in documents})
+            documents = [entry for entry in documents if entry[1].parent.name == run_id]
+            if not documents:
+                raise InputError(f"no run with id {run_id!r} under {', '.join(map(str, paths))} "
+                                 f"(run ids there: {', '.join(found)})")
+        chosen: list[str] = []
+        if run_id is None and not all_runs:
+            documents = _latest_runs(documents, chosen)
+        table = cls.from_documents([(str(p.parent), d) for d, p, _ in documents])
+        table.chosen = chosen
+        return table
 
     # ------------------------------------------------------------------ the main table
     def published_datasets(self) -> list[str]:

@@ -38,11 +38,23 @@ def fingerprint(settings: dict) -> str:
 
 
 def describe_differences(old: dict, new: dict) -> str:
-    """``key: old -> new`` for every key whose value differs (for messages)."""
-    keys = sorted(set(old) | set(new))
-    parts = [f"{k}: {_short(old.get(k))} -> {_short(new.get(k))}" for k in keys
-             if old.get(k) != new.get(k)]
-    return "; ".join(parts) or "no differences"
+    """``key: old -> new`` for every key whose value differs (for messages); where both values
+    are mappings, their differing keys (``transform.resize: 448 -> 224``), so that values
+    shortened for the message never hide the difference."""
+    return "; ".join(_differences(old, new)) or "no differences"
+
+
+def _differences(old: dict, new: dict, prefix: str = "") -> list[str]:
+    parts = []
+    for key in sorted(set(old) | set(new), key=str):
+        before, after = old.get(key), new.get(key)
+        if before == after:
+            continue
+        if isinstance(before, dict) and isinstance(after, dict):
+            parts += _differences(before, after, f"{prefix}{key}.")
+        else:
+            parts.append(f"{prefix}{key}: {_short(before)} -> {_short(after)}")
+    return parts
 
 
 def _short(value) -> str:

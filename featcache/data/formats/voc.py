@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
@@ -45,20 +46,19 @@ def read_voc(root: str | os.PathLike, year: str = "2012", train_split: str = "tr
              objects: bool = False) -> SourceDataset:
     """Read the VOC image-level labels of ``train_split`` (training) and ``test_split`` (test).
 
-    ``root`` is the folder that holds ``VOCdevkit``; images are looked for in
-    ``<root>/VOCdevkit/VOC<year>/JPEGImages`` unless ``images`` names another folder.
+    ``root`` is the folder that holds ``VOCdevkit``, ``VOCdevkit`` itself or its
+    ``VOC<year>`` folder; images are looked for in ``VOCdevkit/VOC<year>/JPEGImages`` unless
+    ``images`` names another folder.
     ``objects`` also reads every image's boxes from ``Annotations/<id>.xml``.
     """
     if train_split == test_split:
         raise OptionError(f"--train-split and --test-split are both {train_split!r}; "
                           "the training and test sets must be different ImageSets")
     root = require_dir(root, "VOC root", "pass the folder that contains VOCdevkit/")
-    year_dir = root / "VOCdevkit" / f"VOC{year}"
-    if not year_dir.is_dir() and (root / f"VOC{year}").is_dir():
-        raise InputError(f"{year_dir} does not exist but {root / f'VOC{year}'} does: pass the "
-                         f"parent folder of VOCdevkit as --root ({root.parent})")
+    year_dir = _year_dir(root, str(year))
     main = require_dir(year_dir / "ImageSets" / "Main", "VOC list folder",
-                       f"is --year {year} right? --root must contain VOCdevkit/VOC{year}")
+                       f"is --year {year} right? --root is the VOC{year} folder, the VOCdevkit "
+                       "folder holding it, or the folder holding VOCdevkit")
     splits, files = {}, []
     for split in (train_split, test_split):
         splits[split], read = _read_split(main, split)
@@ -84,6 +84,18 @@ def read_voc(root: str | os.PathLike, year: str = "2012", train_split: str = "tr
         source_files=files,
         details=details,
     )
+
+
+def _year_dir(root: Path, year: str) -> Path:
+    """``VOC<year>`` from ``root``: the folder holding VOCdevkit, VOCdevkit, or VOC<year> itself."""
+    if re.fullmatch(r"VOC\d{4}", root.name) and (root / "ImageSets").is_dir():
+        if root.name != f"VOC{year}":
+            raise InputError(f"--root {root} is the {root.name} folder but --year is {year}: pass "
+                             f"--year {root.name[3:]}, or the VOC{year} folder")
+        return root
+    if (root / f"VOC{year}").is_dir() or root.name == "VOCdevkit":
+        return root / f"VOC{year}"
+    return root / "VOCdevkit" / f"VOC{year}"
 
 
 def _read_split(main: Path, split: str) -> tuple[SourceSplit, list[Path]]:
