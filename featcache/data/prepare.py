@@ -19,6 +19,7 @@ section 1 in this order:
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +37,7 @@ from featcache.data.sampling import (
     rows_without_positive,
     split_train_val,
 )
-from featcache.errors import InputError, OptionError
+from featcache.errors import FeatcacheWarning, InputError, OptionError, name_list, plural
 from featcache.fileio import refuse_existing, require_space, sha256_file
 from featcache.locks import OutputLock
 from featcache.progress import progress
@@ -126,6 +127,8 @@ def _prepare_locked(source: SourceDataset, path: Path, options: PrepareOptions,
     observed = {split: _observe(parts[split], options, observer, split) for split in OFFICIAL}
     train_index, val_index = split_train_val(len(parts["train"]), VAL_FRACTION, options.split_seed)
     report["counts"]["split"] = {"train": int(train_index.size), "val": int(val_index.size)}
+    report["classes_without_train_positive"] = _warn_unlearnable_classes(
+        source.classes, parts["train"].labels[train_index], observed["train"][train_index])
 
     provenance = {
         "source_format": source.source_format,
@@ -164,6 +167,30 @@ def _prepare_locked(source: SourceDataset, path: Path, options: PrepareOptions,
     write_labels(labels, path, overwrite=options.overwrite)
     labels.path, labels.sha256 = path, sha256_file(path)
     return PrepareResult(path=path, labels=labels, kept=kept, provenance=provenance)
+
+
+def _warn_unlearnable_classes(classes: list[str], labels: np.ndarray,
+                              observed: np.ndarray) -> list[str]:
+    """Warn about classes no head can learn from the training rows (after the 80/20 split):
+    no positive at all, or (single positives sampled from full labels) no observed positive.
+    Returns the classes without any training positive (recorded in the provenance)."""
+    absent = [c for c, n in zip(classes, labels.sum(axis=0), strict=True) if n == 0]
+    rows = plural(len(labels), "training image")
+    if absent:
+        warnings.warn(f"{len(absent)} of {plural(len(classes), 'class', 'classes')} "
+                      f"{'has' if len(absent) == 1 else 'have'} no "
+                      f"positive among the {rows} ({name_list(absent)}): no loss can learn "
+                      f"{'it' if len(absent) == 1 else 'them'} (a head's AP there is chance)",
+                      FeatcacheWarning, stacklevel=4)
+    unseen = [c for c, n, m in zip(classes, labels.sum(axis=0), (observed == 1).sum(axis=0),
+                                   strict=True) if n > 0 and m == 0]
+    if unseen:
+        warnings.warn(f"{len(unseen)} of {plural(len(classes), 'class', 'classes')} "
+                      f"{'has' if len(unseen) == 1 else 'have'} positives but no observed positive "
+                      f"among the {rows} ({name_list(unseen)}): the single-positive losses never "
+                      f"see {'it' if len(unseen) == 1 else 'them'} as positive", FeatcacheWarning,
+                      stacklevel=4)
+    return absent
 
 
 def _verify_images(source: SourceDataset, parts: dict[str, SourceSplit], options: PrepareOptions,

@@ -18,12 +18,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from featcache.errors import name_list
+
 #: fewer validation positives than this for a class makes its AP a noisy selection signal
 MIN_VAL_POSITIVES = 5
 #: warn when at least this share of the classes has fewer than MIN_VAL_POSITIVES positives
 SMALL_VAL_SHARE = 0.25
-#: how many class names a message lists before "and N more"
-LISTED = 8
 
 
 @dataclass(frozen=True)
@@ -111,9 +111,3 @@ def evaluation_notes(val: ClassCoverage | None, test: ClassCoverage | None,
     if test is not None:
         notes += [n for n in (test.missing_note(test_map),) if n]
     return notes
-
-
-def name_list(names: Sequence[str], limit: int = LISTED) -> str:
-    """``a, b, c`` or ``a, b, ... and 7 more``."""
-    shown = ", ".join(names[:limit])
-    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
