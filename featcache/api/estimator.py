@@ -314,13 +314,14 @@ def boostlu_logits(X: np.ndarray, weight: np.ndarray, bias: np.ndarray, position
 
 
 def protocol_map(probs: torch.Tensor, y: np.ndarray, classes: list[str],
-                 warn: bool = True) -> float:
-    """mAP in percent over every class (AP 0 without positives), warning about such classes."""
+                 warn: bool = True, advice: str = "") -> float:
+    """mAP in percent over every class (AP 0 without positives), warning about such classes
+    (``advice`` ends the warning)."""
     targets = torch.as_tensor(np.asarray(y) == 1, dtype=torch.float32)
     value = float(average_precision(probs.float().cpu(), targets).mean()) * 100.0
     note = coverage("scored", classes, targets.numpy()).missing_note(value)
     if warn and note:
-        warnings.warn(note, FeatcacheWarning, stacklevel=3)
+        warnings.warn(note + advice, FeatcacheWarning, stacklevel=3)
     return value
 
 
@@ -332,7 +333,15 @@ def mean_average_precision_score(y_true, y_score) -> float:
         raise ValueError(f"y_true must be a 2-D label matrix (n_samples, n_classes), got shape "
                          f"{y_true.shape}")
     scores = torch.as_tensor(np.asarray(y_score), dtype=torch.float32)
-    return protocol_map(scores, y_true, [str(c) for c in range(y_true.shape[1])])
+    return protocol_map(scores, y_true, [str(c) for c in range(y_true.shape[1])],
+                        advice=FOLD_ADVICE)
+
+
+#: the scorer's warning when a scored split lacks classes: in cross-validation that is a fold
+#: of rows ordered by class (the training folds then lack those classes too)
+FOLD_ADVICE = ("; in cross-validation this fold's score is misleading: rows ordered by class "
+               "give folds without whole classes, so shuffle them: cv=KFold(n_splits=5, "
+               "shuffle=True, random_state=0) (sklearn.model_selection)")
 
 
 #: ``GridSearchCV(SPMLClassifier(), {"lr": [...]}, scoring=map_scorer)``
