@@ -165,6 +165,11 @@ def write_outputs(run_dir: Path, document: dict, grid: GridResult, plot: bool = 
                    [r.selection(variant) for r in c.epochs], [r.test_map for r in c.epochs])
                   for c in grid.configs]
         selected = grid.selected
+        init = document["init"]
+        start = None
+        if init.get("mode") == "linear":  # epoch 0: the linear head fine-tuning starts from
+            start = (init.get("val_map") if variant == "clean" else None, init.get("test_map"))
         plot_series(curves, (selected.best.epoch + 1, selected.best_val), run_dir / "curves.png",
-                    title=f"{document['dataset']} / {document['loss']}: fine-tuned")
+                    title=f"{document['dataset']} / {document['loss']}: fine-tuned", start=start,
+                    start_label="LinearInit start")
     write_json_atomic(run_dir / RESULTS, document)
