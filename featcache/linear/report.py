@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from featcache.errors import plural
 from featcache.linear.data import TrainingSplits
 from featcache.linear.search import SearchResult
 from featcache.protocol.coverage import evaluation_coverage, evaluation_notes
@@ -38,7 +39,10 @@ def run_summary(result: SearchResult, data: TrainingSplits) -> str:
         f"{data.num_classes} classes",
         f"- grid: lr {', '.join(f'{x:g}' for x in spec.learning_rates)} x batch "
         f"{', '.join(map(str, spec.batch_sizes))}"
-        f", {spec.epochs} epochs, seeds {', '.join(map(str, spec.seeds))}, validation: {spec.val_variant}",
+        + "".join(f" x {k} {', '.join(f'{v:g}' for v in values)}"
+                  for k, values in spec.params.values.items() if len(values) > 1)
+        + f", {plural(spec.epochs, 'epoch')}, {'seed' if len(spec.seeds) == 1 else 'seeds'} "
+        f"{', '.join(map(str, spec.seeds))}, validation: {spec.val_variant}",
     ]
     if len(result.seeds) > 1:
         lines.append("- selected per seed: " + "; ".join(

@@ -114,16 +114,22 @@ class LossRun:
         selection, summary = self.document["selection"], self.document["summary"]
         variant = self.document["protocol"]["val_variant"]
         key = "val_map" if variant == "clean" else "val_map_observed"
+        axes = [k for k, values in self.document["grid"].get("params", {}).items()
+                if len(values) > 1]  # --param axes: their selected values are said too
+
+        def chosen(params: dict) -> str:
+            return "".join(f", {k}={params[k]:g}" for k in axes)
+
         if summary["seeds"] > 1:
-            choices = "; ".join(f"seed {c.seed}: {c.describe()}"
+            choices = "; ".join(f"seed {c.seed}: {c.describe()}{chosen(c.params)}"
                                 for c in seed_choices(self.document, str(self.run_dir)))
             text = (f"{self.loss}: val {summary[key + '_mean']:.2f}  test "
                     f"{summary['test_map_mean']:.2f} +- {summary['test_map_std']:.2f} over "
                     f"{summary['seeds']} seeds  ({choices}")
         else:
             text = (f"{self.loss}: val {selection[key]:.2f}  test {selection['test_map']:.2f}  (lr "
-                    f"{selection['lr']:g}, batch {selection['batch_size']}, epoch "
-                    f"{selection['epoch']}")
+                    f"{selection['lr']:g}, batch {selection['batch_size']}"
+                    f"{chosen(selection['params'])}, epoch {selection['epoch']}")
         present = selection.get("test_map_classes_with_positives")
         if present is not None and abs(present - selection["test_map"]) > 1e-9:
             text += f"; test {present:.2f} over the classes with positives"
