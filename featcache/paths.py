@@ -50,8 +50,8 @@ def existing_labels(dataset: str, cache: str | os.PathLike | None = None) -> Pat
     hint = did_you_mean(dataset, prepared)
     known = (f"; prepared datasets in {cache_root(cache)}: {', '.join(prepared)}"
              if prepared and not hint else "")
-    raise InputError(f"no dataset {dataset!r}: {path} does not exist{hint}{known}. Prepare it "
-                     "with `featcache prepare` (see `featcache prepare --help`)")
+    raise InputError(f"no dataset {dataset!r}: {path} does not exist{known}. Prepare it with "
+                     f"`featcache prepare` (see `featcache prepare --help`){hint}")
 
 
 #: file name prefixes of the pooled and the spatial features files

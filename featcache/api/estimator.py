@@ -30,7 +30,7 @@ from sklearn.metrics import make_scorer
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from featcache.data.sampling import split_train_val
-from featcache.errors import FeatcacheWarning, LossNeedError, OptionError
+from featcache.errors import FeatcacheWarning, LossNeedError, OptionError, plural
 from featcache.linear.data import LinearData
 from featcache.linear.heads import StackedBoostLU, StackedLinear
 from featcache.linear.search import SearchSpec, run_search
@@ -357,9 +357,9 @@ def _label_matrix(y: np.ndarray, name: str, allowed: tuple[int, ...], rows: int 
                          f"observed positive, 0 unobserved, -1 observed negative; got shape "
                          f"{y.shape}")
     if rows is not None and y.shape[0] != rows:
-        raise ValueError(f"{name} has {y.shape[0]} rows but its features have {rows}")
+        raise ValueError(f"{name} has {plural(y.shape[0], 'row')} but its features have {rows}")
     if classes is not None and y.shape[1] != classes:
-        raise ValueError(f"{name} has {y.shape[1]} columns but the classifier has {classes} classes")
+        raise ValueError(f"{name} has {plural(y.shape[1], 'column')} but the classifier has {plural(classes, 'class', 'classes')}")
     bad = ~np.isin(y, allowed)
     if bad.any():
         row, column = np.argwhere(bad)[0]

@@ -45,7 +45,7 @@ def command(run_paths, image, class_names, top, out, alpha, cmap, device, overwr
 
     from featcache.api.cam import class_activation_maps, draw_maps
     from featcache.api.runs import load_run
-    from featcache.errors import OptionError, unknown_name
+    from featcache.errors import OptionError, plural, unknown_name
 
     if cmap not in colormaps:
         raise OptionError(unknown_name("colour map", cmap, sorted(colormaps),
@@ -61,4 +61,4 @@ def command(run_paths, image, class_names, top, out, alpha, cmap, device, overwr
         names = names or [m.name for m in maps.maps]  # the first run's top classes for all
         rows.append(maps)
     draw_maps(rows, out, title=str(image), alpha=alpha, cmap=cmap, overwrite=overwrite)
-    click.echo(f"class activation maps of {', '.join(names)} from {len(rows)} run(s) -> {out}")
+    click.echo(f"class activation maps of {', '.join(names)} from {plural(len(rows), 'run')} -> {out}")

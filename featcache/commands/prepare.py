@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from featcache.commands.common import cache_option, overwrite_option
+from featcache.errors import plural
 
 #: dataset names the built-in formats write; users' own data takes other names
 BUILT_IN_NAMES = ("voc", "coco", "nuswide", "cub", "shapes")
@@ -257,7 +258,7 @@ def features(ctx, npz_file, name, backbone, cache, overwrite, **observation):
         backbone, options, _command_record(ctx), _notify)
     _summarize(result)
     click.echo(f"wrote {written} ({result.labels.train.images.size} + "
-               f"{result.labels.test.images.size} rows)")
+               f"{plural(result.labels.test.images.size, 'row')})")
     click.echo(f"next: featcache train-linear --dataset {name}", err=True)
 
 
@@ -348,8 +349,8 @@ def _summarize(result) -> None:
     k = labels.k
     observed = result.provenance["observation"]
     click.echo(f"wrote {result.path}")
-    click.echo(f"  {labels.dataset}: {labels.num_classes} classes; official train "
-               f"{len(labels.train)} images (train {counts['split']['train']} / val "
+    click.echo(f"  {labels.dataset}: {plural(labels.num_classes, 'class', 'classes')}; official train "
+               f"{plural(len(labels.train), 'image')} (train {counts['split']['train']} / val "
                f"{counts['split']['val']}), test {len(labels.test)}"
                + (f"; k = {k:.2f}" if k is not None else "; k unknown (pass --k)"))
     if observed == "given":
@@ -358,6 +359,6 @@ def _summarize(result) -> None:
         click.echo(f"  observed labels: one positive per image drawn with the {observed}-biased "
                    f"sampler (Arroyo et al.), seed {labels.provenance['obs_seed']}")
     else:
-        click.echo(f"  observed labels: {labels.provenance['num_pos']} positive(s), "
-                   f"{labels.provenance['num_neg']} negative(s) per image, seed "
+        click.echo(f"  observed labels: {plural(labels.provenance['num_pos'], 'positive')}, "
+                   f"{plural(labels.provenance['num_neg'], 'negative')} per image, seed "
                    f"{labels.provenance['obs_seed']}")

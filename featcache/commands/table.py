@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from featcache.commands.common import overwrite_option
+from featcache.errors import plural
 
 
 @click.command("table")
@@ -47,7 +48,7 @@ def command(run_dirs, fmt, per_class, out, label, overwrite):
         text = _render([results.table()], fmt, label, results)
     write_text(text, out, overwrite)
     if out != "-":
-        click.echo(f"table of {len(results.losses)} losses x {len(results.datasets)} datasets "
+        click.echo(f"table of {plural(len(results.losses), 'loss', 'losses')} x {plural(len(results.datasets), 'dataset')} "
                    f"-> {out}")
 
 

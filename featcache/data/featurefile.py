@@ -54,7 +54,7 @@ import numpy as np
 
 from featcache import __version__
 from featcache.data.labelfile import LabelSet
-from featcache.errors import InputError
+from featcache.errors import InputError, plural
 from featcache.fileio import atomic_output, require_space, sha256_file
 from featcache.hdf5 import StreamingSink, decode_attrs, encode_attr
 
@@ -128,7 +128,7 @@ def write_features(path: str | os.PathLike, labels: LabelSet,
         array = features[name]
         if isinstance(array, np.ndarray) and (array.ndim != 2 or array.shape[0] != rows):
             raise InputError(f"{name} features have shape {array.shape}; the labels file has "
-                             f"{rows} {name} rows")
+                             f"{plural(rows, f'{name} row')}")
         sources[name] = _first_block(name, array)
         dims.append(int(sources[name][0].shape[1]))
     if dims[0] != dims[1]:
@@ -219,8 +219,8 @@ def _write_rows(group: h5py.Group, name: str, rows: int, first: np.ndarray, rest
         sink.raise_failure()
         filled += len(block)
     if filled != rows:
-        raise InputError(f"{name} features: the blocks hold {filled} rows; the labels file has "
-                         f"{rows} {name} rows")
+        raise InputError(f"{name} features: the blocks hold {plural(filled, 'row')}; the labels file has "
+                         f"{plural(rows, f'{name} row')}")
 
 
 def write_extra(h5: h5py.File, extra: Mapping[str, np.ndarray]) -> None:
@@ -372,7 +372,8 @@ class FeatureFile:
         if broken.size:
             shown = ", ".join(str(r) for r in broken[:5])
             raise InputError(
-                f"{self.path}: {broken.size} {name} rows hold NaN or Inf features (rows {shown}"
+                f"{self.path}: {plural(broken.size, f'{name} row holds', f'{name} rows hold')} NaN or Inf features "
+                f"({'row' if broken.size == 1 else 'rows'} {shown}"
                 f"{', …' if broken.size > 5 else ''}); re-extract them with `featcache features "
                 "--overwrite`"
             )
@@ -428,8 +429,8 @@ def open_features(path: str | os.PathLike, labels: LabelSet | None = None) -> Fe
                     images = group["images"].asstr()[()]
                     if len(images) != len(part.images):
                         raise InputError(
-                            f"{path}: /{name} has {len(images)} rows but {labels.path} has "
-                            f"{len(part.images)} {name} images (class count or split mismatch?)"
+                            f"{path}: /{name} has {plural(len(images), 'row')} but {labels.path} has "
+                            f"{plural(len(part.images), f'{name} image')} (class count or split mismatch?)"
                         )
                     differ = np.flatnonzero(np.asarray(images, dtype=object) != part.images)
                     if differ.size:

@@ -121,7 +121,7 @@ def _prepare_locked(source: SourceDataset, path: Path, options: PrepareOptions,
     if options.merge is not None:
         parts, report["merged_split"] = _merge_and_split(parts, options.merge)
         kept = {}
-        notify(f"merged both official splits ({report['merged_split']['rows']} images) and "
+        notify(f"merged both official splits ({plural(report['merged_split']['rows'], 'image')}) and "
                f"drew {options.merge.train_size} training images with seed {options.merge.seed}")
 
     observed = {split: _observe(parts[split], options, observer, split) for split in OFFICIAL}
@@ -204,7 +204,7 @@ def _verify_images(source: SourceDataset, parts: dict[str, SourceSplit], options
     if verify is None:
         verify = len(names) <= VERIFY_LIMIT
         if not verify:
-            notify(f"not decoding the {len(names)} images now (more than {VERIFY_LIMIT}): pass "
+            notify(f"not decoding the {plural(len(names), 'image')} now (more than {VERIFY_LIMIT}): pass "
                    "--verify-images to check them here; stage one names any it cannot read "
                    "(features --skip-bad flags them instead)")
     if not verify:
@@ -213,7 +213,7 @@ def _verify_images(source: SourceDataset, parts: dict[str, SourceSplit], options
     notify(survey.summary())
     if survey.bad:
         shown = first_few([f"{name} ({reason})" for name, reason in survey.bad])
-        raise InputError(f"{len(survey.bad)} of {len(names)} images under {source.image_root} "
+        raise InputError(f"{len(survey.bad)} of {plural(len(names), 'image')} under {source.image_root} "
                          f"cannot be read: {shown}. Fix or remove them (or drop their rows), or "
                          "pass --no-verify-images and let `featcache features --skip-bad` flag "
                          "them")
@@ -263,7 +263,7 @@ def _kept_rows(source: SourceDataset, split: str, options: PrepareOptions, repor
     empty = rows_without_positive(part.labels)
     dropped = [part.images[i] for i in empty]
     if empty.size:
-        notify(f"{split}: dropped {empty.size} of {len(part)} images with no positive label "
+        notify(f"{split}: dropped {empty.size} of {plural(len(part), 'image')} with no positive label "
                f"({first_few(dropped)})")
     rows = np.setdiff1d(np.arange(len(part)), empty)
     missing = []
@@ -272,7 +272,7 @@ def _kept_rows(source: SourceDataset, split: str, options: PrepareOptions, repor
         missing = [part.images[rows[i]] for i in absent]
         if absent.size and not options.drop_missing:
             raise InputError(
-                f"{absent.size} of the {rows.size} {split} images are missing from "
+                f"{absent.size} of the {plural(rows.size, f'{split} image')} are missing from "
                 f"{source.image_root} ({first_few(missing)}); point --images at the image "
                 "folder, pass --drop-missing to drop (and record) them, or --labels-only to "
                 "write the labels without checking images"
@@ -334,7 +334,7 @@ def _merge_and_split(parts: dict[str, SourceSplit],
     total = len(images)
     if not 0 < merge.train_size < total:
         raise OptionError(f"--merged-train-size {merge.train_size} must be between 1 and "
-                          f"{total - 1}: {total} images are left after dropping images "
+                          f"{total - 1}: {plural(total, 'image is', 'images are')} left after dropping images "
                           "without positives and missing images")
     perm = np.random.RandomState(merge.seed).permutation(total)
     rows = {"train": np.sort(perm[: merge.train_size]), "test": np.sort(perm[merge.train_size:])}

@@ -61,6 +61,7 @@ from featcache.errors import (
     Interrupted,
     OptionError,
     OutputExistsError,
+    plural,
 )
 from featcache.features import text as prompts
 from featcache.features.shards import ChunkStore, stored_blocks
@@ -196,7 +197,7 @@ class ExtractResult:
     def summary(self) -> str:
         """One line for the end of a run."""
         if self.status == "text-added":
-            return (f"{self.path}: class-prompt embeddings added ({self.images} classes); the "
+            return (f"{self.path}: class-prompt embeddings added ({plural(self.images, 'class', 'classes')}); the "
                     "image features were up to date")
         if self.status == "up-to-date":
             return (f"{self.path} is up to date (built from the same labels file and settings); "
@@ -204,7 +205,7 @@ class ExtractResult:
         size = self.path.stat().st_size / 1e6 if self.path.exists() else 0.0
         resumed = f", {self.resumed_chunks} chunks resumed" if self.resumed_chunks else ""
         bad = f", {len(self.bad)} bad images flagged" if self.bad else ""
-        return (f"features: {self.images} images in {self.compute_seconds:.1f} s "
+        return (f"features: {plural(self.images, 'image')} in {self.compute_seconds:.1f} s "
                 f"({self.images_per_second:.1f} images/s) on {self.device}, {self.precision}"
                 f"{resumed}{bad}; {self.seconds:.1f} s in all -> {self.path} ({size:.1f} MB)")
 
@@ -518,7 +519,7 @@ class Extraction:
             collate, batch_bytes = None, inputs.uint8_batch_bytes(self.batch_size, size)
         # two batches in flight per worker, fewer when /dev/shm is small (an error if none fits)
         prefetch = inputs.loader_prefetch(batch_bytes, workers, 2, self.job.local_world,
-                                          what=f"batches of {self.batch_size} images at {size} px")
+                                          what=f"batches of {plural(self.batch_size, 'image')} at {size} px")
         return DataLoader(
             dataset, batch_sampler=batches, num_workers=workers, collate_fn=collate,
             pin_memory=self.device.type == "cuda", worker_init_fn=inputs.worker_init,
@@ -582,7 +583,7 @@ class Extraction:
         if broken.size:
             first = root / str(self.images[rows.start + broken[0]])
             raise FeatcacheError(
-                f"the backbone gave Inf or NaN features for {broken.size} images of chunk {chunk} "
+                f"the backbone gave Inf or NaN features for {plural(broken.size, 'image')} of chunk {chunk} "
                 f"(first: {first}) at precision {self.precision}, stored as {self.options.dtype}; "
                 "fp16 compute and float16 storage can overflow: use --precision bf16 or fp32 "
                 "and --dtype float32"
@@ -605,7 +606,7 @@ class Extraction:
         missing = [row for row in rows if not (root / str(self.images[row])).is_file()]
         if missing:
             first = self.bad_reason(root, missing[0])["message"]
-            raise InputError(f"{len(missing)} of {len(rows)} images are missing; first: {first}. "
+            raise InputError(f"{len(missing)} of {plural(len(rows), 'image')} are missing; first: {first}. "
                              "Check --images-root, or pass --skip-bad to flag them and carry on")
 
     def bad_entries(self, reasons: dict[int, str]) -> list[dict]:
@@ -637,7 +638,7 @@ class Extraction:
                  f"{human_bytes(chunk_bytes)} of chunks until it is assembled; "
                  f"{human_bytes(free)} free in {self.final.parent}")
         require_space(self.final.parent, chunk_bytes + file_bytes,
-                      f"to extract the features of {len(self.images)} images", file_bytes)
+                      f"to extract the features of {plural(len(self.images), 'image')}", file_bytes)
 
     def unsaved(self, store: ChunkStore, todo: list[int]) -> tuple[set[int], float]:
         """The chunks still to compute (or not yet on disk), and their share of the images."""

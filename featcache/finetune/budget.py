@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from featcache.backbones import Uint8Normalize, backbone_spec
-from featcache.errors import OptionError
+from featcache.errors import OptionError, plural
 from featcache.fileio import free_bytes, human_bytes, require_space
 from featcache.finetune.data import FinetuneData
 from featcache.finetune.model import build_net, linear_head
@@ -76,7 +76,7 @@ class Budget:
         time_part = "" if self.seconds is None else (
             f"; about {human_seconds(self.seconds)} of compute (measured on a few steps; image "
             "decoding not included)")
-        return (f"fine-tuning {self.configs} configuration(s) x {self.epochs} epochs: "
+        return (f"fine-tuning {plural(self.configs, 'configuration')} x {plural(self.epochs, 'epoch')}: "
                 f"checkpoints {human_bytes(self.checkpoint_bytes)} each, best.pt "
                 f"{human_bytes(self.best_bytes)}; --keep-checkpoints {self.keep} keeps {kept}: at "
                 f"most {human_bytes(self.peak_bytes)} on disk, {human_bytes(free)} free"

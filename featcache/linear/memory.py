@@ -18,7 +18,7 @@ import resource
 from dataclasses import dataclass
 from pathlib import Path
 
-from featcache.errors import OptionError
+from featcache.errors import OptionError, plural
 
 #: share of the machine's memory (or of the container's limit) used when no budget is given
 DEFAULT_SHARE = 0.5
@@ -178,7 +178,7 @@ class Placement:
             return f"features in memory (about {format_size(self.estimate)} of the {budget} budget)"
         why = "as asked" if self.forced else f"they do not fit the {budget} budget in memory"
         return (f"streaming the {' and '.join(self.streamed)} features from the file ({why}): "
-                f"blocks of {self.block_rows} rows, {self.window_blocks} blocks shuffled together; "
+                f"blocks of {plural(self.block_rows, 'row')}, {plural(self.window_blocks, 'block')} shuffled together; "
                 f"planned peak about {format_size(self.estimate)}")
 
 

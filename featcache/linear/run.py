@@ -17,7 +17,7 @@ from pathlib import Path
 
 from featcache.data.featurefile import FeatureFile, open_features, read_feature_attrs
 from featcache.data.labelfile import load_labels
-from featcache.errors import FeatcacheWarning, InputError, Interrupted
+from featcache.errors import FeatcacheWarning, InputError, Interrupted, plural
 from featcache.fileio import write_text_atomic
 from featcache.linear.data import TrainingSplits, read_linear_data, split_rows
 from featcache.linear.heads import CAM_BLOCK, CAM_BLOCK_TENSORS
@@ -125,7 +125,7 @@ class LossRun:
                                 for c in seed_choices(self.document, str(self.run_dir)))
             text = (f"{self.loss}: val {summary[key + '_mean']:.2f}  test "
                     f"{summary['test_map_mean']:.2f} +- {summary['test_map_std']:.2f} over "
-                    f"{summary['seeds']} seeds  ({choices}")
+                    f"{plural(summary['seeds'], 'seed')}  ({choices}")
         else:
             text = (f"{self.loss}: val {selection[key]:.2f}  test {selection['test_map']:.2f}  (lr "
                     f"{selection['lr']:g}, batch {selection['batch_size']}"
@@ -256,7 +256,7 @@ def interrupted_detail(specs: Sequence[SearchSpec], done: Mapping[str, LossRun],
     if not finished:
         them = "them" if len(specs) > 1 else "it"
         return f"no loss had finished (run id {run_id}); {again} to train {them} from the start"
-    return (f"{len(finished)} of {len(specs)} losses finished and kept under run id {run_id} "
+    return (f"{len(finished)} of {plural(len(specs), 'loss', 'losses')} finished and kept under run id {run_id} "
             f"({', '.join(finished)}); {again} to reuse them and train the rest")
 
 
@@ -435,7 +435,7 @@ def write_loss_run(data: TrainingSplits, result: SearchResult, run_dir: Path,
     data = loss_class(result.spec.loss).fit_data(data)
     where = describe_device(device)
     if job is not None and job.world > 1:
-        where += f", {job.world} ranks (torchrun)"
+        where += f", {plural(job.world, 'rank')} (torchrun)"
     document = on_main(job, lambda: write_run(run_dir, result, data, where,
                                               run_summary(result, data), plot=options.plots))
     return LossRun(result.spec.loss, run_dir, document, False, result.seconds)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from featcache.errors import name_list
+from featcache.errors import name_list, plural
 
 #: fewer validation positives than this for a class makes its AP a noisy selection signal
 MIN_VAL_POSITIVES = 5
@@ -68,7 +68,7 @@ class ClassCoverage:
         missing = self.missing
         if not missing:
             return None
-        text = (f"{len(missing)} of {len(self.classes)} classes have no positive in the "
+        text = (f"{len(missing)} of {plural(len(self.classes), 'class', 'classes')} have no positive in the "
                 f"{self.split} split ({name_list(missing)}): they count as AP 0 in the "
                 "protocol's mAP, as in the reference code")
         present = self.map_over_present(protocol_map)
@@ -81,8 +81,8 @@ class ClassCoverage:
         """A warning when the split is too small to select on (validation splits)."""
         if not self.too_small_to_select:
             return None
-        return (f"the {self.split} split has fewer than {MIN_VAL_POSITIVES} positives for "
-                f"{len(self.few)} of {len(self.classes)} classes ({name_list(self.few)}): "
+        return (f"the {self.split} split has fewer than {plural(MIN_VAL_POSITIVES, 'positive')} for "
+                f"{len(self.few)} of {plural(len(self.classes), 'class', 'classes')} ({name_list(self.few)}): "
                 "selecting epochs and configurations on it is noisy")
 
 
