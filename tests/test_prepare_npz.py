@@ -113,7 +113,7 @@ def test_a_missing_label_names_key_is_named_not_blamed_on_unpickling(tmp_path, c
     result = invoke("prepare", "features", "--npz", tmp_path / "nolabels.npz", "--name", "x")
     assert result.exit_code == 1
     error = result.output.strip().splitlines()[-1]
-    assert "lacks the key(s) label_names (label_names: one class name per column" in error
+    assert "lacks the key label_names (label_names: one class name per column" in error
     assert "unpickling" not in error and "it holds X_test, X_train, Y_test, Y_train, feature_names" in error
     arrays = toy_arrays()
     arrays["label_names"] = np.array(["a", "b", "c"], dtype=object)
