@@ -9,7 +9,7 @@ import pytest
 from dataset_fixtures import invoke
 from linear_fixtures import synthetic_dataset
 
-from featcache.pipeline import list_recipes, load_recipe
+from featcache.pipeline import list_recipes, load_recipe, readme_section
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -195,3 +195,28 @@ def test_a_step_stopped_by_ctrl_c_stops_the_recipe(tmp_path, monkeypatch):
     assert "[1/2] first" in result.output
     assert "[2/2]" not in result.output
     assert "stopped before step 2 (second); run it again" in result.output
+
+
+def test_a_report_rewrites_its_readme_section_and_nothing_else(cache_dir, tmp_path):
+    synthetic_dataset(cache_dir, "toy")
+    synthetic_dataset(cache_dir, "toy2", seed=1)
+    (tmp_path / "pipelines").mkdir()
+    recipe = tmp_path / "pipelines" / "toy.toml"
+    recipe.write_text(RECIPE + 'readme = "../README.md"\n')
+    readme = tmp_path / "README.md"
+    before, after = "# Project\n\nintro\n\n", "\n\nmore text\n"
+    readme.write_text(before + "<!-- featcache pipeline toy-table: begin -->\nold table\n"
+                      "<!-- featcache pipeline toy-table: end -->" + after)
+    result = invoke("pipeline", "run", recipe)
+    assert result.exit_code == 0, result.output
+    table = (cache_dir / "pipelines" / "toy-table" / "results.md").read_text()
+    text = readme.read_text()
+    assert text.startswith(before) and text.endswith(after) and "old table" not in text
+    section = readme_section(text, "toy-table")
+    assert section.splitlines()[0].startswith("| loss ") and section in table
+    assert "README.md: the toy-table section" in result.output
+    readme.write_text("# no markers\n")
+    again = invoke("pipeline", "run", recipe)
+    assert again.exit_code == 0 and readme.read_text() == "# no markers\n"
+    assert "<!-- featcache pipeline toy-table: begin -->" in again.output  # says what is missing
+
