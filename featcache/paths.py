@@ -7,28 +7,61 @@ variable says otherwise.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Collection
 from pathlib import Path
 
-from featcache.errors import InputError, did_you_mean
+from featcache.errors import InputError, OptionError, did_you_mean
 
 CACHE_ENV = "FEATCACHE_CACHE"
 DEFAULT_CACHE = "cache"
+#: the most characters of a name that becomes a folder or file name
+MAX_NAME = 100
+_NAME_CHARS = re.compile(r"[A-Za-z0-9._+=@-]")
+NAME_RULE = ("a name is 1 to 100 letters, digits and . _ + = @ -, not starting with '.' or "
+             "'-' (it becomes a folder or file name)")
+
+
+def check_name(value: str, what: str) -> str:
+    """``value`` as one path component (a run id, a dataset name, ...); anything else, a path
+    above all, is refused with one line naming ``what`` (the option) and the rule."""
+    text = str(value)
+    bad = next((c for c in text if not _NAME_CHARS.fullmatch(c)), None)
+    if not text:
+        problem = "is empty"
+    elif "/" in text or "\\" in text or os.sep in text or text in (".", ".."):
+        problem = "is a path, not a name"
+    elif len(text) > MAX_NAME:
+        problem = f"is {len(text)} characters long (at most {MAX_NAME})"
+    elif text[0] in ".-":
+        problem = f"starts with {text[0]!r}"
+    elif bad is not None:
+        problem = f"holds {bad!r}"
+    else:
+        return text
+    raise OptionError(f"{what} {text!r} {problem}: {NAME_RULE}")
 
 
 def cache_root(cache: str | os.PathLike | None = None) -> Path:
-    """The cache root: the argument, else ``$FEATCACHE_CACHE``, else ``./cache``."""
-    return Path(cache or os.environ.get(CACHE_ENV) or DEFAULT_CACHE)
+    """The cache root: the argument, else ``$FEATCACHE_CACHE``, else ``./cache``; a root that
+    exists as a file is refused."""
+    where = "--cache" if cache else f"${CACHE_ENV}" if os.environ.get(CACHE_ENV) else ""
+    root = Path(cache or os.environ.get(CACHE_ENV) or DEFAULT_CACHE).expanduser()
+    if root.exists() and not root.is_dir():
+        raise OptionError(f"{where or 'the cache root'} {root} is a file, not a folder; give the "
+                          "folder featcache keeps its outputs in")
+    return root
 
 
 def dataset_dir(dataset: str, cache: str | os.PathLike | None = None) -> Path:
-    """``<cache>/<dataset>``; ``dataset`` may also be a path to such a directory."""
+    """``<cache>/<dataset>``; ``dataset`` may also be a path to such a directory (with a
+    folder separator or starting with '.'); a name is checked (:func:`check_name`)."""
     candidate = Path(dataset)
     if candidate.is_dir() and (candidate / "labels.h5").exists():
         return candidate
-    if os.sep in dataset or dataset.startswith("."):
+    if os.sep in dataset or "/" in dataset or dataset.startswith("."):
         return candidate
-    return cache_root(cache) / dataset
+    return cache_root(cache) / check_name(dataset, "dataset")
 
 
 def labels_path(dataset: str, cache: str | os.PathLike | None = None) -> Path:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import re
 from pathlib import Path
 
 import click
@@ -13,7 +12,6 @@ from featcache.errors import plural
 
 #: dataset names the built-in formats write; users' own data takes other names
 BUILT_IN_NAMES = ("voc", "coco", "nuswide", "cub", "shapes")
-NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 PROTOCOL_SEED = 1200
 
 dir_path = click.Path(exists=False, file_okay=False, path_type=Path)
@@ -247,11 +245,10 @@ def features(ctx, npz_file, name, backbone, cache, overwrite, **observation):
     a positive label are dropped from both.
     """
     from featcache.data.prepare import PrepareOptions, import_feature_set
-    from featcache.paths import features_path, labels_path
+    from featcache.paths import check_name, features_path, labels_path
 
     _check_name(name)
-    if not NAME_PATTERN.fullmatch(backbone):
-        raise click.BadParameter("use letters, digits, '.', '_' and '-'", param_hint="--backbone")
+    check_name(backbone, "--backbone")
     options = PrepareOptions(overwrite=overwrite, labels_only=True, **observation)
     result, written = import_feature_set(
         npz_file, name, labels_path(name, cache), features_path(name, backbone, cache),
@@ -323,9 +320,9 @@ def _needs_boxes(common: dict) -> bool:
 
 
 def _check_name(name: str) -> None:
-    if not NAME_PATTERN.fullmatch(name):
-        raise click.BadParameter(f"{name!r}: use letters, digits, '.', '_' and '-', starting "
-                                 "with a letter or digit", param_hint="--name")
+    from featcache.paths import check_name
+
+    check_name(name, "--name")
     if name in BUILT_IN_NAMES:
         raise click.BadParameter(f"{name!r} is the name `featcache prepare {name}` writes; "
                                  "choose another name for your own data", param_hint="--name")

@@ -25,7 +25,7 @@ from featcache.finetune.search import SCHEDULES, run_grid
 from featcache.finetune.start import StartPoint, resolve_start
 from featcache.locks import OutputLock
 from featcache.losses import loss_class
-from featcache.paths import existing_labels, finetune_dir
+from featcache.paths import check_name, existing_labels, finetune_dir
 from featcache.progress import say
 from featcache.protocol.coverage import evaluation_coverage, evaluation_notes
 from featcache.protocol.grid import check_grid, grid_points
@@ -50,6 +50,8 @@ def run_finetune(options: FinetuneOptions, linear_phase: LinearPhase | None = No
     (the command passes stage two's :func:`featcache.linear.run.train_linear_phase`).
     """
     loss = loss_class(options.loss)  # an unknown loss fails before anything is loaded
+    if options.run_id is not None:
+        check_name(options.run_id, "--run-id")
     check_grid(options.learning_rates, options.batch_sizes)
     if options.schedule not in SCHEDULES:
         raise OptionError(f"--schedule {options.schedule!r}: choose one of {', '.join(SCHEDULES)}")

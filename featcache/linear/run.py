@@ -44,6 +44,7 @@ from featcache.linear.trainer import evaluation_can_move
 from featcache.linear.workers import on_main
 from featcache.losses import SPMLLoss, loss_class
 from featcache.paths import (
+    check_name,
     dataset_dir,
     existing_labels,
     feature_file_tag,
@@ -157,6 +158,8 @@ def run_linear(options: LinearOptions, say: Callable[[str], None] = _stderr,
     Status lines (skipped losses, reused runs) go to ``say``; ``on_run`` sees each loss's run
     as soon as it is done.
     """
+    if options.run_id is not None:
+        check_name(options.run_id, "--run-id")
     check_grid(options.learning_rates, options.batch_sizes)
     check_early_stop(options.early_stop)
     budget = default_budget() if options.max_memory is None else parse_size(options.max_memory)
