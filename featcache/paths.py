@@ -39,7 +39,8 @@ def check_name(value: str, what: str) -> str:
         problem = f"holds {bad!r}"
     else:
         return text
-    raise OptionError(f"{what} {text!r} {problem}: {NAME_RULE}")
+    shown = repr(text if len(text) <= 60 else text[:40] + "...")
+    raise OptionError(f"{what} {shown} {problem}: {NAME_RULE}")
 
 
 def cache_root(cache: str | os.PathLike | None = None) -> Path:
@@ -147,7 +148,7 @@ def find_features(dataset: str, backbone: str | None = None,
     """The finished features file of ``dataset``; with no ``backbone``, the only one there is."""
     root = dataset_dir(dataset, cache)
     if backbone is not None:
-        path = features_path(dataset, backbone, cache)
+        path = features_path(dataset, check_name(backbone, "--backbone"), cache)
         if not path.exists():
             raise InputError(
                 f"no features file {path}; run `featcache features --dataset {dataset} "

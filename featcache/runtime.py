@@ -47,8 +47,8 @@ def pick_device(name: str = "auto", local_rank: int = 0) -> torch.device:
             name = "cpu"
     try:
         device = torch.device(name)
-    except RuntimeError as exc:
-        raise OptionError(f"--device {name!r}: {exc}; use auto, cpu, cuda or cuda:N") from None
+    except RuntimeError:
+        raise OptionError(f"--device {name!r}: use auto, cpu, cuda or cuda:N") from None
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise OptionError("--device cuda: CUDA is not available on this machine; use --device cpu")

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from featcache.data.featurefile import FeatureFile, open_features, read_feature_attrs
 from featcache.data.labelfile import load_labels
-from featcache.errors import FeatcacheWarning, InputError, Interrupted, plural
+from featcache.errors import FeatcacheWarning, InputError, Interrupted, OptionError, plural
 from featcache.fileio import write_text_atomic
 from featcache.linear.data import TrainingSplits, read_linear_data, split_rows
 from featcache.linear.heads import CAM_BLOCK, CAM_BLOCK_TENSORS
@@ -160,6 +160,9 @@ def run_linear(options: LinearOptions, say: Callable[[str], None] = _stderr,
     """
     if options.run_id is not None:
         check_name(options.run_id, "--run-id")
+    if len(set(options.seeds)) != len(options.seeds):
+        raise OptionError(f"--seeds {','.join(map(str, options.seeds))} repeats a seed; give "
+                          "each seed once")
     check_grid(options.learning_rates, options.batch_sizes)
     check_early_stop(options.early_stop)
     budget = default_budget() if options.max_memory is None else parse_size(options.max_memory)
