@@ -198,6 +198,8 @@ def announce_budget(settings: Settings, start: StartPoint, data: FinetuneData, c
     left = [c for c in configs if not (run_dir / "configs" / c.name() / HISTORY).is_file()]
     budget = plan_budget(start, data, settings.loss, settings.params, len(left), settings.epochs,
                          settings.keep_checkpoints)
+    budget.device, budget.image_size, budget.dataset = (job.device.type, start.image_size,
+                                                        data.dataset)
     if left:
         per_epoch = measure_seconds(start, data, settings.loss, [c.batch_size for c in left],
                                     settings.eval_batch_size, settings.precision, job.device)
