@@ -220,3 +220,20 @@ def test_a_report_rewrites_its_readme_section_and_nothing_else(cache_dir, tmp_pa
     assert again.exit_code == 0 and readme.read_text() == "# no markers\n"
     assert "<!-- featcache pipeline toy-table: begin -->" in again.output  # says what is missing
 
+
+def test_the_readme_real_feature_table_has_every_loss_the_pipeline_trains():
+    """The README's table is written by `make real-features` (its [report] readme); a loss
+    added since the last run is caught here."""
+    from featcache.losses import DataFacts
+    from featcache.protocol.loss_choice import choose_losses
+
+    recipe = load_recipe(REPO / "pipelines" / "real-features.toml")
+    assert recipe.report["readme"] == "../README.md"
+    section = readme_section((REPO / "README.md").read_text(), "real-features")
+    header, _, *rows = [line for line in section.splitlines() if line.startswith("|")]
+    assert [c.strip() for c in header.strip("|").split("|")] == ["loss", *recipe.report["datasets"]]
+    imported = DataFacts(dataset="scene", num_classes=6, has_clean_train=True, mean_positives=1.07,
+                         backbone="imported")
+    trained, _ = choose_losses("all", imported)
+    assert [row.strip("|").split("|")[0].strip() for row in rows] == trained
+    assert {"gr", "hill", "splc"} <= set(trained)
