@@ -18,6 +18,7 @@ import click
 from featcache import __version__
 from featcache.errors import FeatcacheError, FeatcacheWarning, Interrupted, unknown_name
 from featcache.interrupt import exit_on_signals, stop_signals
+from featcache.notices import said_after_command
 
 #: set to 1 to see the traceback of an unexpected error instead of its one-line summary
 TRACEBACK_ENV = "FEATCACHE_TRACEBACK"
@@ -67,7 +68,8 @@ class LazyGroup(click.Group):
         with warnings.catch_warnings(), stop_signals():
             warnings.showwarning = _show_warning
             try:
-                return super().invoke(ctx)
+                with said_after_command():
+                    return super().invoke(ctx)
             except Interrupted as exc:
                 click.echo(f"featcache: interrupted: {exc}", err=True)
                 ctx.exit(exc.exit_code)

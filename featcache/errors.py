@@ -4,7 +4,7 @@ and the "did you mean" helper their messages use."""
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 
 class FeatcacheError(Exception):
@@ -64,6 +64,24 @@ class LossStateError(FeatcacheError, KeyError):
 
 class FeatcacheWarning(UserWarning):
     """Something the user should know that does not stop the work (the CLI prints one line)."""
+
+
+#: how many names a message lists before "and N more"
+LISTED = 8
+
+
+def plural(count: int, singular: str, plural_form: str | None = None) -> str:
+    """``1 row``, ``2 rows``, ``0 rows``: a count and its noun, for every message that counts.
+    ``plural_form`` for the other nouns (``plural(n, "entry is", "entries are")``); without it
+    the last word takes an ``s`` (``plural(n, "training image")``)."""
+    return f"{count} {singular if count == 1 else plural_form or singular + 's'}"
+
+
+def name_list(names: Sequence[str], limit: int = LISTED) -> str:
+    """``a, b, c`` or ``a, b, ... and 7 more``."""
+    names = [str(n) for n in names]
+    shown = ", ".join(names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
 def did_you_mean(name: str, choices: Iterable[str], what: str = "") -> str:

@@ -7,28 +7,62 @@ variable says otherwise.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Collection
 from pathlib import Path
 
-from featcache.errors import InputError, did_you_mean
+from featcache.errors import InputError, OptionError, did_you_mean
 
 CACHE_ENV = "FEATCACHE_CACHE"
 DEFAULT_CACHE = "cache"
+#: the most characters of a name that becomes a folder or file name
+MAX_NAME = 100
+_NAME_CHARS = re.compile(r"[A-Za-z0-9._+=@-]")
+NAME_RULE = ("a name is 1 to 100 letters, digits and . _ + = @ -, not starting with '.' or "
+             "'-' (it becomes a folder or file name)")
+
+
+def check_name(value: str, what: str) -> str:
+    """``value`` as one path component (a run id, a dataset name, ...); anything else, a path
+    above all, is refused with one line naming ``what`` (the option) and the rule."""
+    text = str(value)
+    bad = next((c for c in text if not _NAME_CHARS.fullmatch(c)), None)
+    if not text:
+        problem = "is empty"
+    elif "/" in text or "\\" in text or os.sep in text or text in (".", ".."):
+        problem = "is a path, not a name"
+    elif len(text) > MAX_NAME:
+        problem = f"is {len(text)} characters long (at most {MAX_NAME})"
+    elif text[0] in ".-":
+        problem = f"starts with {text[0]!r}"
+    elif bad is not None:
+        problem = f"holds {bad!r}"
+    else:
+        return text
+    shown = repr(text if len(text) <= 60 else text[:40] + "...")
+    raise OptionError(f"{what} {shown} {problem}: {NAME_RULE}")
 
 
 def cache_root(cache: str | os.PathLike | None = None) -> Path:
-    """The cache root: the argument, else ``$FEATCACHE_CACHE``, else ``./cache``."""
-    return Path(cache or os.environ.get(CACHE_ENV) or DEFAULT_CACHE)
+    """The cache root: the argument, else ``$FEATCACHE_CACHE``, else ``./cache``; a root that
+    exists as a file is refused."""
+    where = "--cache" if cache else f"${CACHE_ENV}" if os.environ.get(CACHE_ENV) else ""
+    root = Path(cache or os.environ.get(CACHE_ENV) or DEFAULT_CACHE).expanduser()
+    if root.exists() and not root.is_dir():
+        raise OptionError(f"{where or 'the cache root'} {root} is a file, not a folder; give the "
+                          "folder featcache keeps its outputs in")
+    return root
 
 
 def dataset_dir(dataset: str, cache: str | os.PathLike | None = None) -> Path:
-    """``<cache>/<dataset>``; ``dataset`` may also be a path to such a directory."""
+    """``<cache>/<dataset>``; ``dataset`` may also be a path to such a directory (with a
+    folder separator or starting with '.'); a name is checked (:func:`check_name`)."""
     candidate = Path(dataset)
     if candidate.is_dir() and (candidate / "labels.h5").exists():
         return candidate
-    if os.sep in dataset or dataset.startswith("."):
+    if os.sep in dataset or "/" in dataset or dataset.startswith("."):
         return candidate
-    return cache_root(cache) / dataset
+    return cache_root(cache) / check_name(dataset, "dataset")
 
 
 def labels_path(dataset: str, cache: str | os.PathLike | None = None) -> Path:
@@ -50,8 +84,8 @@ def existing_labels(dataset: str, cache: str | os.PathLike | None = None) -> Pat
     hint = did_you_mean(dataset, prepared)
     known = (f"; prepared datasets in {cache_root(cache)}: {', '.join(prepared)}"
              if prepared and not hint else "")
-    raise InputError(f"no dataset {dataset!r}: {path} does not exist{hint}{known}. Prepare it "
-                     "with `featcache prepare` (see `featcache prepare --help`)")
+    raise InputError(f"no dataset {dataset!r}: {path} does not exist{known}. Prepare it with "
+                     f"`featcache prepare` (see `featcache prepare --help`){hint}")
 
 
 #: file name prefixes of the pooled and the spatial features files
@@ -114,7 +148,7 @@ def find_features(dataset: str, backbone: str | None = None,
     """The finished features file of ``dataset``; with no ``backbone``, the only one there is."""
     root = dataset_dir(dataset, cache)
     if backbone is not None:
-        path = features_path(dataset, backbone, cache)
+        path = features_path(dataset, check_name(backbone, "--backbone"), cache)
         if not path.exists():
             raise InputError(
                 f"no features file {path}; run `featcache features --dataset {dataset} "

@@ -27,6 +27,9 @@ A recipe is a TOML file::
     run_id = "{run_id}"
     datasets = ["scene", "yeast"]
     losses = ["an", "an-ls"]     # optional; default: every loss found
+    readme = "../README.md"      # optional, relative to the recipe: the table also replaces
+                                 # the text between <!-- featcache pipeline NAME: begin -->
+                                 # and <!-- featcache pipeline NAME: end --> there
 
 A report with ``kind = "sweep"`` plots test mAP against one loss parameter instead: every
 finished run of ``loss`` whose run id matches the glob ``run_id`` is a point at its selected
@@ -52,12 +55,14 @@ import shlex
 import statistics
 import string
 import tomllib
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from featcache.errors import InputError, OptionError, did_you_mean
+from featcache.errors import FeatcacheWarning, InputError, OptionError, did_you_mean
 from featcache.fileio import write_text_atomic
 from featcache.paths import cache_root, dataset_dir
+from featcache.progress import say
 from featcache.protocol.results_table import ResultsTable
 from featcache.tables import Table
 
@@ -200,7 +205,44 @@ def write_report(recipe: Recipe, cache: str | None = None) -> tuple[Table, Path]
                       + results.configurations(runs=False).latex(
                           label=f"tab:{recipe.name}-configurations"))
     write_text_atomic(out / "results.json", json.dumps(results.to_json(), indent=2) + "\n")
+    if recipe.report.get("readme"):
+        publish_section(recipe.path.parent / recipe.report["readme"], recipe.name,
+                        table.markdown())
     return table, out / "results.md"
+
+
+def section_markers(name: str) -> tuple[str, str]:
+    """The comments around the part of a document a recipe's report owns."""
+    return (f"<!-- featcache pipeline {name}: begin -->",
+            f"<!-- featcache pipeline {name}: end -->")
+
+
+def readme_section(text: str, name: str) -> str:
+    """The text between recipe ``name``'s markers (InputError when they are missing)."""
+    begin, end = section_markers(name)
+    start, stop = text.find(begin), text.find(end)
+    if start < 0 or stop < start:
+        raise InputError(f"no section between {begin} and {end}")
+    return text[start + len(begin):stop].strip("\n")
+
+
+def publish_section(path: Path, name: str, content: str) -> None:
+    """Replace the text between recipe ``name``'s markers in ``path`` (a report's ``readme``)
+    with ``content``, so a document's table is always the last run's. Without the markers the
+    document is left alone and a warning says what to add."""
+    begin, end = section_markers(name)
+    text = path.read_text() if path.is_file() else ""
+    try:
+        readme_section(text, name)
+    except InputError:
+        warnings.warn(f"{path} has no {begin} ... {end} section: its table was not updated "
+                      "(add the two lines where the table belongs)", FeatcacheWarning,
+                      stacklevel=2)
+        return
+    head, rest = text.split(begin, 1)
+    tail = rest.split(end, 1)[1]
+    write_text_atomic(path, f"{head}{begin}\n{content.strip()}\n{end}{tail}")
+    say(f"{path}: the {name} section now holds this table")
 
 
 def report_table(report: dict, cache: str | None = None) -> ResultsTable:

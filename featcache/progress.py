@@ -1,10 +1,13 @@
 """Progress for every long step, suited to where it goes: bars on a terminal, lines in a log.
 
 On a terminal :func:`progress` is a tqdm bar on stderr. When stderr is not a terminal (a log
-file, a batch job, CI), redrawn bars would flood the log, so the same object prints one plain
-line at most every 30 seconds, plus a last one when a bar that is kept (``leave``) closes::
+file, a batch job, CI), redrawn bars would flood the log, so the same object prints a start
+line, one plain line at most every 30 seconds, and an end line with the rate (a bar with
+nothing to do prints nothing)::
 
+    features features-resnet50: start, 5000 img
     features features-resnet50: 45% 2250/5000 [01:00<01:13, 37.4img/s]
+    features features-resnet50: done, 5000 img in 02:14 (37.3 img/s)
 
 ``FEATCACHE_PROGRESS=bars|lines|off`` forces a style; ``FEATCACHE_PROGRESS_INTERVAL`` sets the
 seconds between lines (default 30).
@@ -16,6 +19,8 @@ import os
 import sys
 
 from tqdm import tqdm
+
+from featcache.errors import plural
 
 PROGRESS_ENV = "FEATCACHE_PROGRESS"
 INTERVAL_ENV = "FEATCACHE_PROGRESS_INTERVAL"
@@ -65,24 +70,44 @@ def say(message: str) -> None:
     tqdm.write(message, file=sys.stderr)
 
 
+#: units that are abbreviations: never a plural ``s``
+ABBREVIATED = ("it", "img", "B", "s")
+
+
 class LogLines(tqdm):
-    """tqdm that prints whole lines, at most one per ``mininterval`` seconds (never a carriage
-    return or a cursor movement), for logs."""
+    """tqdm for logs: whole lines (never a carriage return or a cursor movement): a start line,
+    a status line at most every ``mininterval`` seconds, and an end line with the rate when the
+    bar closes (kept or not); a bar with nothing to do (total 0) prints nothing."""
 
     def __init__(self, *args, **kwargs):
         self._last_line = -float("inf")
+        self._started = False
         super().__init__(*args, **kwargs)
 
+    def _write(self, text: str) -> None:
+        self.fp.write(text.strip() + "\n")
+        getattr(self.fp, "flush", lambda: None)()
+
+    def _label(self) -> str:
+        return self.desc.rstrip(": ") or "progress"
+
+    def _count(self, n: int) -> str:
+        unit = (self.unit or "it").strip()
+        return f"{n} {unit}" if unit in ABBREVIATED else plural(n, unit)
+
     def display(self, msg=None, pos=None):
-        if msg == "":  # tqdm clearing a bar: nothing to clear in a log
+        if msg == "" or self.total == 0:  # tqdm clearing a bar / nothing to do: no line
             return False
         now = self._time()
-        final = self.disable  # close() has set it: the last line of a kept bar
-        if not final and now - self._last_line < self.mininterval:
+        if not self._started:
+            self._started, self._last_line = True, now
+            total = f", {self._count(self.total)}" if self.total else ""
+            self._write(f"{self._label()}: start{total}")
+            return False
+        if now - self._last_line < self.mininterval:
             return False
         self._last_line = now
-        self.fp.write((msg or self.__str__()).strip() + "\n")
-        getattr(self.fp, "flush", lambda: None)()
+        self._write(msg or self.__str__())
         return False
 
     def clear(self, nolock=False):
@@ -91,10 +116,16 @@ class LogLines(tqdm):
     def close(self):
         if self.disable:
             return
-        leave = self.leave if self.leave is not None else True
-        if leave and hasattr(self, "last_print_t"):
-            self.disable = True
-            self._decr_instances(self)
-            self.display()
+        self.disable = True
+        self._decr_instances(self)
+        if self.total == 0 or not self._started:
             return
-        super().close()
+        elapsed = self._time() - self.start_t
+        unit = (self.unit or "it").strip()
+        rate = f"{self.n / elapsed:.1f} {unit}/s" if elapsed > 0 else f"- {unit}/s"
+        spent = self.format_interval(round(elapsed))
+        if self.total is not None and self.n < self.total:
+            self._write(f"{self._label()}: stopped at {self.n} of {self._count(self.total)} "
+                        f"after {spent} ({rate})")
+        else:
+            self._write(f"{self._label()}: done, {self._count(self.n)} in {spent} ({rate})")

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
-import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
@@ -23,8 +22,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from featcache.errors import FeatcacheError, FeatcacheWarning, OptionError
+from featcache.errors import FeatcacheError, OptionError
 from featcache.interrupt import check_stop
+from featcache.notices import notice_cpu_fallback
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -43,13 +43,12 @@ def pick_device(name: str = "auto", local_rank: int = 0) -> torch.device:
         if torch.cuda.is_available():
             name = "cuda"
         else:
-            warnings.warn("no CUDA GPU is available: --device auto runs on the CPU (pass "
-                          "--device cpu to say so and silence this)", FeatcacheWarning, stacklevel=2)
+            notice_cpu_fallback()
             name = "cpu"
     try:
         device = torch.device(name)
-    except RuntimeError as exc:
-        raise OptionError(f"--device {name!r}: {exc}; use auto, cpu, cuda or cuda:N") from None
+    except RuntimeError:
+        raise OptionError(f"--device {name!r}: use auto, cpu, cuda or cuda:N") from None
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise OptionError("--device cuda: CUDA is not available on this machine; use --device cpu")

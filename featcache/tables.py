@@ -18,6 +18,8 @@ import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from featcache.errors import plural
+
 
 @dataclass(frozen=True)
 class Estimate:
@@ -66,7 +68,7 @@ class Table:
     def add(self, *cells) -> None:
         """Append one row (one cell per column)."""
         if len(cells) != len(self.columns):
-            raise ValueError(f"a row of {len(cells)} cells for {len(self.columns)} columns "
+            raise ValueError(f"a row of {plural(len(cells), 'cell')} for {plural(len(self.columns), 'column')} "
                              f"({', '.join(self.columns)})")
         self.rows.append(list(cells))
 

@@ -10,11 +10,19 @@ No test reaches the Hugging Face hub: ``HF_HUB_OFFLINE`` is set before anything 
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 os.environ["HF_HUB_OFFLINE"] = "1"
+# The CPU-fallback notice (said once per machine) is taken as said: no command's output
+# depends on which test ran first (tests/test_runtime.py checks the notice itself).
+os.environ["FEATCACHE_STATE_DIR"] = tempfile.mkdtemp(prefix="featcache-state-")
 
 import pytest  # noqa: E402
+
+from featcache.notices import cpu_fallback_marker  # noqa: E402
+
+cpu_fallback_marker().touch()
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("FEATCACHE_SHARED_DATA", REPO.parent / "shared" / "data"))

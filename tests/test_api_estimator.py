@@ -5,6 +5,7 @@ from __future__ import annotations
 import pickle
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -424,3 +425,34 @@ def test_import_featcache_does_not_import_torch():
         import featcache
 
         featcache.nope  # noqa: B018
+
+
+def _class_ordered(arrays):
+    """The toy rows ordered by their observed class, as many real sets are stored."""
+    X, Z, full = arrays
+    order = np.argsort(Z.argmax(axis=1), kind="stable")
+    return X[order], Z[order]
+
+
+def test_a_fold_that_loses_classes_warns_and_says_to_shuffle(arrays):
+    X, Z = _class_ordered(arrays)
+    with pytest.warns(FeatcacheWarning, match=r"no positive in the scored split .*shuffle them: "
+                      r"cv=KFold\(n_splits=5, shuffle=True, random_state=0\)"):
+        GridSearchCV(SPMLClassifier(**FAST), {"lr": [1e-2]}, scoring=map_scorer, cv=3).fit(X, Z)
+
+
+def test_the_readme_grid_search_recipe_runs_and_its_folds_keep_every_class(arrays):
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    blocks = [b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if "GridSearchCV" in b]
+    assert len(blocks) == 1 and "shuffle=True" in blocks[0]
+    X, Y_observed = _class_ordered(arrays)
+    scope = {"X": X, "Y_observed": Y_observed}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FeatcacheWarning)
+        exec(blocks[0], scope)  # noqa: S102 - the README's own recipe
+    search = scope["search"]
+    assert search.best_params_["lr"] in (1e-2, 1e-3, 1e-4)
+    assert 0 < search.best_score_ <= 100

@@ -81,7 +81,7 @@ def test_the_budget_is_said_first_and_a_disk_too_small_is_refused_before_the_run
     refused = finetune(cache, *GRID, "--run-id", "small")
     assert refused.exit_code == 1
     lines = refused.output.splitlines()
-    budget = next(line for line in lines if line.startswith("fine-tuning 1 configuration(s) x 2"))
+    budget = next(line for line in lines if line.startswith("fine-tuning 1 configuration x 2"))
     assert "--keep-checkpoints last keeps the latest epoch's checkpoint and the best weights" in budget
     assert "300.0 MB free" in budget and "of compute" in budget
     error = next(line for line in lines if line.startswith("Error: "))

@@ -162,3 +162,16 @@ def test_real_yeast_full_labels_beat_single_positives_and_the_run_reloads(cache_
     head = load_head(best_run(runs / "an"))
     assert head["weight"].shape == (14, 103) and head["classes"][0] == "Class1"
     assert "phi" not in head["handoff"] and torch.isfinite(head["weight"]).all()
+
+
+def test_param_axes_are_in_the_summary_grid_line_and_the_selected_values_in_the_console(toy):
+    result = invoke("train-linear", "--dataset", "toy", "--loss", "an-ls", "--run-id", "p",
+                    "--param", "eps_neg=0.05,0.2", "--epochs", "1", "--lr", "1e-2", "--bsize", "16",
+                    "--quiet", "--no-plots")
+    assert result.exit_code == 0, result.output
+    directory = run_dir(toy, "an-ls", "p")
+    chosen = load_results(directory)["selection"]["params"]["eps_neg"]
+    summary = (directory / "summary.md").read_text()
+    assert "- grid: lr 0.01 x batch 16 x eps_neg 0.05, 0.2, 1 epoch," in summary
+    line = next(x for x in result.output.splitlines() if x.startswith("an-ls: val"))
+    assert f"(lr 0.01, batch 16, eps_neg={chosen:g}, epoch 1;" in line

@@ -29,7 +29,7 @@ def test_train_linear_results_on_stdout_status_on_stderr(cache_dir, tmp_path):
     assert again.stdout.startswith("an: val ") and "reusing" not in again.stdout
 
     table = invoke("table", cache_dir / "toy" / "runs" / "an" / "r", "--out", tmp_path / "t.md")
-    assert table.exit_code == 0 and table.stdout.startswith("table of 1 losses x 1 datasets ->")
+    assert table.exit_code == 0 and table.stdout.startswith("table of 1 loss x 1 dataset ->")
     predicted = invoke("predict", "--run", cache_dir / "toy" / "runs" / "an" / "r", "--features",
                        cache_dir / "toy" / "features-toy.h5", "--out", tmp_path / "p.csv")
     assert predicted.exit_code == 0, predicted.output

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from featcache.paths import (
     backbone_feature_files,
     feature_file_name,
@@ -63,3 +65,56 @@ def test_one_function_composes_a_features_files_tag():
     assert feature_tag("resnet50", "random") == "resnet50-random"
     assert feature_tag("clip-vit-b16", None, protocol=True) == "clip-vit-b16-protocol"
     assert feature_tag("resnet50", "weights-ab12", protocol=True) == "resnet50-weights-ab12-protocol"
+
+
+# ------------------------------------------------------------------ names that become paths
+@pytest.mark.parametrize("value, problem", [
+    ("", "is empty"),
+    ("..", "is a path, not a name"),
+    ("../elsewhere", "is a path, not a name"),
+    ("a/b", "is a path, not a name"),
+    ("/tmp/x", "is a path, not a name"),
+    (".hidden", "starts with '.'"),
+    ("-x", "starts with '-'"),
+    ("run id", "holds ' '"),
+    ("run\nid", "holds '\\n'"),
+    ("x" * 101, "is 101 characters long (at most 100)"),
+])
+def test_a_name_is_a_name(value, problem):
+    from featcache.errors import OptionError
+    from featcache.paths import check_name
+
+    with pytest.raises(OptionError) as caught:
+        check_name(value, "--run-id")
+    message = str(caught.value)
+    assert message.startswith(f"--run-id {value!r} {problem}") and "\n" not in message.replace(
+        repr(value), "")
+    assert check_name("k1.5-s0", "--run-id") == "k1.5-s0"
+    assert check_name("demo-resnet50-random", "--run-id") == "demo-resnet50-random"
+
+
+@pytest.mark.parametrize("args", [
+    ("train-linear", "--dataset", "toy", "--loss", "an", "--run-id", "../../escape"),
+    ("finetune", "--dataset", "toy", "--loss", "an", "--run-id", "../escape"),
+    ("prepare", "features", "--npz", "x.npz", "--name", "../outside"),
+    ("train-linear", "--dataset", "bad name", "--loss", "an"),
+])
+def test_commands_refuse_a_path_where_a_name_belongs(cache_dir, args):
+    from dataset_fixtures import invoke
+
+    result = invoke(*args)
+    assert result.exit_code != 0
+    assert "a name is 1 to 100 letters" in result.output, result.output
+    assert len([line for line in result.output.splitlines() if line.startswith("Error")]) == 1
+    assert not any(p.name in ("escape", "outside") for p in cache_dir.parent.rglob("*"))
+
+
+def test_a_cache_root_that_is_a_file_is_one_clear_line(tmp_path, monkeypatch):
+    from dataset_fixtures import invoke
+
+    not_a_folder = tmp_path / "cachefile"
+    not_a_folder.write_text("x")
+    monkeypatch.setenv("FEATCACHE_CACHE", str(not_a_folder))
+    result = invoke("train-linear", "--dataset", "toy", "--loss", "an")
+    assert result.exit_code != 0
+    assert f"$FEATCACHE_CACHE {not_a_folder} is a file, not a folder" in result.output

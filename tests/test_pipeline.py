@@ -12,7 +12,7 @@ import pytest
 from dataset_fixtures import invoke
 from linear_fixtures import synthetic_dataset
 
-from featcache.pipeline import list_recipes, load_recipe
+from featcache.pipeline import list_recipes, load_recipe, readme_section
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -239,3 +239,45 @@ def test_make_real_features_has_a_variable_for_the_data():
                           "SHARED=/data/shared"], cwd=REPO, capture_output=True, text=True,
                          check=True)
     assert "pipeline run pipelines/real-features.toml --set shared=/data/shared" in dry.stdout
+
+
+def test_a_report_rewrites_its_readme_section_and_nothing_else(cache_dir, tmp_path):
+    synthetic_dataset(cache_dir, "toy")
+    synthetic_dataset(cache_dir, "toy2", seed=1)
+    (tmp_path / "pipelines").mkdir()
+    recipe = tmp_path / "pipelines" / "toy.toml"
+    recipe.write_text(RECIPE + 'readme = "../README.md"\n')
+    readme = tmp_path / "README.md"
+    before, after = "# Project\n\nintro\n\n", "\n\nmore text\n"
+    readme.write_text(before + "<!-- featcache pipeline toy-table: begin -->\nold table\n"
+                      "<!-- featcache pipeline toy-table: end -->" + after)
+    result = invoke("pipeline", "run", recipe)
+    assert result.exit_code == 0, result.output
+    table = (cache_dir / "pipelines" / "toy-table" / "results.md").read_text()
+    text = readme.read_text()
+    assert text.startswith(before) and text.endswith(after) and "old table" not in text
+    section = readme_section(text, "toy-table")
+    assert section.splitlines()[0].startswith("| loss ") and section in table
+    assert "README.md: the toy-table section" in result.output
+    readme.write_text("# no markers\n")
+    again = invoke("pipeline", "run", recipe)
+    assert again.exit_code == 0 and readme.read_text() == "# no markers\n"
+    assert "<!-- featcache pipeline toy-table: begin -->" in again.output  # says what is missing
+
+
+def test_the_readme_real_feature_table_has_every_loss_the_pipeline_trains():
+    """The README's table is written by `make real-features` (its [report] readme); a loss
+    added since the last run is caught here."""
+    from featcache.losses import DataFacts
+    from featcache.protocol.loss_choice import choose_losses
+
+    recipe = load_recipe(REPO / "pipelines" / "real-features.toml")
+    assert recipe.report["readme"] == "../README.md"
+    section = readme_section((REPO / "README.md").read_text(), "real-features")
+    header, _, *rows = [line for line in section.splitlines() if line.startswith("|")]
+    assert [c.strip() for c in header.strip("|").split("|")] == ["loss", *recipe.report["datasets"]]
+    imported = DataFacts(dataset="scene", num_classes=6, has_clean_train=True, mean_positives=1.07,
+                         backbone="imported")
+    trained, _ = choose_losses("all", imported)
+    assert [row.strip("|").split("|")[0].strip() for row in rows] == trained
+    assert {"gr", "hill", "splc"} <= set(trained)

@@ -154,7 +154,7 @@ def test_options_that_do_not_apply(folder, cache_dir):
     for name in ("voc", "../up", ".hidden"):
         result = invoke("prepare", "csv", "--train", folder / "train.csv", "--test",
                         folder / "test.csv", "--images", folder / "images", "--name", name)
-        assert result.exit_code == 2 and "--name" in result.output
+        assert result.exit_code in (1, 2) and "--name" in result.output  # 1: not a name
     assert not list(cache_dir.iterdir())
 
 

@@ -177,7 +177,7 @@ def test_cub_missing_pair_and_bad_lines(tmp_path):
     del labels[(3, 2)]
     write_cub(tmp_path, CUB_ATTRIBUTES, CUB_IMAGES, labels)
     with pytest.raises(InputError, match="no label for image id 3, attribute id 2 "
-                                         r"\(1 \(image, attribute\) pairs lack one\)"):
+                                         r"\(1 \(image, attribute\) pair lacks one\)"):
         read_cub(tmp_path)
     path = tmp_path / "CUB_200_2011" / "attributes" / "image_attribute_labels.txt"
     lines = path.read_text().splitlines(keepends=True)

@@ -79,15 +79,15 @@ def test_existing_outputs_are_refused_before_any_work(tmp_path, cache_dir):
 
 
 @pytest.mark.parametrize("change, message", [
-    (lambda a: a["X_train"].__setitem__((4, 2), np.nan), r"X_train holds NaN or Inf in 1 rows \(rows 4\)"),
-    (lambda a: a["X_test"].__setitem__((0, 0), np.inf), r"X_test holds NaN or Inf in 1 rows \(rows 0\)"),
+    (lambda a: a["X_train"].__setitem__((4, 2), np.nan), r"X_train holds NaN or Inf in 1 row \(row 4\)"),
+    (lambda a: a["X_test"].__setitem__((0, 0), np.inf), r"X_test holds NaN or Inf in 1 row \(row 0\)"),
     (lambda a: a.__setitem__("Y_train", a["Y_train"][:5]), "Y_train has 5 rows but X_train has 6"),
     (lambda a: a.__setitem__("X_test", a["X_test"][:, :3]), "X_train has 4 features per row but X_test has 3"),
     (lambda a: a["Y_test"].__setitem__((1, 2), 3), r"Y_test row 1, column 2 holds 3; labels must be 0 or 1"),
     (lambda a: a.__setitem__("label_names", np.array(["a", "b"])), "Y_train has 3 columns but label_names names 2"),
     (lambda a: a.__setitem__("label_names", np.array(["a", "b", "a"])), "label_names repeats a"),
     (lambda a: a.pop("Y_test"), "lacks the key.* Y_test"),
-    (lambda a: a.__setitem__("feature_names", np.array(["f0"])), "feature_names has 1 names"),
+    (lambda a: a.__setitem__("feature_names", np.array(["f0"])), "feature_names has 1 name but"),
     (lambda a: a.__setitem__("X_train", a["X_train"][0]), r"X_train has shape \(4,\)"),
 ])
 def test_bad_feature_sets(tmp_path, change, message):
@@ -113,7 +113,7 @@ def test_a_missing_label_names_key_is_named_not_blamed_on_unpickling(tmp_path, c
     result = invoke("prepare", "features", "--npz", tmp_path / "nolabels.npz", "--name", "x")
     assert result.exit_code == 1
     error = result.output.strip().splitlines()[-1]
-    assert "lacks the key(s) label_names (label_names: one class name per column" in error
+    assert "lacks the key label_names (label_names: one class name per column" in error
     assert "unpickling" not in error and "it holds X_test, X_train, Y_test, Y_train, feature_names" in error
     arrays = toy_arrays()
     arrays["label_names"] = np.array(["a", "b", "c"], dtype=object)

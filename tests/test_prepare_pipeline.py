@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 from dataset_fixtures import invoke
@@ -10,7 +12,7 @@ from featcache.cli import COMMANDS
 from featcache.data.formats import SourceDataset, SourceSplit
 from featcache.data.prepare import PrepareOptions, prepare_dataset
 from featcache.data.sampling import observe_uniform, split_train_val
-from featcache.errors import OptionError
+from featcache.errors import FeatcacheWarning, OptionError
 
 
 def toy_source(train_rows=12, test_rows=7, seed=0):
@@ -80,3 +82,44 @@ def test_every_command_has_help(args):
     assert result.exit_code == 0
     assert "Usage: featcache " + " ".join(args) in result.output
     assert COMMANDS[args[0]][1].split(":")[0] in invoke("--help").output
+
+
+def test_a_class_without_a_training_positive_is_warned_and_recorded(tmp_path):
+    source = toy_source()
+    train_rows, _ = split_train_val(11)
+    kept = np.delete(np.arange(12), 3)
+    source.train.clean[:, 4] = 0  # class e: no positive anywhere in the official train split
+    source.train.clean[kept[train_rows[0]], 4] = 0
+    val_only = kept[np.setdiff1d(np.arange(11), train_rows)][0]
+    source.train.clean[kept[train_rows], 3] = 0  # class d: positives in the validation rows only
+    source.train.clean[val_only, 3] = 1
+    source.train.clean[source.train.clean.sum(axis=1) == 0, 0] = 1
+    source.train.clean[3] = 0
+    with pytest.warns(FeatcacheWarning) as caught:
+        result = prepare_dataset(source, tmp_path / "labels.h5", PrepareOptions(labels_only=True))
+    messages = [str(w.message) for w in caught]
+    assert any("2 of 5 classes have no positive among the 9 training images (d, e)" in m
+               for m in messages), messages
+    assert result.provenance["classes_without_train_positive"] == ["d", "e"]
+
+
+def test_every_class_with_a_training_positive_gives_no_warning(tmp_path):
+    source = toy_source(train_rows=40)
+    source.train.clean[:] = np.eye(5, dtype=np.uint8)[np.arange(40) % 5]  # one positive per row
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FeatcacheWarning)
+        result = prepare_dataset(source, tmp_path / "labels.h5", PrepareOptions(labels_only=True))
+    assert result.provenance["classes_without_train_positive"] == []
+
+
+def test_a_class_whose_positives_are_never_observed_is_warned(tmp_path):
+    source = toy_source(train_rows=40)
+    source.train.clean[:] = np.eye(5, dtype=np.uint8)[np.arange(40) % 4]
+    source.train.clean[:2] = 1  # e: positive in two rows only, each with four other positives
+    with pytest.warns(FeatcacheWarning, match="no observed positive") as caught:
+        result = prepare_dataset(source, tmp_path / "labels.h5", PrepareOptions(labels_only=True))
+    train = result.labels.train.observed[result.labels.train_index]
+    assert (train[:, 4] == 1).sum() == 0 and (train[:, :4] == 1).sum(axis=0).min() > 0
+    notes = [str(w.message) for w in caught if "no observed positive" in str(w.message)]
+    assert notes == ["1 of 5 classes has positives but no observed positive among the 32 "
+                     "training images (e): the single-positive losses never see it as positive"]

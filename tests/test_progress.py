@@ -41,11 +41,11 @@ def test_a_log_gets_a_line_every_30_seconds_not_a_bar_per_step(log):
     lines = text.splitlines()
     assert "\r" not in text and "\x1b" not in text
     assert 3 <= len(lines) <= 6  # the start, about every 30 s, and the end
-    assert lines[0].startswith("features x:   0% 0/1000")
-    assert lines[-1].startswith("features x: 100% 1000/1000")
+    assert lines[0] == "features x: start, 1000 img"
+    assert lines[-1] == "features x: done, 1000 img in 01:40 (10.0 img/s)"
 
 
-def test_bars_that_are_not_kept_leave_no_last_line_and_the_interval_can_change(log, monkeypatch):
+def test_every_bar_says_its_end_with_the_rate_and_the_interval_can_change(log, monkeypatch):
     capsys, clock = log
     monkeypatch.setenv(progress_module.INTERVAL_ENV, "5")
     bar = progress(total=97, desc="epoch 1", leave=False)
@@ -55,7 +55,27 @@ def test_bars_that_are_not_kept_leave_no_last_line_and_the_interval_can_change(l
     bar.close()
     lines = capsys.readouterr().err.splitlines()
     assert 18 <= len(lines) <= 22  # one every 5 s over 97 s
-    assert not lines[-1].startswith("epoch 1: 100%")  # a bar that is not kept says nothing more
+    assert lines[0] == "epoch 1: start, 97 it"
+    assert lines[-1] == "epoch 1: done, 97 it in 01:37 (1.0 it/s)"  # kept or not
+
+
+def test_a_bar_with_nothing_to_do_prints_nothing_and_a_stopped_one_says_where(log):
+    capsys, clock = log
+    empty = progress(total=0, desc="hashing source files", unit=" file")
+    empty.close()
+    unknown = progress(desc="reading", unit=" row")
+    clock.now += 4.0
+    unknown.update(8)
+    unknown.close()
+    stopped = progress(total=10, desc="predict val", unit="img")
+    clock.now += 2.0
+    stopped.update(3)
+    stopped.close()
+    lines = capsys.readouterr().err.splitlines()
+    assert not any("0/0" in line or "hashing" in line for line in lines)
+    assert lines == ["reading: start", "reading: done, 8 rows in 00:04 (2.0 row/s)",
+                     "predict val: start, 10 img",
+                     "predict val: stopped at 3 of 10 img after 00:02 (1.5 img/s)"]
 
 
 def test_the_style_follows_the_stream_unless_forced(monkeypatch):
@@ -83,7 +103,7 @@ def test_stage_two_groups_report_progress_as_lines_in_a_log(log, tmp_path):
     data = load_linear_data(*synthetic_dataset(tmp_path))
     train_group(data, "an", [GridPoint(1e-2, 8)], epochs=2, progress=True)
     text = capsys.readouterr().err
-    assert "an bs=8 seed=0 x1:   0%" in text
+    assert "an bs=8 seed=0 x1: start," in text and "an bs=8 seed=0 x1: done," in text
     assert "\r" not in text and "\x1b" not in text
 
 

@@ -79,3 +79,26 @@ def test_backend_flags_fall_back_to_the_legacy_tf32_flags_on_an_older_torch(monk
         assert (cudnn.benchmark, cudnn.allow_tf32, matmul.allow_tf32) == (True, False, False)
     assert (cudnn.benchmark, cudnn.allow_tf32, matmul.allow_tf32) == (False, True, True)
     assert not hasattr(cudnn, "conv")  # nothing of the new API was set
+
+
+def test_the_cpu_fallback_is_said_once_per_machine_and_never_ahead_of_an_error(
+        cache_dir, monkeypatch, tmp_path):
+    from dataset_fixtures import invoke
+    from linear_fixtures import synthetic_dataset
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv("FEATCACHE_STATE_DIR", str(tmp_path / "state"))
+    synthetic_dataset(cache_dir)
+    refused = invoke("train-linear", "--dataset", "toy", "--loss", "an", "--lr", "nope")
+    assert refused.exit_code != 0 and "no CUDA GPU" not in refused.output
+    missing = invoke("train-linear", "--dataset", "nosuch", "--loss", "an")
+    assert missing.exit_code != 0 and "no CUDA GPU" not in missing.output
+    assert "no dataset 'nosuch'" in missing.output
+    args = ("train-linear", "--dataset", "toy", "--loss", "an", "--epochs", "1", "--lr", "1e-2",
+            "--bsize", "16", "--quiet", "--no-plots")
+    first = invoke(*args, "--run-id", "a")
+    assert first.exit_code == 0, first.output
+    assert first.output.count("no CUDA GPU is available") == 1
+    assert first.output.rstrip().splitlines()[-1].startswith("featcache: warning: no CUDA GPU")
+    second = invoke(*args, "--run-id", "b")
+    assert second.exit_code == 0 and "no CUDA GPU" not in second.output

@@ -77,7 +77,7 @@ def test_fresh_generator_per_call_and_seed_matters():
 def test_bad_matrices_are_refused_with_the_row():
     with pytest.raises(InputError, match="row 1, class 2 holds 2"):
         observe_uniform(np.array([[1, 0, 0], [0, 1, 2]]))
-    with pytest.raises(InputError, match="1 rows have no positive label .*row 1"):
+    with pytest.raises(InputError, match="1 row has no positive label .*row 1"):
         observe_uniform(np.array([[1, 0], [0, 0]]))
     with pytest.raises(InputError, match="2-D"):
         observe_uniform(np.array([1, 0]))

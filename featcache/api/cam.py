@@ -10,8 +10,9 @@ normalised positions instead, MaskCLIP-style: the map shows where the head respo
 logit shown is the pooled path's. Maps are upsampled bilinearly to the part of the image the
 backbone saw (all of it after a squash resize; the centre crop of a ``center`` preprocessing,
 the rest of the image left at the map's minimum), scaled to [0, 1] per map (CAM's usual
-display) and overlaid on the image. Several runs side by side (``featcache cam --run A --run B``) make
-the figure Kim et al.'s supplement uses to show what large-loss rejection changes. For a
+display), then multiplied by the class's probability (a class the head rules out shows no
+spot), and overlaid on the image in a perceptual colour map (magma) with one colour bar.
+Several runs side by side (``featcache cam --run A --run B``) make the figure Kim et al.'s supplement uses to show what large-loss rejection changes. For a
 BoostLU run (Kim et al. 2023) the maps are its class activation maps before boosting, and the
 logit shown is the boosted one its predictions use.
 """
@@ -46,9 +47,14 @@ class ClassMap:
     logits: np.ndarray  # (H, W), upsampled per-position logits
 
     def normalised(self) -> np.ndarray:
-        """The map scaled to [0, 1] (min to max), as CAM figures show it."""
+        """The map scaled to [0, 1] (min to max), CAM's usual display of its shape."""
         low, high = float(self.logits.min()), float(self.logits.max())
         return (self.logits - low) / (high - low) if high > low else np.zeros_like(self.logits)
+
+    def shown(self) -> np.ndarray:
+        """What the figure draws: the normalised map times the class's probability, so the
+        brightest spot of a class at p = 0.9 is 0.9 and a class at p = 0.00 shows nothing."""
+        return (self.normalised() * np.float32(self.probability)).astype(np.float32)
 
 
 @dataclass
@@ -158,9 +164,16 @@ def class_activation_maps(run, path: str | Path, classes: Sequence[str] | None =
               for k, i in enumerate(chosen)])
 
 
-def draw_maps(rows: Sequence[RunMaps], out: str | Path, title: str = "", alpha: float = 0.5,
-              cmap: str = "jet", overwrite: bool = False) -> Path:
-    """One row per run: the image, then each class's map over it; saved as PNG atomically."""
+#: the default colour map: perceptually uniform, dark (nothing) to bright (a confident class)
+CMAP = "magma"
+
+
+def maps_figure(rows: Sequence[RunMaps], title: str = "", alpha: float = 0.6,
+                cmap: str = CMAP):
+    """One row per run: the image, then each class's map over it (:meth:`ClassMap.shown`: its
+    shape scaled by the class's probability, so an unlikely class shows no spot), each panel
+    titled with the class and its probability, and one colour bar for all of them. The map's
+    opacity grows with its value, so the image shows through where the map is near 0."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -170,15 +183,19 @@ def draw_maps(rows: Sequence[RunMaps], out: str | Path, title: str = "", alpha: 
     height, width = rows[0].image.shape[:2]
     panel = 2.6
     fig, axes = plt.subplots(len(rows), columns, squeeze=False, dpi=110,
-                             figsize=(panel * columns, panel * len(rows) * height / width + 0.5))
+                             figsize=(panel * columns + 0.8,
+                                      panel * len(rows) * height / width + 0.5))
+    shown = None
     for r, row in enumerate(rows):
         axes[r][0].imshow(row.image)
         axes[r][0].set_ylabel(row.label, fontsize=8)
         axes[r][0].set_title("input" if r == 0 else "", fontsize=9)
         for c, class_map in enumerate(row.maps, start=1):
+            values = class_map.shown()
             axes[r][c].imshow(row.image)
-            axes[r][c].imshow(class_map.normalised(), cmap=cmap, alpha=alpha, vmin=0, vmax=1)
-            axes[r][c].set_title(f"{class_map.name}  p={class_map.probability:.2f}", fontsize=9)
+            shown = axes[r][c].imshow(values, cmap=cmap, vmin=0, vmax=1,
+                                      alpha=np.clip(alpha * (0.25 + values), 0, 1))
+            axes[r][c].set_title(f"{class_map.name}  p = {class_map.probability:.2f}", fontsize=9)
         for c in range(columns):
             axes[r][c].set_xticks([])
             axes[r][c].set_yticks([])
@@ -186,7 +203,21 @@ def draw_maps(rows: Sequence[RunMaps], out: str | Path, title: str = "", alpha: 
                 axes[r][c].axis("off")
     if title:
         fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 0.92, 1))
+    if shown is not None:
+        bar = fig.colorbar(matplotlib.cm.ScalarMappable(shown.norm, shown.get_cmap()),
+                           cax=fig.add_axes((0.93, 0.15, 0.015, 0.7)))
+        bar.ax.set_ylabel("map (0 to 1 within the image) x class probability", fontsize=7)
+        bar.ax.tick_params(labelsize=7)
+    return fig
+
+
+def draw_maps(rows: Sequence[RunMaps], out: str | Path, title: str = "", alpha: float = 0.6,
+              cmap: str = CMAP, overwrite: bool = False) -> Path:
+    """:func:`maps_figure` saved as a PNG, atomically."""
+    import matplotlib.pyplot as plt
+
+    fig = maps_figure(rows, title, alpha, cmap)
     out = Path(out)
     # what `featcache report` needs to find the figure and say what it shows
     metadata = {"Software": CAM_SOFTWARE, "Title": title,

@@ -29,7 +29,7 @@ import numpy as np
 from featcache.data.featurefile import load_features
 from featcache.data.formats.npz import check_feature_matrix, npz_array, open_npz
 from featcache.data.labelfile import load_labels
-from featcache.errors import FeatcacheWarning, InputError, OptionError
+from featcache.errors import FeatcacheWarning, InputError, OptionError, plural
 from featcache.fileio import atomic_output, sha256_file
 
 FORMATS = ("csv", "jsonl")
@@ -75,7 +75,7 @@ def _read_featcache(path: Path, split: str) -> FeaturesInput:
             images = list(h5[name]["images"].asstr()[()])
         if bad.any():
             left = [images[i] for i in np.flatnonzero(bad)]
-            warnings.warn(f"{path}: {len(left)} {name} rows are flagged as unreadable images and "
+            warnings.warn(f"{path}: {plural(len(left), f'{name} row is', f'{name} rows are')} flagged as unreadable images and "
                           f"left out (first: {', '.join(left[:3])})", FeatcacheWarning,
                           stacklevel=3)
         ids += [image for image, flagged in zip(images, bad, strict=True) if not flagged]
@@ -104,7 +104,7 @@ def _read_npz(path: Path, split: str) -> FeaturesInput:
             ids = ([str(n) for n in names] if names is not None
                    else [f"row/{i:06d}" for i in range(len(array))])
             if len(ids) != len(array):
-                raise InputError(f"{path}: ids names {len(ids)} rows but X has {len(array)}")
+                raise InputError(f"{path}: ids names {plural(len(ids), 'row')} but X has {len(array)}")
         elif {"X_train", "X_test"} & keys:
             parts = [(name, check_feature_matrix(path, f"X_{name}",
                                                  npz_array(npz, f"X_{name}", path)))

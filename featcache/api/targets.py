@@ -25,7 +25,7 @@ import scipy.sparse
 from sklearn.utils.multiclass import type_of_target
 from sklearn.utils.validation import column_or_1d
 
-from featcache.errors import FeatcacheWarning
+from featcache.errors import FeatcacheWarning, plural
 
 LABELS = "labels"
 MATRIX = "matrix"
@@ -100,9 +100,9 @@ def label_matrix(y, name: str, allowed: tuple[int, ...], rows: int | None = None
         raise ValueError(f"{name} must be a 2-D label matrix (n_samples, n_classes) with "
                          f"{MATRIX_VALUES}; got shape {y.shape}")
     if rows is not None and y.shape[0] != rows:
-        raise ValueError(f"{name} has {y.shape[0]} rows but its features have {rows}")
+        raise ValueError(f"{name} has {plural(y.shape[0], 'row')} but its features have {rows}")
     if classes is not None and y.shape[1] != classes:
-        raise ValueError(f"{name} has {y.shape[1]} columns but the classifier has {classes} classes")
+        raise ValueError(f"{name} has {plural(y.shape[1], 'column')} but the classifier has {plural(classes, 'class', 'classes')}")
     numeric = y.dtype.kind in "biuf"
     bad = ~np.isin(y, allowed) if numeric else np.ones(y.shape, dtype=bool)
     if bad.any():

@@ -28,7 +28,7 @@ from torch.utils.data import Dataset
 from featcache.backbones.preprocess import PROTOCOL, Preprocess
 from featcache.backbones.transforms import resize_transform
 from featcache.data.images import DECODE_ERRORS, load_rgb, require_strict_pil, to_rgb
-from featcache.errors import FeatcacheError
+from featcache.errors import FeatcacheError, plural
 from featcache.interrupt import ignore_in_worker
 
 _JPEG_START = b"\xff\xd8"
@@ -277,8 +277,8 @@ def loader_prefetch(batch_bytes: int, workers: int, wanted: int, ranks_here: int
         return min(wanted, fits)
     need = workers * batch_bytes * max(1, ranks_here) / SHM_SHARE
     raise FeatcacheError(
-        f"{shm} has {free / 1e6:.0f} MB free, too little for the DataLoader's {what}: {workers} "
-        f"worker(s) x {max(1, ranks_here)} rank(s) x {batch_bytes / 1e6:.0f} MB per batch need "
+        f"{shm} has {free / 1e6:.0f} MB free, too little for the DataLoader's {what}: "
+        f"{plural(workers, 'worker')} x {plural(max(1, ranks_here), 'rank')} x {batch_bytes / 1e6:.0f} MB per batch need "
         f"about {need / 1e6:.0f} MB. Enlarge it (docker run --shm-size={max(1, math.ceil(need / 1e9))}g, "
         "or mount a larger tmpfs), or pass a smaller --batch-size or fewer --workers"
     )

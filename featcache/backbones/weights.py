@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from featcache.backbones import hub
-from featcache.errors import InputError, OptionError
+from featcache.errors import InputError, OptionError, plural
 from featcache.fileio import sha256_file
 
 OFFLINE_ENV = hub.OFFLINE_ENV
@@ -187,7 +187,7 @@ def load_state_dict(net: nn.Module, path: Path) -> None:
     if missing or result.unexpected_keys:
         problems = []
         if missing:
-            problems.append(f"missing {len(missing)} keys (first: {', '.join(missing[:3])})")
+            problems.append(f"missing {plural(len(missing), 'key')} (first: {', '.join(missing[:3])})")
         if result.unexpected_keys:
             extra = result.unexpected_keys
             problems.append(f"{len(extra)} unexpected keys (first: {', '.join(extra[:3])})")

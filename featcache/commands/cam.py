@@ -18,9 +18,12 @@ from featcache.commands.common import device_option, overwrite_option
               help="Map the K most probable classes (of the first run, so rows compare).")
 @click.option("--out", required=True, type=click.Path(dir_okay=False),
               help="The PNG to write.")
-@click.option("--alpha", type=click.FloatRange(0, 1), default=0.5, show_default=True,
-              help="Opacity of the map over the image.")
-@click.option("--cmap", default="jet", show_default=True, help="A matplotlib colour map.")
+@click.option("--alpha", type=click.FloatRange(0, 1), default=0.6, show_default=True,
+              help="Opacity of the map's brightest spot over the image (fainter where the map "
+                   "is low).")
+@click.option("--cmap", default="magma", show_default=True,
+              help="A matplotlib colour map (perceptually uniform ones read best: magma, "
+                   "viridis, inferno).")
 @device_option
 @overwrite_option
 def command(run_paths, image, class_names, top, out, alpha, cmap, device, overwrite):
@@ -31,7 +34,9 @@ def command(run_paths, image, class_names, top, out, alpha, cmap, device, overwr
     head sees, so W_c . F at every position is the exact map of class c (its mean is the
     class's logit). Transformer and ConvNeXt trunks map the head over their patch tokens (or
     normalised positions) instead, which shows where it responds (`docs/api.md`). Maps are
-    upsampled to the part of the image the backbone saw, scaled to [0, 1] each, and overlaid.
+    upsampled to the part of the image the backbone saw, scaled to [0, 1] each, multiplied by
+    the class's probability (an unlikely class shows no spot), and overlaid; the colour bar
+    reads the scale and each panel's title gives the class and its probability.
     Several --run give one row each: Kim et al.'s comparison figure, e.g.
       featcache cam --run cache/voc/runs/an/ID --run cache/voc/runs/ll-r/ID img.jpg \\
           --class dog --out dog.png
@@ -40,7 +45,7 @@ def command(run_paths, image, class_names, top, out, alpha, cmap, device, overwr
 
     from featcache.api.cam import class_activation_maps, draw_maps
     from featcache.api.runs import load_run
-    from featcache.errors import OptionError, unknown_name
+    from featcache.errors import OptionError, plural, unknown_name
 
     if cmap not in colormaps:
         raise OptionError(unknown_name("colour map", cmap, sorted(colormaps),
@@ -56,4 +61,4 @@ def command(run_paths, image, class_names, top, out, alpha, cmap, device, overwr
         names = names or [m.name for m in maps.maps]  # the first run's top classes for all
         rows.append(maps)
     draw_maps(rows, out, title=str(image), alpha=alpha, cmap=cmap, overwrite=overwrite)
-    click.echo(f"class activation maps of {', '.join(names)} from {len(rows)} run(s) -> {out}")
+    click.echo(f"class activation maps of {', '.join(names)} from {plural(len(rows), 'run')} -> {out}")

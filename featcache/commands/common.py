@@ -92,7 +92,19 @@ def parse_number_list(value: str, option: str, kind=float) -> list:
         except ValueError:
             expected = "an integer" if kind is int else "a number"
             raise click.BadParameter(f"{item!r} is not {expected}", param_hint=option) from None
+    check_no_repeats(numbers, option)
     return numbers
+
+
+def check_no_repeats(values: list, option: str) -> None:
+    """A list option that gives a value twice (a grid would train it twice) is refused."""
+    seen = set()
+    for value in values:
+        if value in seen:
+            from featcache.errors import OptionError
+
+            raise OptionError(f"{option} gives {value:g} twice; give each value once")
+        seen.add(value)
 
 
 def parse_params(pairs: tuple[str, ...]) -> dict[str, list]:
@@ -121,5 +133,6 @@ def parse_params(pairs: tuple[str, ...]) -> dict[str, list]:
                 raise click.BadParameter(str(exc), param_hint=f"--param {name}") from None
             values.append(request if request is not None else
                           parse_number_list(item, f"--param {name}")[0])
+        check_no_repeats([v for v in values if isinstance(v, (int, float))], f"--param {name}")
         params[name] = values
     return params

@@ -15,6 +15,7 @@ from featcache.commands.common import (
     tensorboard_option,
     val_option,
 )
+from featcache.errors import plural
 
 
 @click.command("finetune")
@@ -133,7 +134,7 @@ def command(dataset, loss, init, learning_rates, batch_sizes, epochs, head_lr_mu
     params = parse_params(param_pairs)
     for name, values in params.items():
         if len(values) != 1:
-            raise click.BadParameter(f"{name} has {len(values)} values; fine-tuning takes one value "
+            raise click.BadParameter(f"{name} has {plural(len(values), 'value')}; fine-tuning takes one value "
                                      "per loss parameter", param_hint="--param")
     options = FinetuneOptions(
         dataset=dataset, loss=loss, init=init, learning_rates=learning_rates,

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import click
 
+from featcache.errors import plural
+
 
 @click.command("info")
 @click.argument("path", type=click.Path(path_type=Path))
@@ -104,7 +106,7 @@ def describe_labels(path: Path, show_classes: bool = True) -> str:
                   int(positives.min()), int(positives.max()), int((part.observed == 1).sum()),
                   int((part.observed == -1).sum()))
     blocks = [f"# {path}", "",
-              f"labels of {labels.dataset!r}: {labels.num_classes} classes, "
+              f"labels of {labels.dataset!r}: {plural(labels.num_classes, 'class', 'classes')}, "
               f"k = {'unknown' if labels.k is None else f'{labels.k:.3f}'}, "
               f"{_size(path)}, sha256 {labels.sha256[:12]}", "", sizes.markdown()]
     if show_classes:
@@ -224,7 +226,7 @@ def describe_features(path: Path) -> str:
     if "text/embeddings" in extras:
         text = attrs.get("text") or {}
         how = ", ".join(f"{k}={v}" for k, v in text.items())
-        table.add("text embeddings", f"{extras['text/embeddings'][0]} classes x "
+        table.add("text embeddings", f"{plural(extras['text/embeddings'][0], 'class', 'classes')} x "
                                      f"{extras['text/embeddings'][1]} ({how})")
     if "train/crops" in extras:
         grid = attrs.get("crops_grid")

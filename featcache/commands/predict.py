@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from featcache.commands.common import device_option, overwrite_option
+from featcache.errors import plural
 
 
 @click.command("predict")
@@ -81,4 +82,4 @@ def command(run_path, features_path, images, out, fmt, top_k, threshold, split, 
     fmt = guess_format(out, fmt)
     write_text(prediction_text(ids, probs, run.classes, fmt, top_k, threshold), out, overwrite)
     if out != "-":
-        click.echo(f"{len(ids)} rows x {len(run.classes)} classes -> {out}")
+        click.echo(f"{plural(len(ids), 'row')} x {plural(len(run.classes), 'class', 'classes')} -> {out}")

@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from featcache.commands.common import cache_option, overwrite_option
+from featcache.errors import plural
 
 #: dataset names the built-in formats write; users' own data takes other names
 BUILT_IN_NAMES = ("voc", "coco", "nuswide", "cub", "shapes", "l48")
@@ -275,18 +276,17 @@ def features(ctx, npz_file, name, backbone, cache, overwrite, **observation):
     a positive label are dropped from both.
     """
     from featcache.data.prepare import PrepareOptions, import_feature_set
-    from featcache.paths import features_path, labels_path
+    from featcache.paths import check_name, features_path, labels_path
 
     _check_name(name)
-    if not NAME_PATTERN.fullmatch(backbone):
-        raise click.BadParameter("use letters, digits, '.', '_' and '-'", param_hint="--backbone")
+    check_name(backbone, "--backbone")
     options = PrepareOptions(overwrite=overwrite, labels_only=True, **observation)
     result, written = import_feature_set(
         npz_file, name, labels_path(name, cache), features_path(name, backbone, cache),
         backbone, options, _command_record(ctx), _notify)
     _summarize(result)
     click.echo(f"wrote {written} ({result.labels.train.images.size} + "
-               f"{result.labels.test.images.size} rows)")
+               f"{plural(result.labels.test.images.size, 'row')})")
     click.echo(f"next: featcache train-linear --dataset {name}", err=True)
 
 
@@ -351,9 +351,9 @@ def _needs_boxes(common: dict) -> bool:
 
 
 def _check_name(name: str) -> None:
-    if not NAME_PATTERN.fullmatch(name):
-        raise click.BadParameter(f"{name!r}: use letters, digits, '.', '_' and '-', starting "
-                                 "with a letter or digit", param_hint="--name")
+    from featcache.paths import check_name
+
+    check_name(name, "--name")
     if name in BUILT_IN_NAMES:
         raise click.BadParameter(f"{name!r} is the name `featcache prepare {name}` writes; "
                                  "choose another name for your own data", param_hint="--name")
@@ -377,8 +377,8 @@ def _summarize(result) -> None:
     k = labels.k
     observed = result.provenance["observation"]
     click.echo(f"wrote {result.path}")
-    click.echo(f"  {labels.dataset}: {labels.num_classes} classes; official train "
-               f"{len(labels.train)} images (train {counts['split']['train']} / val "
+    click.echo(f"  {labels.dataset}: {plural(labels.num_classes, 'class', 'classes')}; official train "
+               f"{plural(len(labels.train), 'image')} (train {counts['split']['train']} / val "
                f"{counts['split']['val']}), test {len(labels.test)}"
                + (f"; k = {k:.2f}" if k is not None else "; k unknown (pass --k)"))
     if observed == "given" and labels.train.clean is not None:
@@ -392,6 +392,6 @@ def _summarize(result) -> None:
         click.echo(f"  observed labels: one positive per image drawn with the {observed}-biased "
                    f"sampler (Arroyo et al.), seed {labels.provenance['obs_seed']}")
     else:
-        click.echo(f"  observed labels: {labels.provenance['num_pos']} positive(s), "
-                   f"{labels.provenance['num_neg']} negative(s) per image, seed "
+        click.echo(f"  observed labels: {plural(labels.provenance['num_pos'], 'positive')}, "
+                   f"{plural(labels.provenance['num_neg'], 'negative')} per image, seed "
                    f"{labels.provenance['obs_seed']}")

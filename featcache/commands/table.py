@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from featcache.commands.common import overwrite_option
+from featcache.errors import plural
 
 
 @click.command("table")
@@ -64,7 +65,8 @@ def command(run_dirs, fmt, per_class, out, label, run_id, all_runs, overwrite):
         click.echo(text, nl=False)
     else:  # not through featcache.api, whose import loads torch
         write_text_atomic(out, text, overwrite=overwrite)
-        click.echo(f"table of {len(results.losses)} losses x {len(results.datasets)} datasets "
+        click.echo(f"table of {plural(len(results.losses), 'loss', 'losses')} x "
+                   f"{plural(len(results.datasets), 'dataset')} "
                    f"-> {out}")
 
 

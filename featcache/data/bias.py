@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from featcache.data.objects import ImageObjects
-from featcache.errors import InputError, OptionError
+from featcache.errors import InputError, OptionError, plural
 from featcache.fileio import sha256_file
 
 OBSERVERS = ("uniform", "size", "location", "semantic")
@@ -157,7 +157,7 @@ def observe_biased(clean: np.ndarray, observer: Observer, seed: int,
         raise InputError(f"--observe {observer.rule} needs the object boxes of every {split} "
                          "image; this dataset has none (voc, coco and shapes have them)")
     if observer.rule == "semantic" and len(observer.class_weights) != num_classes:
-        raise InputError(f"{len(observer.class_weights)} class weights for {num_classes} classes")
+        raise InputError(f"{len(observer.class_weights)} class weights for {plural(num_classes, 'class', 'classes')}")
     rng = random.Random(seed)
     columns = range(num_classes)
     observed = np.zeros(clean.shape, dtype=np.int8)

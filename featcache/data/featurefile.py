@@ -51,7 +51,7 @@ import h5py
 import numpy as np
 
 from featcache.data.labelfile import LabelSet
-from featcache.errors import InputError
+from featcache.errors import InputError, plural
 from featcache.fileio import sha256_file
 from featcache.hdf5 import decode_attrs
 from featcache.paths import cache_root, feature_file_tag
@@ -254,7 +254,8 @@ class FeatureFile:
         if broken.size:
             shown = ", ".join(str(r) for r in broken[:5])
             raise InputError(
-                f"{self.path}: {broken.size} {name} rows hold NaN or Inf features (rows {shown}"
+                f"{self.path}: {plural(broken.size, f'{name} row holds', f'{name} rows hold')} NaN "
+                f"or Inf features ({'row' if broken.size == 1 else 'rows'} {shown}"
                 f"{', …' if broken.size > 5 else ''}); make the file again: "
                 f"`{features_command(self.path, self.attrs)} --overwrite`"
             )
@@ -310,8 +311,8 @@ def open_features(path: str | os.PathLike, labels: LabelSet | None = None) -> Fe
                     images = group["images"].asstr()[()]
                     if len(images) != len(part.images):
                         raise InputError(
-                            f"{path}: /{name} has {len(images)} rows but {labels.path} has "
-                            f"{len(part.images)} {name} images (class count or split mismatch?)"
+                            f"{path}: /{name} has {plural(len(images), 'row')} but {labels.path} has "
+                            f"{plural(len(part.images), f'{name} image')} (class count or split mismatch?)"
                         )
                     differ = np.flatnonzero(np.asarray(images, dtype=object) != part.images)
                     if differ.size:

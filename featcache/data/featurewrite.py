@@ -24,7 +24,7 @@ from featcache.data.featurefile import (
     spatial_shape,
 )
 from featcache.data.labelfile import LabelSet
-from featcache.errors import InputError
+from featcache.errors import InputError, plural
 from featcache.fileio import atomic_output, require_space
 from featcache.hdf5 import StreamingSink, encode_attr
 
@@ -103,7 +103,7 @@ def _split_sources(labels: LabelSet, features: Mapping[str, np.ndarray | Iterabl
         array = features[name]
         if isinstance(array, np.ndarray) and (array.ndim != 2 or array.shape[0] != rows):
             raise InputError(f"{name} features have shape {array.shape}; the labels file has "
-                             f"{rows} {name} rows")
+                             f"{plural(rows, f'{name} row')}")
         sources[name] = _first_block(name, array)
         dims.append(int(sources[name][0].shape[1]))
     if dims[0] != dims[1]:
@@ -165,7 +165,7 @@ def _write_rows(group: h5py.Group, name: str, rows: int, first: np.ndarray, rest
         sink.raise_failure()
         filled += len(block)
     if filled != rows:
-        raise InputError(f"{name} features: the blocks hold {filled} rows; the labels file has "
+        raise InputError(f"{name} features: the blocks hold {plural(filled, 'row')}; the labels file has "
                          f"{rows} {name} rows")
 
 

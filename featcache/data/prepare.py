@@ -19,6 +19,7 @@ section 1 in this order:
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +37,7 @@ from featcache.data.sampling import (
     rows_without_positive,
     split_train_val,
 )
-from featcache.errors import InputError, OptionError
+from featcache.errors import FeatcacheWarning, InputError, OptionError, name_list, plural
 from featcache.fileio import refuse_existing, require_space, sha256_file
 from featcache.locks import OutputLock
 from featcache.progress import progress
@@ -120,7 +121,7 @@ def _prepare_locked(source: SourceDataset, path: Path, options: PrepareOptions,
     if options.merge is not None:
         parts, report["merged_split"] = _merge_and_split(parts, options.merge)
         kept = {}
-        notify(f"merged both official splits ({report['merged_split']['rows']} images) and "
+        notify(f"merged both official splits ({plural(report['merged_split']['rows'], 'image')}) and "
                f"drew {options.merge.train_size} training images with seed {options.merge.seed}")
 
     observed = {split: _observe(parts[split], options, observer, split) for split in OFFICIAL}
@@ -134,6 +135,8 @@ def _prepare_locked(source: SourceDataset, path: Path, options: PrepareOptions,
             raise InputError(f"{source.name}: {train_index.size} training and {val_index.size} "
                              "validation rows are left after dropping rows; both are needed")
     report["counts"]["split"] = {"train": int(train_index.size), "val": int(val_index.size)}
+    report["classes_without_train_positive"] = _warn_unlearnable_classes(
+        source.classes, parts["train"].labels[train_index], observed["train"][train_index])
 
     provenance = {
         "source_format": source.source_format,
@@ -175,6 +178,30 @@ def _prepare_locked(source: SourceDataset, path: Path, options: PrepareOptions,
     return PrepareResult(path=path, labels=labels, kept=kept, provenance=provenance)
 
 
+def _warn_unlearnable_classes(classes: list[str], labels: np.ndarray,
+                              observed: np.ndarray) -> list[str]:
+    """Warn about classes no head can learn from the training rows (after the 80/20 split):
+    no positive at all, or (single positives sampled from full labels) no observed positive.
+    Returns the classes without any training positive (recorded in the provenance)."""
+    absent = [c for c, n in zip(classes, labels.sum(axis=0), strict=True) if n == 0]
+    rows = plural(len(labels), "training image")
+    if absent:
+        warnings.warn(f"{len(absent)} of {plural(len(classes), 'class', 'classes')} "
+                      f"{'has' if len(absent) == 1 else 'have'} no "
+                      f"positive among the {rows} ({name_list(absent)}): no loss can learn "
+                      f"{'it' if len(absent) == 1 else 'them'} (a head's AP there is chance)",
+                      FeatcacheWarning, stacklevel=4)
+    unseen = [c for c, n, m in zip(classes, labels.sum(axis=0), (observed == 1).sum(axis=0),
+                                   strict=True) if n > 0 and m == 0]
+    if unseen:
+        warnings.warn(f"{len(unseen)} of {plural(len(classes), 'class', 'classes')} "
+                      f"{'has' if len(unseen) == 1 else 'have'} positives but no observed positive "
+                      f"among the {rows} ({name_list(unseen)}): the single-positive losses never "
+                      f"see {'it' if len(unseen) == 1 else 'them'} as positive", FeatcacheWarning,
+                      stacklevel=4)
+    return absent
+
+
 def _verify_images(source: SourceDataset, parts: dict[str, SourceSplit], options: PrepareOptions,
                    notify: Notify) -> dict | bool:
     """Decode every image (``--verify-images``; by default below :data:`VERIFY_LIMIT` images):
@@ -186,7 +213,7 @@ def _verify_images(source: SourceDataset, parts: dict[str, SourceSplit], options
     if verify is None:
         verify = len(names) <= VERIFY_LIMIT
         if not verify:
-            notify(f"not decoding the {len(names)} images now (more than {VERIFY_LIMIT}): pass "
+            notify(f"not decoding the {plural(len(names), 'image')} now (more than {VERIFY_LIMIT}): pass "
                    "--verify-images to check them here; stage one names any it cannot read "
                    "(features --skip-bad flags them instead)")
     if not verify:
@@ -195,7 +222,7 @@ def _verify_images(source: SourceDataset, parts: dict[str, SourceSplit], options
     notify(survey.summary())
     if survey.bad:
         shown = first_few([f"{name} ({reason})" for name, reason in survey.bad])
-        raise InputError(f"{len(survey.bad)} of {len(names)} images under {source.image_root} "
+        raise InputError(f"{len(survey.bad)} of {plural(len(names), 'image')} under {source.image_root} "
                          f"cannot be read: {shown}. Fix or remove them (or drop their rows), or "
                          "pass --no-verify-images and let `featcache features --skip-bad` flag "
                          "them")
@@ -245,7 +272,7 @@ def _kept_rows(source: SourceDataset, split: str, options: PrepareOptions, repor
     empty = rows_without_positive(part.labels)
     dropped = [part.images[i] for i in empty]
     if empty.size:
-        notify(f"{split}: dropped {empty.size} of {len(part)} images with no positive label "
+        notify(f"{split}: dropped {empty.size} of {plural(len(part), 'image')} with no positive label "
                f"({first_few(dropped)})")
     rows = np.setdiff1d(np.arange(len(part)), empty)
     missing = []
@@ -254,7 +281,7 @@ def _kept_rows(source: SourceDataset, split: str, options: PrepareOptions, repor
         missing = [part.images[rows[i]] for i in absent]
         if absent.size and not options.drop_missing:
             raise InputError(
-                f"{absent.size} of the {rows.size} {split} images are missing from "
+                f"{absent.size} of the {plural(rows.size, f'{split} image')} are missing from "
                 f"{source.image_root} ({first_few(missing)}); point --images at the image "
                 "folder, pass --drop-missing to drop (and record) them, or --labels-only to "
                 "write the labels without checking images"
@@ -319,7 +346,7 @@ def _merge_and_split(parts: dict[str, SourceSplit],
     total = len(images)
     if not 0 < merge.train_size < total:
         raise OptionError(f"--merged-train-size {merge.train_size} must be between 1 and "
-                          f"{total - 1}: {total} images are left after dropping images "
+                          f"{total - 1}: {plural(total, 'image is', 'images are')} left after dropping images "
                           "without positives and missing images")
     perm = np.random.RandomState(merge.seed).permutation(total)
     rows = {"train": np.sort(perm[: merge.train_size]), "test": np.sort(perm[merge.train_size:])}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from featcache.errors import InputError
+from featcache.errors import InputError, plural
 
 PROTOCOL_SEED = 1200
 VAL_FRACTION = 0.2
@@ -41,7 +41,7 @@ def observe_uniform(labels: np.ndarray, num_pos: int = 1, num_neg: int = 0,
     empty = np.flatnonzero(labels.sum(axis=1) == 0)
     if empty.size:
         raise InputError(
-            f"{empty.size} rows have no positive label (first: row {empty[0]}); drop them "
+            f"{plural(empty.size, 'row has', 'rows have')} no positive label (first: row {empty[0]}); drop them "
             "before sampling (featcache prepare does this and reports the count)"
         )
     rng = np.random.RandomState(seed)
@@ -70,7 +70,7 @@ def split_train_val(num_rows: int, val_fraction: float = VAL_FRACTION,
     n_val = int(np.round(val_fraction * num_rows))
     if n_val == 0 or n_val == num_rows:
         raise InputError(
-            f"a validation fraction of {val_fraction} leaves an empty split of {num_rows} rows"
+            f"a validation fraction of {val_fraction} leaves an empty split of {plural(num_rows, 'row')}"
         )
     perm = np.random.RandomState(seed).permutation(num_rows)
     return np.sort(perm[: num_rows - n_val]), np.sort(perm[-n_val:])

@@ -10,7 +10,7 @@ import numpy as np
 
 from featcache.backbones import BackboneSpec
 from featcache.data.featurewrite import features_file_bytes, write_features
-from featcache.errors import DiskFullError, FeatcacheError
+from featcache.errors import DiskFullError, FeatcacheError, plural
 from featcache.features.bad_images import BadImages
 from featcache.features.class_text import ClassText
 from featcache.features.shards import ChunkStore, stored_blocks
@@ -46,7 +46,7 @@ class Assembly(BadImages, ClassText):
                  f"{human_bytes(chunk_bytes)} of chunks until it is assembled; "
                  f"{human_bytes(free)} free in {self.final.parent}")
         require_space(self.final.parent, chunk_bytes + file_bytes,
-                      f"to extract the features of {len(self.images)} images", file_bytes)
+                      f"to extract the features of {plural(len(self.images), 'image')}", file_bytes)
 
     def unsaved(self, store: ChunkStore, todo: list[int]) -> tuple[set[int], float]:
         """The chunks still to compute (or not yet on disk), and their share of the images."""

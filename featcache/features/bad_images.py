@@ -10,7 +10,7 @@ import torch
 
 from featcache.data.images import image_problem
 from featcache.data.labelfile import LabelSet
-from featcache.errors import InputError
+from featcache.errors import InputError, plural
 from featcache.features.options import ExtractOptions
 
 
@@ -46,7 +46,7 @@ class BadImages:
         missing = [row for row in rows if not (root / str(self.images[row])).is_file()]
         if missing:
             first = self.bad_reason(root, missing[0])["message"]
-            raise InputError(f"{len(missing)} of {len(rows)} images are missing; first: {first}. "
+            raise InputError(f"{len(missing)} of {plural(len(rows), 'image')} are missing; first: {first}. "
                              "Check --images-root, or pass --skip-bad to flag them and carry on")
 
     def bad_entries(self, reasons: dict[int, str]) -> list[dict]:

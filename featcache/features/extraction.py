@@ -24,7 +24,7 @@ from featcache.backbones.hub import library_version
 from featcache.backbones.weights import WeightsSource, locate_weights
 from featcache.data.images import image_root
 from featcache.data.labelfile import LabelSet
-from featcache.errors import FeatcacheError, Interrupted, OptionError
+from featcache.errors import FeatcacheError, Interrupted, OptionError, plural
 from featcache.features.assembly import Assembly
 from featcache.features.finished import FinishedFile
 from featcache.features.loader import ImageBatches
@@ -232,7 +232,7 @@ class Extraction(FinishedFile, Assembly, ImageBatches):
         if broken.size:
             first = root / str(self.images[rows.start + broken[0]])
             raise FeatcacheError(
-                f"the backbone gave Inf or NaN features for {broken.size} images of chunk {chunk} "
+                f"the backbone gave Inf or NaN features for {plural(broken.size, 'image')} of chunk {chunk} "
                 f"(first: {first}) at precision {self.precision}, stored as {self.options.dtype}; "
                 "fp16 compute and float16 storage can overflow: use --precision bf16 or fp32 "
                 "and --dtype float32"

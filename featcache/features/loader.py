@@ -12,6 +12,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from featcache.backbones import BackboneSpec, Preprocess, inputs
+from featcache.errors import plural
 from featcache.features.options import ExtractOptions
 from featcache.features.shards import ChunkStore
 from featcache.runtime import Ranks, default_workers
@@ -59,7 +60,7 @@ class ImageBatches:
             collate, batch_bytes = None, inputs.uint8_batch_bytes(self.batch_size, size)
         # two batches in flight per worker, fewer when /dev/shm is small (an error if none fits)
         prefetch = inputs.loader_prefetch(batch_bytes, workers, 2, self.job.local_world,
-                                          what=f"batches of {self.batch_size} images at {size} px")
+                                          what=f"batches of {plural(self.batch_size, 'image')} at {size} px")
         return DataLoader(
             dataset, batch_sampler=batches, num_workers=workers, collate_fn=collate,
             pin_memory=self.device.type == "cuda", worker_init_fn=inputs.worker_init,

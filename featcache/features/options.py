@@ -9,7 +9,7 @@ from pathlib import Path
 from featcache.backbones import PROTOCOL, backbone_spec
 from featcache.backbones.preprocess import PREPROCESS_MODES
 from featcache.backbones.weights import WeightsSource
-from featcache.errors import OptionError
+from featcache.errors import OptionError, plural
 from featcache.features import text as prompts
 from featcache.paths import feature_tag
 from featcache.runtime import PRECISIONS
@@ -117,7 +117,7 @@ class ExtractResult:
     def summary(self) -> str:
         """One line for the end of a run."""
         if self.status == "text-added":
-            return (f"{self.path}: class-prompt embeddings added ({self.images} classes); the "
+            return (f"{self.path}: class-prompt embeddings added ({plural(self.images, 'class', 'classes')}); the "
                     "image features were up to date")
         if self.status == "up-to-date":
             return (f"{self.path} is up to date (built from the same labels file and settings); "
@@ -125,7 +125,7 @@ class ExtractResult:
         size = self.path.stat().st_size / 1e6 if self.path.exists() else 0.0
         resumed = f", {self.resumed_chunks} chunks resumed" if self.resumed_chunks else ""
         bad = f", {len(self.bad)} bad images flagged" if self.bad else ""
-        return (f"features: {self.images} images in {self.compute_seconds:.1f} s "
+        return (f"features: {plural(self.images, 'image')} in {self.compute_seconds:.1f} s "
                 f"({self.images_per_second:.1f} images/s) on {self.device}, {self.precision}"
                 f"{resumed}{bad}; {self.seconds:.1f} s in all -> {self.path} ({size:.1f} MB)")
 

@@ -34,6 +34,7 @@ from featcache.data.featurewrite import (
     hdf5_filters,
     write_features,
 )
+from featcache.errors import plural
 from featcache.features.extraction import Extraction
 from featcache.features.shards import ChunkStore
 from featcache.fileio import free_bytes, human_bytes, require_space
@@ -122,13 +123,13 @@ class SpatialExtraction(Extraction):
         row = width * np.dtype(dtype).itemsize + (4 * self.spec.dim if self.with_pooled else 0)
         chunks = int(share * len(self.images) * row)
         self.say(f"spatial features: {height} x {cols} x {depth} {dtype} per image, "
-                 f"{len(self.images)} images -> {self.final.name}: at most {human_bytes(upper)} "
+                 f"{plural(len(self.images), 'image')} -> {self.final.name}: at most {human_bytes(upper)} "
                  f"(uncompressed; {self.options.compression} only shrinks it), plus "
                  f"{human_bytes(chunks)} of chunks until it is assembled"
                  + (f" and {human_bytes(pooled)} for {self.pooled_final.name}" if pooled else "")
                  + f"; {human_bytes(free_bytes(self.final.parent))} free in {self.final.parent}")
         require_space(self.final.parent, upper + chunks + pooled,
-                      f"to extract the spatial features of {len(self.images)} images (or store "
+                      f"to extract the spatial features of {plural(len(self.images), 'image')} (or store "
                       "less: --image-size, --compression gzip)", upper)
         first = next((c for c in range(store.num_chunks) if c not in unsaved), None)
         if first is not None:

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from featcache.errors import InputError, OptionError
+from featcache.errors import InputError, OptionError, plural
 from featcache.fileio import sha256_file
 
 DEFAULT_TEMPLATES = ("a photo of a {}.",)
@@ -43,8 +43,8 @@ def prompt_class_names(classes: Sequence[str], names_file: str | Path | None = N
         raise InputError(f"cannot read --class-names file {path}: {exc}") from exc
     lines = [line for line in lines if line]
     if len(lines) != len(classes):
-        raise InputError(f"--class-names file {path} has {len(lines)} names but the labels file "
-                         f"has {len(classes)} classes; give one name per line, in the labels "
+        raise InputError(f"--class-names file {path} has {plural(len(lines), 'name')} but the labels file "
+                         f"has {plural(len(classes), 'class', 'classes')}; give one name per line, in the labels "
                          f"file's order ({', '.join(map(str, classes[:3]))}, ...)")
     return lines
 

@@ -11,16 +11,20 @@ depends on ``--keep-checkpoints``:
   over on ``--resume``; finished ones are kept);
 - ``all``: every epoch's checkpoint of every configuration, and the best weights.
 
-The time is measured, not guessed: two training steps and two evaluation batches of a copy of
-the network on generated images (the first of each is a warm-up), scaled to the grid. It is
-compute only (image decoding, usually hidden behind the workers, is not in it) and ignores
-``--compile``'s speed-up.
+The time is measured, not guessed: training steps (forward, backward and Adam's step) of a copy
+of the network at each batch size of the grid, and evaluation batches, on generated images;
+after :data:`WARMUP` untimed steps (the CPU's first steps build kernels and are several times
+slower), the median of up to :data:`TIMED` timed steps, scaled to the grid. A probe at a
+smaller batch than the run's would overstate the time: per image, small batches are slower.
+It is compute only (image decoding, usually hidden behind the workers, is not in it) and
+ignores ``--compile``'s speed-up. When it is long on a CPU the line says how to shorten it.
 """
 
 from __future__ import annotations
 
 import copy
 import math
+import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,7 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from featcache.backbones import Uint8Normalize, backbone_spec
-from featcache.errors import OptionError
+from featcache.errors import OptionError, plural
 from featcache.fileio import free_bytes, human_bytes, require_space
 from featcache.finetune.data import FinetuneData
 from featcache.finetune.model import build_net, linear_head
@@ -37,8 +41,14 @@ from featcache.losses import SPMLLoss, create_loss, loss_class
 from featcache.runtime import autocast
 
 KEEP_CHECKPOINTS = ("last", "best", "all")
-#: images of the probe's batches (smaller than the grid's on purpose: the probe must be quick)
-PROBE_BATCH = 4
+#: untimed steps before the timed ones, and the most timed steps of a probe
+WARMUP, TIMED = 2, 3
+#: a probe stops timing once it has spent this many seconds (it keeps at least one step)
+PROBE_SECONDS = 20.0
+#: the most images of an evaluation probe's batch (per image, evaluation cost flattens out)
+EVAL_PROBE_BATCH = 16
+#: a CPU estimate above this many seconds says how to shorten the run
+LONG_ON_CPU = 20 * 60
 
 
 def check_keep(keep: str) -> str:
@@ -57,6 +67,10 @@ class Budget:
     checkpoint_bytes: int
     best_bytes: int
     seconds: float | None = None
+    #: for the advice of a long CPU run
+    device: str = "cpu"
+    image_size: int | None = None
+    dataset: str = "DATASET"
 
     @property
     def peak_bytes(self) -> int:
@@ -75,12 +89,30 @@ class Budget:
                 "all": "every epoch's checkpoint and the best weights"}[self.keep]
         time_part = "" if self.seconds is None else (
             f"; about {human_seconds(self.seconds)} of compute (measured on a few steps; image "
-            "decoding not included)")
-        return (f"fine-tuning {self.configs} configuration(s) x {self.epochs} epochs: "
+            "decoding not included)" + self.shorten_advice())
+        return (f"fine-tuning {plural(self.configs, 'configuration')} x {plural(self.epochs, 'epoch')}: "
                 f"checkpoints {human_bytes(self.checkpoint_bytes)} each, best.pt "
                 f"{human_bytes(self.best_bytes)}; --keep-checkpoints {self.keep} keeps {kept}: at "
                 f"most {human_bytes(self.peak_bytes)} on disk, {human_bytes(free)} free"
                 f"{time_part}")
+
+
+    def shorten_advice(self) -> str:
+        """How to shorten a long CPU run: fewer configurations, smaller images."""
+        if self.seconds is None or self.device != "cpu" or self.seconds < LONG_ON_CPU:
+            return ""
+        parts = []
+        if self.configs > 1:
+            parts.append(f"one configuration (e.g. --lr 1e-4 --batch-size 16): about "
+                         f"{human_seconds(self.seconds / self.configs)}")
+        if self.image_size and self.image_size > 224:
+            ratio = (224 / self.image_size) ** 2
+            share = "a quarter" if abs(ratio - 0.25) < 0.02 else f"{ratio:.0%}"
+            parts.append(f"smaller images: about {share} of the time at --image-size 224 (with "
+                         f"LinearInit the linear run must use such features: `featcache features "
+                         f"--dataset {self.dataset} --image-size 224`, then train-linear)")
+        parts.append("or a GPU")
+        return ". This is long on a CPU; to shorten it: " + "; ".join(parts)
 
 
 def tensor_bytes(tensors) -> int:
@@ -124,7 +156,7 @@ def measure_seconds(start: StartPoint, data: FinetuneData, loss: str,
     probes: dict[tuple[int, bool], float] = {}
 
     def seconds_per_image(batch: int, train: bool) -> float:
-        key = (min(batch, PROBE_BATCH), train)
+        key = (batch if train else min(batch, EVAL_PROBE_BATCH), train)
         if key not in probes:
             probes[key] = _probe(start, data, device, precision, key[0], train=train)
         return probes[key]
@@ -154,24 +186,35 @@ def _loss_state(loss: SPMLLoss, data: FinetuneData, start: StartPoint) -> dict:
 
 def _probe(start: StartPoint, data: FinetuneData, device: torch.device, precision: str,
            batch: int, train: bool) -> float:
-    """Seconds per image of a training step (forward, backward) or an evaluation forward."""
+    """Seconds per image of a training step (forward, backward, Adam's step) or an evaluation
+    forward at ``batch`` images: the median of the timed steps after the warm-up ones."""
     dim = backbone_spec(start.backbone).dim
     generator = torch.Generator().manual_seed(0)  # never the global generators: numbers unchanged
     net = build_net(copy.deepcopy(start.trunk),
                     linear_head(dim, data.num_classes, generator=generator))
     net = net.to(device, memory_format=torch.channels_last).train(train)
+    optimizer = torch.optim.Adam(net.parameters(), lr=1e-12) if train else None
     normalize = Uint8Normalize(start.backbone).to(device)
     size = start.image_size
     images = torch.randint(0, 256, (batch, 3, size, size), generator=generator, dtype=torch.uint8)
     x = normalize(images.to(device)).contiguous(memory_format=torch.channels_last)
-    timings = []
-    for _ in range(2):
+    timings: list[float] = []
+    spent = 0.0
+    for step in range(WARMUP + TIMED):
         tick = time.perf_counter()
         with torch.set_grad_enabled(train), autocast(device, precision):
             logits = net(x)
-        if train:
+        if optimizer is not None:
+            optimizer.zero_grad(set_to_none=True)
             torch.sigmoid(logits.float()).mean().backward()
+            optimizer.step()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        timings.append(time.perf_counter() - tick)
-    return timings[-1] / batch
+        seconds = time.perf_counter() - tick
+        spent += seconds
+        if step >= WARMUP:
+            timings.append(seconds)
+        if spent > PROBE_SECONDS and (timings or step >= 1):
+            break
+    timings = timings or [seconds]  # a probe cut short keeps its last step
+    return statistics.median(timings) / batch

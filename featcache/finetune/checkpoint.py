@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from featcache.errors import FeatcacheWarning, InputError
+from featcache.errors import FeatcacheWarning, InputError, plural
 from featcache.fileio import save_torch_atomic, write_bytes_atomic
 from featcache.protocol.runs import describe_differences, read_json
 
@@ -71,7 +71,7 @@ def restore_cuda_rng_states(saved: list) -> None:
         torch.cuda.set_rng_state(state, index)
     if len(saved) > visible:
         warnings.warn(
-            f"the checkpoint holds the CUDA random states of {len(saved)} GPUs and {visible} "
+            f"the checkpoint holds the CUDA random states of {plural(len(saved), 'GPU')} and {visible} "
             f"{'is' if visible == 1 else 'are'} visible now: restored {visible}, left "
             f"{len(saved) - visible} unrestored (featcache's order, flips and initial state come "
             "from seeded CPU generators, so the run's numbers do not depend on them)",

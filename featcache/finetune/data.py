@@ -30,7 +30,7 @@ from featcache.data.images import image_problem, image_root
 from featcache.data.labelfile import LabelSet, load_labels
 from featcache.data.negatives import observed_with_negatives
 from featcache.data.pseudofile import PseudoLabels, load_pseudo_labels, pseudo_labels_path
-from featcache.errors import InputError, OptionError
+from featcache.errors import InputError, OptionError, plural
 from featcache.losses import DataFacts
 from featcache.protocol.loss_choice import training_facts
 from featcache.protocol.seeds import derive_seed
@@ -142,7 +142,7 @@ def check_images_present(data: FinetuneData) -> None:
         if missing:
             first = missing[0]
             raise InputError(
-                f"{len(missing)} of {len(split)} {split.name} images are missing; first: "
+                f"{len(missing)} of {plural(len(split), f'{split.name} image')} are missing; first: "
                 f"{data.root / str(split.images[first])} ({split.name} row {first} of "
                 f"{data.labels.path}). Fine-tuning needs every image: check --images-root (the "
                 "folder the labels file's paths are relative to)"

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from featcache.backbones import Uint8Normalize, backbone_spec, resolve_preprocess
-from featcache.errors import FeatcacheError, Interrupted, OptionError
+from featcache.errors import FeatcacheError, Interrupted, OptionError, plural
 from featcache.fileio import write_json_atomic
 from featcache.finetune.checkpoint import (
     CHECKPOINT,
@@ -451,7 +451,7 @@ def train_config(config: GridPoint, settings: Settings, start: StartPoint, data:
                     keep_epoch_copy(checkpoint_path, epoch + 1)
     except Interrupted as exc:
         done = len(result.epochs)
-        kept = (f"configuration {config.name()}: {done} of {settings.epochs} epochs are saved"
+        kept = (f"configuration {config.name()}: {done} of {plural(settings.epochs, 'epoch')} are saved"
                 if keep != "best" else f"configuration {config.name()} starts over on --resume "
                 "(--keep-checkpoints best keeps no checkpoint; finished configurations are kept)")
         raise exc.adding(kept) from None

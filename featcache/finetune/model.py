@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from featcache.errors import plural
 from featcache.losses.boostlu import boostlu_pool
 from featcache.protocol.seeds import init_linear
 
@@ -86,7 +87,7 @@ def linear_head(in_features: int, num_classes: int, weight: Tensor | None = None
             weight = weight_t.t()
         if tuple(weight.shape) != (num_classes, in_features) or tuple(bias.shape) != (num_classes,):
             raise ValueError(f"head weight {tuple(weight.shape)} / bias {tuple(bias.shape)} do not "
-                             f"fit {in_features} features and {num_classes} classes")
+                             f"fit {in_features} features and {plural(num_classes, 'class', 'classes')}")
         head.weight.copy_(weight)
         head.bias.copy_(bias)
     return head

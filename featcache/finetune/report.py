@@ -3,6 +3,7 @@ configurations (stage two's are in :mod:`featcache.linear.report`)."""
 
 from __future__ import annotations
 
+from featcache.errors import plural
 from featcache.protocol.records import observation_line
 from featcache.published import PROTOCOL_DATASETS
 from featcache.tables import Table
@@ -35,8 +36,8 @@ def summary_markdown(document: dict) -> str:
     lines = [
         f"# {document['dataset']} / {document['loss']}: fine-tuned end to end",
         "",
-        f"- train / val / test: {sizes['train']} / {sizes['val']} / {sizes['test']} images, "
-        f"{sizes['classes']} classes",
+        f"- train / val / test: {sizes['train']} / {sizes['val']} / {plural(sizes['test'], 'image')}, "
+        f"{plural(sizes['classes'], 'class', 'classes')}",
         f"- network: {backbone['name']} ({backbone.get('weights')} weights), "
         f"{backbone['image_size']}x{backbone['image_size']} images; start: {start}",
         f"- grid: lr {', '.join(f'{x:g}' for x in document['grid']['lr'])} x batch "
@@ -63,7 +64,7 @@ def summary_markdown(document: dict) -> str:
     timings, machine = document["timings"], document["machine"]
     lines.append(f"- time: {timings['seconds']:.1f} s; training {timings['train_images_per_second']:.1f} "
                  f"images/s on {machine['device']} ({machine['precision']}"
-                 f"{', compiled' if machine.get('compile') else ''}, {machine['world_size']} rank(s))")
+                 f"{', compiled' if machine.get('compile') else ''}, {plural(machine['world_size'], 'rank')})")
     for note in document["notes"]:
         lines.append(f"- note: {note}")
     lines += ["", "## Configurations", "", config_table(document).markdown()]

@@ -24,7 +24,7 @@ from featcache.finetune.search import run_grid
 from featcache.finetune.start import StartPoint, resolve_start
 from featcache.locks import OutputLock
 from featcache.losses import loss_class
-from featcache.paths import existing_labels, finetune_dir
+from featcache.paths import check_name, existing_labels, finetune_dir
 from featcache.progress import say
 from featcache.protocol.coverage import evaluation_coverage, evaluation_notes
 from featcache.protocol.grid import grid_points
@@ -53,6 +53,8 @@ def run_finetune(options: FinetuneOptions, linear_phase: LinearPhase | None = No
     loss = loss_class(options.loss)
     if options.tensorboard:
         require_tensorboard()
+    if options.run_id is not None:
+        check_name(options.run_id, "--run-id")
     with ranks(options.device) as job:
         data = loss.fit_data(load_finetune_data(existing_labels(options.dataset, options.cache),
                                                 options.images_root, options.pseudo_labels))
@@ -208,6 +210,8 @@ def announce_budget(settings: Settings, start: StartPoint, data: FinetuneData, c
     left = [c for c in configs if not (run_dir / "configs" / c.name() / HISTORY).is_file()]
     budget = plan_budget(start, data, settings.loss, settings.params, len(left), settings.epochs,
                          settings.keep_checkpoints)
+    budget.device, budget.image_size, budget.dataset = (job.device.type, start.image_size,
+                                                        data.dataset)
     if left:
         per_epoch = measure_seconds(start, data, settings.loss, [c.batch_size for c in left],
                                     settings.eval_batch_size, settings.precision, job.device)

@@ -37,7 +37,7 @@ from featcache.backbones import (
 from featcache.backbones.rebuild import trunk_for_features
 from featcache.backbones.weights import describe_weights, locate_weights
 from featcache.data.featurefile import read_feature_attrs
-from featcache.errors import InputError, OptionError
+from featcache.errors import InputError, OptionError, plural
 from featcache.fileio import sha256_file
 from featcache.finetune.data import FinetuneData
 from featcache.finetune.distributed import on_main
@@ -329,7 +329,7 @@ def check_handoff(value: Tensor, name: str, head: dict, where: str, data: Finetu
     if len(rows) != len(expected) or (rows != expected).any():
         raise InputError(
             f"{where}'s {name} covers {len(rows)} training rows, but fine-tuning trains on the "
-            f"{len(expected)} rows of the training split of {data.labels.path} (images skipped "
+            f"{plural(len(expected), 'row')} of the training split of {data.labels.path} (images skipped "
             "as unreadable when the features were extracted?); fix the images, extract the "
             "features again and train a new linear run, or use --init none"
         )

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from featcache.errors import InputError
+from featcache.errors import InputError, plural
 from featcache.losses import SPATIAL_FEATURES, HeadKind, SPMLLoss
 from featcache.losses.boostlu import alpha_value, boost_slope, boostlu_pool
 from featcache.protocol.seeds import init_linear
@@ -133,7 +133,7 @@ class StackedBoostLU(StackedLinear):
         self.positions = int(positions)
         self.alpha = [float(a) for a in alpha]
         if len(self.alpha) != self.num_heads:
-            raise ValueError(f"{len(self.alpha)} alpha values for {self.num_heads} heads")
+            raise ValueError(f"{len(self.alpha)} alpha values for {plural(self.num_heads, 'head')}")
         self._cam: tuple[Tensor, Tensor] | None = None  # (batch, its CAM) of the last forward
 
     @classmethod

@@ -18,7 +18,7 @@ import resource
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from featcache.errors import OptionError
+from featcache.errors import OptionError, plural
 
 #: share of the machine's memory (or of the container's limit) used when no budget is given
 DEFAULT_SHARE = 0.5
@@ -237,8 +237,8 @@ class Placement:
                     f"budget{fewer})")
         why = "as asked" if self.forced else f"they do not fit the {budget} budget in memory"
         return (f"streaming the {' and '.join(self.streamed)} features from the file ({why}): "
-                f"blocks of {self.block_rows} rows, {self.window_blocks} "
-                f"block{'s' if self.window_blocks > 1 else ''} shuffled together "
+                f"blocks of {plural(self.block_rows, 'row')}, "
+                f"{plural(self.window_blocks, 'block')} shuffled together "
                 f"({self.window_rows} of {self.train_rows} training rows); planned peak about "
                 f"{format_size(self.estimate)} beyond the interpreter{fewer}")
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from featcache.errors import OptionError
+from featcache.paths import check_name
 from featcache.protocol.grid import BATCH_SIZES, LEARNING_RATES, LINEAR_EPOCHS, check_grid
 from featcache.protocol.selection import check_early_stop
 
@@ -45,6 +47,11 @@ class LinearOptions:
         the labels are read."""
         from featcache.linear.probe import check_search  # imports torch
 
+        if self.run_id is not None:
+            check_name(self.run_id, "--run-id")
+        if len(set(self.seeds)) != len(self.seeds):
+            raise OptionError(f"--seeds {','.join(map(str, self.seeds))} repeats a seed; give "
+                              "each seed once")
         check_grid(self.learning_rates, self.batch_sizes)
         check_early_stop(self.early_stop)
         check_search(self.search, self.weight_decays)

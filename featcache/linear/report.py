@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from featcache.errors import plural
 from featcache.linear.data import TrainingSplits
 from featcache.linear.search import SearchResult
 from featcache.linear.zeroshot import ZERO_SHOT
@@ -37,11 +38,14 @@ def run_summary(result: SearchResult, data: TrainingSplits) -> str:
     lines = [
         f"# {data.dataset} / {spec.loss}: linear heads on {data.features.backbone} features",
         "",
-        f"- train / val / test: {len(data.train)} / {len(data.val)} / {len(data.test)} images, "
-        f"{data.num_classes} classes",
+        f"- train / val / test: {len(data.train)} / {len(data.val)} / {plural(len(data.test), 'image')}, "
+        f"{plural(data.num_classes, 'class', 'classes')}",
         f"- grid: lr {', '.join(f'{x:g}' for x in spec.learning_rates)} x batch "
         f"{', '.join(map(str, spec.batch_sizes))}"
-        f", {spec.epochs} epochs, seeds {', '.join(map(str, spec.seeds))}, validation: {spec.val_variant}",
+        + "".join(f" x {k} {', '.join(f'{v:g}' for v in values)}"
+                  for k, values in spec.params.values.items() if len(values) > 1)
+        + f", {plural(spec.epochs, 'epoch')}, {'seed' if len(spec.seeds) == 1 else 'seeds'} "
+        f"{', '.join(map(str, spec.seeds))}, validation: {spec.val_variant}",
     ]
     if result.probe is not None:
         probe = result.probe
@@ -67,7 +71,7 @@ def run_summary(result: SearchResult, data: TrainingSplits) -> str:
     val_key = "val_map" if spec.val_variant == "clean" else "val_map_observed"
     if summary["seeds"] > 1:
         lines.append(f"- test mAP {summary['test_map_mean']:.2f} +- {summary['test_map_std']:.2f} "
-                     f"over {summary['seeds']} seeds (val {summary[val_key + '_mean']:.2f})")
+                     f"over {plural(summary['seeds'], 'seed')} (val {summary[val_key + '_mean']:.2f})")
     else:
         lines.append(f"- test mAP {selected.best.test_map:.2f} (val {getattr(selected.best, val_key):.2f})")
     if selected.best.train_map is not None:

@@ -23,7 +23,7 @@ from featcache.data.featurefile import (
     read_text_embeddings,
 )
 from featcache.data.labelfile import load_labels
-from featcache.errors import FeatcacheWarning, InputError, Interrupted, OptionError
+from featcache.errors import FeatcacheWarning, InputError, Interrupted, OptionError, plural
 from featcache.fileio import write_text_atomic
 from featcache.linear.data import SplitRows, TrainingSplits, read_linear_data, split_rows
 from featcache.linear.heads import CAM_BLOCK, CAM_BLOCK_TENSORS
@@ -106,19 +106,25 @@ class LossRun:
         selection, summary = self.document["selection"], self.document["summary"]
         variant = self.document["protocol"]["val_variant"]
         key = "val_map" if variant == "clean" else "val_map_observed"
+        axes = [k for k, values in self.document["grid"].get("params", {}).items()
+                if len(values) > 1]  # --param axes: their selected values are said too
+
+        def chosen(params: dict) -> str:
+            return "".join(f", {k}={params[k]:g}" for k in axes)
+
         if summary["seeds"] > 1:
-            choices = "; ".join(f"seed {c.seed}: {c.describe()}"
+            choices = "; ".join(f"seed {c.seed}: {c.describe()}{chosen(c.params)}"
                                 for c in seed_choices(self.document, str(self.run_dir)))
             text = (f"{self.loss}: val {summary[key + '_mean']:.2f}  test "
                     f"{summary['test_map_mean']:.2f} +- {summary['test_map_std']:.2f} over "
-                    f"{summary['seeds']} seeds  ({choices}")
+                    f"{plural(summary['seeds'], 'seed')}  ({choices}")
         elif selection["lr"] is None:  # the zero-shot row: nothing trained or selected
             text = (f"{self.loss}: val {selection[key]:.2f}  test {selection['test_map']:.2f}  "
                     "(cosine to the class prompts, no training")
         else:
             text = (f"{self.loss}: val {selection[key]:.2f}  test {selection['test_map']:.2f}  (lr "
-                    f"{selection['lr']:g}, batch {selection['batch_size']}, epoch "
-                    f"{selection['epoch']}")
+                    f"{selection['lr']:g}, batch {selection['batch_size']}"
+                    f"{chosen(selection['params'])}, epoch {selection['epoch']}")
         present = selection.get("test_map_classes_with_positives")
         if present is not None and abs(present - selection["test_map"]) > 1e-9:
             text += f"; test {present:.2f} over the classes with positives"
@@ -324,7 +330,7 @@ def interrupted_detail(specs: Sequence[SearchSpec], done: Mapping[str, LossRun],
     if not finished:
         them = "them" if len(specs) > 1 else "it"
         return f"no loss had finished (run id {run_id}); {again} to train {them} from the start"
-    return (f"{len(finished)} of {len(specs)} losses finished and kept under run id {run_id} "
+    return (f"{len(finished)} of {plural(len(specs), 'loss', 'losses')} finished and kept under run id {run_id} "
             f"({', '.join(finished)}); {again} to reuse them and train the rest")
 
 
@@ -544,7 +550,7 @@ def write_loss_run(data: TrainingSplits, result: SearchResult, run_dir: Path,
     data = loss_class(result.spec.loss).fit_data(data)
     where = describe_device(device)
     if job is not None and job.world > 1:
-        where += f", {job.world} ranks (torchrun)"
+        where += f", {plural(job.world, 'rank')} (torchrun)"
     document = on_main(job, lambda: write_run(run_dir, result, data, where,
                                               run_summary(result, data), plot=options.plots))
     return LossRun(result.spec.loss, run_dir, document, False, result.seconds)

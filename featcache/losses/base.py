@@ -38,7 +38,7 @@ import torch
 from torch import Tensor
 
 from featcache.data.kestimate import EstimateRequest
-from featcache.errors import LossNeedError, LossStateError, OptionError, did_you_mean
+from featcache.errors import LossNeedError, LossStateError, OptionError, did_you_mean, plural
 from featcache.losses.heads import HeadKind
 from featcache.losses.needs import D, DataFacts, Need
 from featcache.losses.params import Param, ParamValue, ResolvedParams
@@ -97,8 +97,8 @@ class SPMLLoss:
             if len(values) == 1:
                 values = values * self.num_heads
             if len(values) != self.num_heads:
-                raise OptionError(f"loss {self.name!r} parameter {key!r} has {len(values)} values "
-                                  f"for {self.num_heads} heads")
+                raise OptionError(f"loss {self.name!r} parameter {key!r} has {plural(len(values), 'value')} "
+                                  f"for {plural(self.num_heads, 'head')}")
             self.params[key] = values
 
     # ----------------------------------------------------------------- needs

@@ -18,12 +18,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from featcache.errors import name_list, plural
+
 #: fewer validation positives than this for a class makes its AP a noisy selection signal
 MIN_VAL_POSITIVES = 5
 #: warn when at least this share of the classes has fewer than MIN_VAL_POSITIVES positives
 SMALL_VAL_SHARE = 0.25
-#: how many class names a message lists before "and N more"
-LISTED = 8
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ class ClassCoverage:
         missing = self.missing
         if not missing:
             return None
-        text = (f"{len(missing)} of {len(self.classes)} classes have no positive in the "
+        text = (f"{len(missing)} of {plural(len(self.classes), 'class', 'classes')} have no positive in the "
                 f"{self.split} split ({name_list(missing)}): they count as AP 0 in the "
                 "protocol's mAP, as in the reference code")
         present = self.map_over_present(protocol_map)
@@ -81,8 +81,8 @@ class ClassCoverage:
         """A warning when the split is too small to select on (validation splits)."""
         if not self.too_small_to_select:
             return None
-        return (f"the {self.split} split has fewer than {MIN_VAL_POSITIVES} positives for "
-                f"{len(self.few)} of {len(self.classes)} classes ({name_list(self.few)}): "
+        return (f"the {self.split} split has fewer than {plural(MIN_VAL_POSITIVES, 'positive')} for "
+                f"{len(self.few)} of {plural(len(self.classes), 'class', 'classes')} ({name_list(self.few)}): "
                 "selecting epochs and configurations on it is noisy")
 
 
@@ -111,9 +111,3 @@ def evaluation_notes(val: ClassCoverage | None, test: ClassCoverage | None,
     if test is not None:
         notes += [n for n in (test.missing_note(test_map),) if n]
     return notes
-
-
-def name_list(names: Sequence[str], limit: int = LISTED) -> str:
-    """``a, b, c`` or ``a, b, ... and 7 more``."""
-    shown = ", ".join(names[:limit])
-    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")

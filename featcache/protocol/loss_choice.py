@@ -63,6 +63,9 @@ def choose_losses(spec: str | Sequence[str], facts: DataFacts,
         return chosen, skipped
     if not names:
         raise OptionError("--loss needs a loss name, a comma-separated list or 'all'")
+    repeated = next((n for i, n in enumerate(names) if n in names[:i]), None)
+    if repeated is not None:
+        raise OptionError(f"--loss names {repeated} twice; name each loss once")
     for name in names:
         reason = loss_class(name).unmet_need(facts, given)
         if reason is not None:

@@ -23,7 +23,7 @@ import torch
 from featcache.data.featurefile import read_feature_attrs, read_text_embeddings, read_train_rows
 from featcache.data.labelfile import LabelSet, load_labels
 from featcache.data.pseudofile import check_name, pseudo_labels_path, write_pseudo_labels
-from featcache.errors import InputError, OptionError
+from featcache.errors import InputError, OptionError, plural
 from featcache.fileio import sha256_file
 from featcache.paths import (
     dataset_dir,
@@ -63,7 +63,7 @@ class PseudoLabelResult:
         lines = [f"{self.rule} pseudo-labels -> {self.path}",
                  f"  {s['positives']} pseudo-positives on unobserved entries "
                  f"({s['positives_per_image']:.2f} per image), {s['negatives']} pseudo-negatives, "
-                 f"{s['images']} images, {s['bad_rows']} unreadable rows without pseudo-labels"]
+                 f"{plural(s['images'], 'image')}, {s['bad_rows']} unreadable rows without pseudo-labels"]
         if "positive_precision" in s:
             lines.append(
                 f"  against the clean labels (unobserved entries): positive precision "
@@ -102,14 +102,14 @@ def run_pseudo_labels(options: PseudoLabelOptions,
                          "--text` (the image features are kept)")
     if text.embeddings.shape[0] != labels.num_classes:
         raise InputError(f"{source}: {text.embeddings.shape[0]} class embeddings for "
-                         f"{labels.num_classes} classes")
+                         f"{plural(labels.num_classes, 'class', 'classes')}")
     if options.rule == "aevlp" and not attrs.get("crops_grid"):
         grid = rules.AEVLP_GRID.get(labels.dataset, 4)
         raise InputError(f"the aevlp rule needs tile embeddings; {source} has none: run `featcache "
                          f"features --dataset {options.dataset} --backbone {attrs.get('backbone')} "
                          f"--text --crops {grid}x{grid} --overwrite`")
     say(f"{options.rule}: similarities of {len(labels.train)} training images to "
-        f"{labels.num_classes} classes from {source.name}")
+        f"{plural(labels.num_classes, 'class', 'classes')} from {source.name}")
     matrix, bad = compute(source, options.rule, params, text.embeddings, labels)
     stats = pseudo_stats(matrix, labels, bad)
     write_pseudo_labels(target, labels, matrix, {

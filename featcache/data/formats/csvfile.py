@@ -31,7 +31,7 @@ from featcache.data.formats import (
     read_lines,
     require_file,
 )
-from featcache.errors import InputError
+from featcache.errors import InputError, plural
 
 SINGLE_HEADER = ["image", "label"]
 
@@ -119,7 +119,7 @@ def _read_file(path: Path) -> _CsvLabels:
                 continue
             line = reader.line_num
             if len(record) != len(header):
-                raise malformed(path, line, f"{len(record)} fields, but the header has "
+                raise malformed(path, line, f"{plural(len(record), 'field')}, but the header has "
                                 f"{len(header)}")
             image = record[0].strip()
             if not image:

@@ -29,7 +29,7 @@ from featcache.data.formats import (
     require_dir,
     require_file,
 )
-from featcache.errors import InputError
+from featcache.errors import InputError, plural
 from featcache.progress import progress
 
 #: fields of a label line: image id, attribute id, is_present, certainty id, [extra,] time
@@ -105,7 +105,7 @@ def _read_split(path: Path, image_ids: list[int]) -> np.ndarray:
     absent = [i for i in image_ids if i not in flag]
     if absent:
         raise InputError(f"{path} has no entry for image id {absent[0]} of images.txt "
-                         f"({len(absent)} images lack one)")
+                         f"({plural(len(absent), 'image lacks', 'images lack')} one)")
     return np.array([flag[i] for i in image_ids], dtype=bool)
 
 
@@ -117,7 +117,7 @@ def _read_labels(path: Path, image_ids: list[int], attribute_ids: list[int]) -> 
         fields = text.split()
         if len(fields) not in LABEL_FIELDS:
             raise malformed(path, line, "expected '<image id> <attribute id> <is_present> "
-                            f"<certainty id> <time>', got {len(fields)} fields")
+                            f"<certainty id> <time>', got {plural(len(fields), 'field')}")
         try:
             values = int(fields[0]), int(fields[1]), int(fields[2])
         except ValueError:
@@ -156,7 +156,7 @@ def _read_labels(path: Path, image_ids: list[int], attribute_ids: list[int]) -> 
     if missing.size:
         row, col = missing[0]
         raise InputError(f"{path} has no label for image id {image_ids[row]}, attribute id "
-                         f"{attribute_ids[col]} ({len(missing)} (image, attribute) pairs lack "
+                         f"{attribute_ids[col]} ({plural(len(missing), '(image, attribute) pair lacks', '(image, attribute) pairs lack')} "
                          "one); the file may be truncated")
     clean = np.zeros(line_of.shape, dtype=np.uint8)
     clean.flat[flat] = present

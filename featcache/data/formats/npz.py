@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from featcache.data.formats import SourceDataset, SourceSplit, first_few, require_file
-from featcache.errors import InputError
+from featcache.errors import InputError, plural
 
 REQUIRED_KEYS = ("X_train", "X_test", "Y_train", "Y_test", "label_names")
 
@@ -30,7 +30,7 @@ def read_npz(path: str | os.PathLike, name: str) -> tuple[SourceDataset, dict[st
         if missing:
             hint = (" (label_names: one class name per column of Y_train, e.g. "
                     "label_names=np.array(['cat', 'dog', ...]))" if "label_names" in missing else "")
-            raise InputError(f"{path} lacks the key(s) {', '.join(missing)}{hint}; a feature set "
+            raise InputError(f"{path} lacks the {'key' if len(missing) == 1 else 'keys'} {', '.join(missing)}{hint}; a feature set "
                              f"needs {', '.join(REQUIRED_KEYS)} (feature_names optional); it "
                              f"holds {', '.join(sorted(npz.files)) or 'no arrays'}")
         arrays = {key: npz_array(npz, key, path) for key in REQUIRED_KEYS}
@@ -52,8 +52,8 @@ def read_npz(path: str | os.PathLike, name: str) -> tuple[SourceDataset, dict[st
         repeated = sorted({c for c in classes if classes.count(c) > 1})
         raise InputError(f"{path}: label_names repeats {first_few(repeated)}")
     if feature_names is not None and len(feature_names) != features["train"].shape[1]:
-        raise InputError(f"{path}: feature_names has {len(feature_names)} names but the "
-                         f"features have {features['train'].shape[1]} columns")
+        raise InputError(f"{path}: feature_names has {plural(len(feature_names), 'name')} but the "
+                         f"features have {plural(features['train'].shape[1], 'column')}")
     dataset = SourceDataset(
         name=name,
         source_format="npz",
@@ -103,8 +103,10 @@ def check_feature_matrix(path: Path, key: str, x: np.ndarray) -> np.ndarray:
     x = x.astype(np.float32, copy=False)
     broken = np.flatnonzero(~np.isfinite(x).all(axis=1))
     if broken.size:
-        raise InputError(f"{path}: {key} holds NaN or Inf in {broken.size} rows (rows "
-                         f"{first_few([str(r) for r in broken])}); fix or remove them first")
+        raise InputError(f"{path}: {key} holds NaN or Inf in {plural(broken.size, 'row')} "
+                         f"({'row' if broken.size == 1 else 'rows'} "
+                         f"{first_few([str(r) for r in broken])}); fix or remove "
+                         f"{'it' if broken.size == 1 else 'them'} first")
     return x
 
 
@@ -113,13 +115,13 @@ def _check_labels(path: Path, split: str, y: np.ndarray, rows: int, classes: int
     if y.ndim != 2:
         raise InputError(f"{path}: {key} has shape {y.shape}; expected (examples, classes)")
     if y.shape[0] != rows:
-        raise InputError(f"{path}: {key} has {y.shape[0]} rows but X_{split} has {rows}")
+        raise InputError(f"{path}: {key} has {plural(y.shape[0], 'row')} but X_{split} has {rows}")
     if y.shape[1] != classes:
-        raise InputError(f"{path}: {key} has {y.shape[1]} columns but label_names names "
-                         f"{classes} classes")
+        raise InputError(f"{path}: {key} has {plural(y.shape[1], 'column')} but label_names names "
+                         f"{plural(classes, 'class', 'classes')}")
     bad = np.argwhere((y != 0) & (y != 1))
     if bad.size:
         row, col = bad[0]
         raise InputError(f"{path}: {key} row {row}, column {col} holds {y[row, col].item()!r}; labels "
-                         f"must be 0 or 1 ({len(bad)} entries are not)")
+                         f"must be 0 or 1 ({plural(len(bad), 'entry is', 'entries are')} not)")
     return y.astype(np.uint8)

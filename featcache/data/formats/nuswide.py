@@ -27,7 +27,7 @@ from featcache.data.formats import (
     require_dir,
     require_file,
 )
-from featcache.errors import InputError
+from featcache.errors import InputError, plural
 from featcache.progress import progress
 
 #: official split name in the file names -> role in the protocol
@@ -107,6 +107,6 @@ def _read_label_column(path: Path, expected: int, list_path: Path) -> np.ndarray
         token = tokens[bad[0]].decode("utf-8", "replace")
         raise malformed(path, int(bad[0]) + 1, f"expected 0 or 1, got {token!r}")
     if len(tokens) != expected:
-        raise InputError(f"{path} has {len(tokens)} labels but {list_path} lists {expected} "
+        raise InputError(f"{path} has {plural(len(tokens), 'label')} but {list_path} lists {expected} "
                          "images; each label file must have one line per listed image")
     return ones.astype(np.uint8)
