@@ -89,6 +89,10 @@ class Recipe:
     report: dict = field(default_factory=dict)
 
 
+#: options whose value a step writes (never checked as an input that must exist)
+OUTPUT_OPTIONS = ("--out", "-o")
+
+
 def load_recipe(path: str | Path, overrides: dict[str, str] | None = None,
                 cache: str | None = None) -> Recipe:
     """Read and check a recipe, with ``overrides`` applied to its variables."""
@@ -120,7 +124,11 @@ def load_recipe(path: str | Path, overrides: dict[str, str] | None = None,
         for values in _combinations(raw.get("each", {}), variables, path, number):
             scope = {**variables, **values}
             filled = [_fill(c, scope, path) for c in command]
-            inputs = [(value, name) for template, value in zip(command, filled, strict=True)
+            # an output (the value of --out) is written by the step, not read: not an input
+            outputs = {i + 1 for i, word in enumerate(command) if word in OUTPUT_OPTIONS}
+            inputs = [(value, name)
+                      for i, (template, value) in enumerate(zip(command, filled, strict=True))
+                      if i not in outputs
                       for name in _user_variables(template, variables, builtins)
                       if "/" in value or os.sep in value]
             steps.append(Step(name=_fill(str(raw.get("name", " ".join(command[:3]))), scope, path),

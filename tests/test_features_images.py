@@ -140,7 +140,7 @@ def test_loader_prefetch_fits_the_batches_in_shared_memory(monkeypatch, tmp_path
     assert inputs.loader_prefetch(1000, workers=2, wanted=4) == 2  # 5,000 // 2,000
     assert inputs.loader_prefetch(1000, workers=2, wanted=4, ranks_here=2) == 1
     free["bytes"] = 3_000
-    with pytest.raises(FeatcacheError, match=r"has 0 MB free.*2 worker\(s\).*--shm-size=1g"):
+    with pytest.raises(FeatcacheError, match=r"has 0 MB free.*2 workers.*--shm-size=1g"):
         inputs.loader_prefetch(1000, workers=2, wanted=2)
     monkeypatch.setattr(inputs.shutil, "disk_usage", _no_shm)
     assert inputs.loader_prefetch(1000, workers=2, wanted=2) == 2  # nothing to plan against

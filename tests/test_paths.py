@@ -87,7 +87,8 @@ def test_a_name_is_a_name(value, problem):
     with pytest.raises(OptionError) as caught:
         check_name(value, "--run-id")
     message = str(caught.value)
-    assert message.startswith(f"--run-id {value!r} {problem}") and "\n" not in message.replace(
+    shown = repr(value if len(value) <= 60 else value[:40] + "...")  # a long name is cut short
+    assert message.startswith(f"--run-id {shown} {problem}") and "\n" not in message.replace(
         repr(value), "")
     assert check_name("k1.5-s0", "--run-id") == "k1.5-s0"
     assert check_name("demo-resnet50-random", "--run-id") == "demo-resnet50-random"

@@ -3,6 +3,7 @@ against the runs' results.json; it parses, holds no URL, renders in a headless b
 
 from __future__ import annotations
 
+import re
 import shlex
 import shutil
 import statistics
@@ -155,7 +156,9 @@ def test_the_loss_tables_hold_mean_and_sd_over_seeds_with_links_to_the_runs(cach
 
 
 def test_the_page_makes_no_external_request(page):
-    assert "http" not in page.lower()
+    # no URL outside the inline images' base64 payloads (whose letters may spell anything)
+    text = re.sub(r"data:image/png;base64,[A-Za-z0-9+/=]+", "", page)
+    assert "http" not in text.lower()
     for tag, attrs, _ in parse(page).elements:
         for name in ("src", "href"):
             if name in attrs:

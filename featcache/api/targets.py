@@ -68,7 +68,7 @@ def read_target(y, classes=None, column_names=None) -> Target:
     if empty.any():
         rows = np.flatnonzero(empty)
         shown = ", ".join(map(str, rows[:5])) + (", ..." if rows.size > 5 else "")
-        warnings.warn(f"y: left out {rows.size} of {len(matrix)} rows with no observed label "
+        warnings.warn(f"y: left out {rows.size} of {plural(len(matrix), 'row')} with no observed label "
                       f"(all 0; rows {shown}), as featcache prepare leaves out images without a "
                       "positive label", FeatcacheWarning, stacklevel=4)
     return Target(MATRIX, matrix[~empty], names, ~empty)
@@ -119,7 +119,8 @@ def targets_for(y, classes: np.ndarray, name: str, rows: int) -> np.ndarray:
     y = _dense(y)
     if y.ndim == 1:
         if len(y) != rows:
-            raise ValueError(f"{name} has {len(y)} labels but its features have {rows} rows")
+            raise ValueError(f"{name} has {plural(len(y), 'label')} but its features have "
+                             f"{plural(rows, 'row')}")
         return one_hot(y, classes, name)
     return label_matrix(y, name, (-1, 0, 1), rows=rows, classes=len(classes))
 
@@ -145,7 +146,8 @@ def _matrix_classes(width: int, classes, column_names) -> np.ndarray:
     if classes is not None:
         names = np.asarray(classes)
         if names.shape != (width,):
-            raise ValueError(f"classes names {names.size} classes but y has {width} columns")
+            raise ValueError(f"classes names {plural(names.size, 'class', 'classes')} but y has "
+                             f"{plural(width, 'column')}")
         if column_names is not None and list(column_names) != names.tolist():
             raise ValueError(f"classes {_short(names)} differ from y's column names "
                              f"{_short(np.asarray(column_names))}")

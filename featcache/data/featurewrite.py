@@ -166,7 +166,7 @@ def _write_rows(group: h5py.Group, name: str, rows: int, first: np.ndarray, rest
         filled += len(block)
     if filled != rows:
         raise InputError(f"{name} features: the blocks hold {plural(filled, 'row')}; the labels file has "
-                         f"{rows} {name} rows")
+                         f"{plural(rows, f'{name} row')}")
 
 
 def write_extra(h5: h5py.File, extra: Mapping[str, np.ndarray]) -> None:

@@ -225,8 +225,9 @@ class Placement:
                     "shuffle, drawn differently from the in-memory path's")
         share = self.window_rows / self.train_rows
         return (f"every epoch permutes the {-(-self.train_rows // self.block_rows)} blocks of "
-                f"{self.block_rows} rows, then the rows of each window of {self.window_blocks} "
-                f"block{'s' if self.window_blocks > 1 else ''}: a batch mixes rows from {self.window_rows} rows ({share:.1%} of the "
+                f"{plural(self.block_rows, 'row')}, then the rows of each window of "
+                f"{plural(self.window_blocks, 'block')}: a batch mixes rows from "
+                f"{plural(self.window_rows, 'row')} ({share:.1%} of the "
                 "training split), not from all of them; every row is still seen once per epoch")
 
     def describe(self) -> str:
@@ -360,6 +361,6 @@ def _streamed(sizes: SplitSizes, itemsize: int, block_rows: int, group: GroupSha
 def raise_budget(budget: int, needed: int) -> None:
     raise OptionError(f"--max-memory {format_size(budget)} is too small for this search: it needs "
                       f"about {format_size(needed / (1 - HEADROOM))} even with the features "
-                      f"streamed from the file in blocks of {MIN_BLOCK_ROWS} rows and one "
+                      f"streamed from the file in blocks of {plural(MIN_BLOCK_ROWS, 'row')} and one "
                       "process (labels, per-example state, predictions and evaluation grow with "
                       "the rows and classes); give a larger --max-memory")

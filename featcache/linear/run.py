@@ -254,7 +254,7 @@ def zero_shot_wanted(mode: str | None, files: FeatureFiles,
                            and read_text_embeddings(files.pooled.path) is not None):
         return True
     skipped.append((ZERO_SHOT, "needs class-prompt text embeddings in the features file (a "
-                    "vision-language backbone's file made with `featcache features --text`)"))
+                    "vision-language backbone's file made with the --text option of featcache features)"))
     return False
 
 

@@ -20,7 +20,7 @@ from torch import Tensor
 
 from featcache.data.featurefile import FeatureFile, read_text_embeddings
 from featcache.data.labelfile import LabelSet
-from featcache.errors import InputError
+from featcache.errors import InputError, plural
 from featcache.fileio import write_json_atomic, write_text_atomic
 from featcache.linear.data import SPLITS, split_rows
 from featcache.metrics import average_precision
@@ -184,8 +184,8 @@ def summary_markdown(document: dict) -> str:
     lines = [f"# {document['dataset']} / zero-shot: {document['features']['backbone']} "
              "class-prompt scores", "",
              f"- {REFERENCE}",
-             f"- train / val / test: {sizes['train']} / {sizes['val']} / {sizes['test']} images, "
-             f"{sizes['classes']} classes"]
+             f"- train / val / test: {sizes['train']} / {sizes['val']} / "
+             f"{plural(sizes['test'], 'image')}, {plural(sizes['classes'], 'class', 'classes')}"]
     for key, what in (("val_map", "val mAP"), ("val_map_observed", "val mAP (observed positives)"),
                       ("test_map", "test mAP"), ("train_map", "training-set mAP (full labels)")):
         if selection.get(key) is not None:

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from featcache.errors import InputError
+from featcache.errors import InputError, plural
 from featcache.protocol.catalog import loss_names
 from featcache.protocol.coverage import name_list
 from featcache.protocol.runs import RESULTS, describe_differences, read_json
@@ -146,7 +146,7 @@ def _latest_runs(documents: list[tuple[dict, Path, bool]], chosen: list[str]
         kept.append(latest)
         if len(runs) > 1:
             others = ", ".join(sorted(e[1].parent.name for e in runs if e is not latest))
-            chosen.append(f"{key[1]} on {key[2]}: the latest of {len(runs)} runs, "
+            chosen.append(f"{key[1]} on {key[2]}: the latest of {plural(len(runs), 'run')}, "
                           f"{latest[1].parent.name} (not {others}; --run-id ID takes another, "
                           "--all-runs pools them)")
     return kept

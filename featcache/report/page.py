@@ -18,6 +18,7 @@ from html import escape
 from pathlib import Path
 
 from featcache import __version__
+from featcache.errors import plural
 from featcache.losses import loss_names
 from featcache.protocol.configurations import configurations, varying_params
 from featcache.protocol.results_table import STAGES
@@ -191,7 +192,7 @@ def run_card(run: Run) -> str:
     summary = document.get("summary", {})
     if summary.get("seeds", 1) > 1:
         headline = (f"test mAP {summary['test_map_mean']:.2f} ± {summary['test_map_std']:.2f} "
-                    f"over {summary['seeds']} seeds; best seed {selection['seed']}: ")
+                    f"over {plural(summary['seeds'], 'seed')}; best seed {selection['seed']}: ")
     else:
         headline = ""
     headline += (f"val <b data-key=\"val\">{number(selection.get(val_key))}</b>, test "

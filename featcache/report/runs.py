@@ -72,7 +72,7 @@ def find_runs(dataset_dir: Path) -> list[Run]:
                 raise InputError(f"{results} is not a featcache results file (no selection)")
             if document.get("stage", "linear") != stage:
                 raise InputError(f"{results} is a {document.get('stage')} run inside "
-                                 f"{dataset_dir / folder}, which holds {stage} runs")
+                                 f"{dataset_dir / folder}, which holds runs of stage {stage!r}")
             runs.append(Run(results.parent, document))
     return sorted(runs, key=lambda run: (run.document.get("created", ""), run.name))
 

@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from html import escape
 
+from featcache.errors import plural
+
 #: colours of the configurations (Tableau 10)
 PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1",
            "#ff9da7", "#9c755f", "#bab0ac")
@@ -186,7 +188,7 @@ def heatmap_svg(rows: Sequence[str], classes: Sequence[str],
                 continue
             tip = f"{loss} / {name}: AP {cell.mean:.2f}"
             if cell.seeds > 1:
-                tip += f" ± {cell.sd:.2f} over {cell.seeds} seeds"
+                tip += f" ± {cell.sd:.2f} over {plural(cell.seeds, 'seed')}"
             if cell.delta is not None:
                 tip += f"; {cell.delta:+.2f} against {reference}"
             stroke = ""

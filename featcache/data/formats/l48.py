@@ -46,7 +46,7 @@ from featcache.data.formats import (
     require_dir,
     require_file,
 )
-from featcache.errors import InputError
+from featcache.errors import InputError, plural
 
 VARIANTS = ("target", "checklist", "geo", "full")
 SPLITS = ("train", "val", "test")
@@ -121,10 +121,11 @@ def _load(path: Path, ndim: int, classes: int | None = None, rows: int | None = 
         raise InputError(f"{path} holds a {array.ndim}-d array of shape {array.shape}; expected "
                          f"{'one image path per clip' if ndim == 1 else '(clips, classes)'}")
     if rows is not None and array.shape[0] != rows:
-        raise InputError(f"{path} has {array.shape[0]} rows but its split lists {rows} images")
+        raise InputError(f"{path} has {plural(array.shape[0], 'row')} but its split lists "
+                         f"{plural(rows, 'image')}")
     if classes is not None and array.shape[1] != classes:
-        raise InputError(f"{path} has {array.shape[1]} columns but {METADATA} lists {classes} "
-                         "classes")
+        raise InputError(f"{path} has {plural(array.shape[1], 'column')} but {METADATA} lists "
+                         f"{plural(classes, 'class', 'classes')}")
     if values is not None:
         bad = ~np.isin(array, values)
         if bad.any():
@@ -133,7 +134,7 @@ def _load(path: Path, ndim: int, classes: int | None = None, rows: int | None = 
             raise InputError(f"{path}: row {row}, column {column} holds {value!r}; expected "
                              f"{' or '.join(map(str, values))}")
     if ndim == 1 and array.dtype.kind not in "US":
-        raise InputError(f"{path} holds {array.dtype} values, not image paths")
+        raise InputError(f"{path} holds values of dtype {array.dtype}, not image paths")
     return array
 
 
