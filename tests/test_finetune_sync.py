@@ -16,7 +16,8 @@ from linear_fixtures import pseudo_label_sets
 from torch.overrides import TorchFunctionMode
 
 from featcache.finetune import loop
-from featcache.finetune.loop import ConfigTrainer, LossReadout, Settings
+from featcache.finetune.loop import ConfigTrainer, Settings
+from featcache.finetune.readout import LossReadout
 from featcache.finetune.run import loss_params
 from featcache.losses import Targets, create_loss, loss_class, loss_names
 from featcache.protocol.grid import GridPoint

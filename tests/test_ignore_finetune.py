@@ -25,6 +25,7 @@ from helpers_finetune import (
 from featcache.errors import OptionError
 from featcache.finetune.data import EpochBatches, SplitImages, strong_view
 from featcache.finetune.loop import ConfigResult
+from featcache.finetune.masked_pass import masked_pass_views
 from featcache.finetune.model import CamHead
 from featcache.losses import Targets
 from featcache.protocol.handoff import load_head
@@ -63,7 +64,7 @@ def test_the_three_passes_are_the_authors_on_a_random_resnet(cache):
     assert not torch.equal(images, strong)
     targets = Targets(trainer.observed[positions], positions)
     x = trainer.to_input(images)
-    logits = trainer.masked_pass_views(x, strong, targets)
+    logits = masked_pass_views(trainer, x, strong, targets)
     with torch.no_grad():  # training mode: batch statistics, the same numbers again
         fmap = net.trunk.feature_map(x)
         assert fmap.shape[-2:] == (2, 2)

@@ -19,10 +19,7 @@ never pays for importing torch and scikit-learn before it needs them).
 """
 
 from featcache.api.backbone_features import BackboneFeatures  # noqa: F401
-from featcache.api.estimator import (  # noqa: F401
-    SPMLClassifier,
-    map_scorer,
-    mean_average_precision_score,
-)
+from featcache.api.estimator import SPMLClassifier  # noqa: F401
 from featcache.api.runs import FinetuneRun, LinearRun, load_run  # noqa: F401
+from featcache.api.scoring import map_scorer, mean_average_precision_score  # noqa: F401
 from featcache.api.zeroshot import ZeroShotClassifier  # noqa: F401

@@ -47,6 +47,7 @@ from sklearn.utils._param_validation import (
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from featcache.api.constraints import RegisteredNames, SpatialShape, loss_param_constraints
+from featcache.api.scoring import protocol_map
 from featcache.api.targets import LABELS, label_matrix, read_target, targets_for
 from featcache.data.sampling import split_train_val
 from featcache.errors import FeatcacheWarning, LossNeedError, OptionError
@@ -54,8 +55,6 @@ from featcache.linear.data import LinearData
 from featcache.linear.heads import StackedBoostLU, StackedLinear
 from featcache.linear.search import SearchSpec, run_search
 from featcache.losses import OBSERVED_NEGATIVES, SPATIAL_FEATURES, HeadKind, loss_class, loss_names
-from featcache.metrics import average_precision
-from featcache.protocol.coverage import coverage
 from featcache.protocol.selection import EARLY_STOP_RULES, LAST_EPOCH
 from featcache.runtime import pick_device
 
@@ -417,53 +416,6 @@ def boostlu_logits(X: np.ndarray, weight: np.ndarray, bias: np.ndarray, position
         positions=positions, alpha=[float(alpha)], trainable=False)
     features = torch.as_tensor(np.ascontiguousarray(X), dtype=torch.float32, device=device)
     return head.logits(features)[0].cpu().numpy()
-
-
-def protocol_map(probs: torch.Tensor, y: np.ndarray, classes: list[str],
-                 warn: bool = True, advice: str = "") -> float:
-    """mAP in percent over every class (AP 0 without positives), warning about such classes
-    (``advice`` ends the warning)."""
-    targets = torch.as_tensor(np.asarray(y) == 1, dtype=torch.float32)
-    value = float(average_precision(probs.float().cpu(), targets).mean()) * 100.0
-    note = coverage("scored", classes, targets.numpy()).missing_note(value)
-    if warn and note:
-        warnings.warn(note + advice, FeatcacheWarning, stacklevel=3)
-    return value
-
-
-def mean_average_precision_score(y_true, y_score) -> float:
-    """The protocol's mAP in percent for scikit-learn's scorer interface (``y_true``: its 1
-    entries are positives; ``y_score``: probabilities (n, L))."""
-    y_true = np.asarray(y_true)
-    if y_true.ndim != 2:
-        raise ValueError(f"y_true must be a 2-D label matrix (n_samples, n_classes), got shape "
-                         f"{y_true.shape}")
-    scores = torch.as_tensor(np.asarray(y_score), dtype=torch.float32)
-    return protocol_map(scores, y_true, [str(c) for c in range(y_true.shape[1])],
-                        advice=FOLD_ADVICE)
-
-
-#: the scorer's warning when a scored split lacks classes: in cross-validation that is a fold
-#: of rows ordered by class (the training folds then lack those classes too)
-FOLD_ADVICE = ("; in cross-validation this fold's score is misleading: rows ordered by class "
-               "give folds without whole classes, so shuffle them: cv=KFold(n_splits=5, "
-               "shuffle=True, random_state=0) (sklearn.model_selection)")
-
-
-def map_scorer(estimator, X, y) -> float:
-    """``GridSearchCV(SPMLClassifier(), {"lr": [...]}, scoring=map_scorer)``: the protocol's mAP
-    (percent) of the estimator's probabilities against ``y``, class labels or a label matrix
-    (``estimator.score``, which a Pipeline passes to its last step). A scored split without
-    positives of some class warns with :data:`FOLD_ADVICE` (shuffle the folds)."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        value = float(estimator.score(X, y))
-    for warning in caught:
-        message = str(warning.message)
-        if issubclass(warning.category, FeatcacheWarning) and "scored split" in message:
-            message += FOLD_ADVICE
-        warnings.warn_explicit(message, warning.category, warning.filename, warning.lineno)
-    return value
 
 
 def _history(record: dict, variant: str) -> dict:

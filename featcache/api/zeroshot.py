@@ -18,7 +18,7 @@ import torch
 from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from featcache.api.estimator import protocol_map
+from featcache.api.scoring import protocol_map
 from featcache.api.targets import label_matrix
 from featcache.data.featurefile import read_text_embeddings
 from featcache.errors import InputError, OptionError

@@ -105,6 +105,35 @@ def prepare_dataset(source: SourceDataset, path: str | os.PathLike,
         return _prepare_locked(source, path, options, extra, notify)
 
 
+def _provenance(source: SourceDataset, options: PrepareOptions, observer: Observer, parts: dict,
+                report: dict, extra: dict | None) -> dict:
+    """The labels file's provenance: the source, how the observed labels were drawn, the
+    seeds and splits, and what was dropped or checked."""
+    return {
+        "source_format": source.source_format,
+        "sources": [_describe_file(file) for file in progress(
+            source.source_files, desc="hashing source files", unit=" file", mininterval=0.5,
+            leave=False)],
+        "source_details": source.details,
+        "observation": "given" if parts["train"].observed is not None else observer.rule,
+        "observation_test": "given" if parts["test"].observed is not None else observer.rule,
+        **({"observer": observer.record()} if observer.biased else {}),
+        "num_pos": options.num_pos,
+        "num_neg": options.num_neg,
+        "obs_seed": options.obs_seed,
+        "split_seed": options.split_seed,
+        **({"val_fraction": VAL_FRACTION} if source.val_rows is None
+           else {"val_split": "given by the source"}),
+        "labels_only": options.labels_only,
+        "images_checked": not options.labels_only,
+        "drop_missing": options.drop_missing,
+        "positives_per_class": {split: parts[split].labels.sum(axis=0).astype(int).tolist()
+                                for split in OFFICIAL},
+        **report,
+        **(extra or {}),
+    }
+
+
 def _prepare_locked(source: SourceDataset, path: Path, options: PrepareOptions,
                     extra: dict | None, notify: Notify) -> PrepareResult:
     refuse_existing(path, options.overwrite)
@@ -138,29 +167,7 @@ def _prepare_locked(source: SourceDataset, path: Path, options: PrepareOptions,
     report["classes_without_train_positive"] = _warn_unlearnable_classes(
         source.classes, parts["train"].labels[train_index], observed["train"][train_index])
 
-    provenance = {
-        "source_format": source.source_format,
-        "sources": [_describe_file(file) for file in progress(
-            source.source_files, desc="hashing source files", unit=" file", mininterval=0.5,
-            leave=False)],
-        "source_details": source.details,
-        "observation": "given" if parts["train"].observed is not None else observer.rule,
-        "observation_test": "given" if parts["test"].observed is not None else observer.rule,
-        **({"observer": observer.record()} if observer.biased else {}),
-        "num_pos": options.num_pos,
-        "num_neg": options.num_neg,
-        "obs_seed": options.obs_seed,
-        "split_seed": options.split_seed,
-        **({"val_fraction": VAL_FRACTION} if source.val_rows is None
-           else {"val_split": "given by the source"}),
-        "labels_only": options.labels_only,
-        "images_checked": not options.labels_only,
-        "drop_missing": options.drop_missing,
-        "positives_per_class": {split: parts[split].labels.sum(axis=0).astype(int).tolist()
-                                for split in OFFICIAL},
-        **report,
-        **(extra or {}),
-    }
+    provenance = _provenance(source, options, observer, parts, report, extra)
     labels = LabelSet(
         dataset=source.name,
         classes=list(source.classes),

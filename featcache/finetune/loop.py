@@ -51,7 +51,9 @@ from featcache.finetune.distributed import (
     sync_row_grad,
     sync_state_rows,
 )
+from featcache.finetune.masked_pass import masked_pass_views
 from featcache.finetune.model import FinetuneNet, build_net, linear_head
+from featcache.finetune.readout import LossReadout
 from featcache.finetune.records import ConfigResult, EpochRecord
 from featcache.finetune.start import StartPoint
 from featcache.interrupt import check_stop
@@ -215,7 +217,7 @@ class ConfigTrainer:
                           None if self.clean is None else self.clean[index],
                           None if self.pseudo is None else self.pseudo[index])
         if self.loss.masked_pass:
-            logits = self.masked_pass_views(self.to_input(images), strong, targets)
+            logits = masked_pass_views(self, self.to_input(images), strong, targets)
         else:
             with self.autocast():
                 logits = self.model(self.to_input(images))
@@ -228,23 +230,6 @@ class ConfigTrainer:
         self.scaler.update()
         sync_state_rows(self.state, set(self.learned), index, len(self.data.train), self.job)
         return loss.detach(), torch.sigmoid(logits.detach().float())
-
-    def masked_pass_views(self, x: Tensor, strong: Tensor | None, targets: Targets) -> Tensor:
-        """IGNORE's forward passes in the authors' order (``train_resnet.py``: plain, strong,
-        masked; all in training mode, so each moves the batch-norm statistics): the plain
-        view's logits (the mean of its class activation maps); ``targets`` gets the strong
-        view's logits and, without gradient, those of the plain images masked to the single
-        positive's map (:meth:`~featcache.losses.ignore.Ignore.image_mask`)."""
-        with self.autocast():
-            cam = self.model(x, cam=True)
-        logits = cam.mean(dim=(2, 3))
-        if strong is not None:
-            with self.autocast():
-                targets.strong = self.model(self.to_input(strong)).float().unsqueeze(0)
-        keep = self.loss.image_mask(cam, targets.observed, (x.shape[-2], x.shape[-1]))
-        with torch.no_grad(), self.autocast():
-            targets.masked = self.model(x * keep.to(x.dtype)).float().unsqueeze(0)
-        return logits
 
     def train_epoch(self, epoch: int) -> tuple[float, Tensor | None, float, int]:
         """(mean loss, running training predictions or None, seconds, images) of one epoch."""
@@ -384,33 +369,6 @@ def fused_adam(device: torch.device) -> bool:
     """Adam's fused kernel on GPUs: one launch for all parameters and no host-side step count
     (the CPU keeps PyTorch's default implementation)."""
     return device.type == "cuda"
-
-
-class LossReadout:
-    """The loss for the progress bar, read without making the host wait for the device.
-
-    On a GPU the value is copied to pinned host memory asynchronously and shown once the copy
-    has finished (a later step's bar shows it); on the CPU it is read at once.
-    """
-
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
-        self.value: float | None = None
-        self.host = torch.zeros((), dtype=torch.float32, pin_memory=self.cuda)
-        self.pending = None
-
-    def update(self, loss: Tensor) -> float | None:
-        """Start reading ``loss``; the latest value that has arrived (None before the first)."""
-        if not self.cuda:
-            self.value = float(loss)
-            return self.value
-        if self.pending is not None and self.pending.query():
-            self.value, self.pending = float(self.host), None
-        if self.pending is None:
-            self.host.copy_(loss.detach().float(), non_blocking=True)
-            self.pending = torch.cuda.Event()
-            self.pending.record()
-        return self.value
 
 
 def _map(probs: Tensor, targets: Tensor) -> float:

@@ -8,7 +8,7 @@ from featcache.linear.search import SearchResult
 from featcache.linear.zeroshot import ZERO_SHOT
 from featcache.protocol.coverage import evaluation_coverage, evaluation_notes
 from featcache.protocol.records import observation_line
-from featcache.protocol.results_table import seed_choices
+from featcache.protocol.table_cells import seed_choices
 from featcache.published import PROTOCOL_DATASETS, published
 from featcache.tables import Table
 

@@ -12,21 +12,20 @@ import sys
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 from featcache.data.featurefile import (
-    FeatureFile,
     features_command,
     open_features,
-    read_feature_attrs,
-    read_text_embeddings,
 )
 from featcache.data.labelfile import load_labels
-from featcache.errors import FeatcacheWarning, InputError, Interrupted, OptionError, plural
+from featcache.errors import FeatcacheWarning, Interrupted, plural
 from featcache.fileio import write_text_atomic
 from featcache.linear.data import SplitRows, TrainingSplits, read_linear_data, split_rows
+from featcache.linear.featurefiles import FeatureFiles, feature_files, requested_losses
 from featcache.linear.heads import CAM_BLOCK, CAM_BLOCK_TENSORS
+from featcache.linear.lossrun import LinearOutcome, LossRun
 from featcache.linear.memory import (
     FLOAT32,
     GroupShape,
@@ -57,19 +56,14 @@ from featcache.linear.search import (
 from featcache.linear.stream import load_streamed_data
 from featcache.linear.trainer import evaluation_can_move
 from featcache.linear.workers import on_main
-from featcache.linear.zeroshot import ZERO_SHOT, zero_shot_run
+from featcache.linear.zeroshot import ZERO_SHOT
+from featcache.linear.zeroshot_choice import score_zero_shot, split_zero_shot, zero_shot_wanted
 from featcache.losses import SPATIAL_FEATURES, SPMLLoss, loss_class
 from featcache.paths import (
-    dataset_dir,
     existing_labels,
-    feature_file_tag,
-    features_files_in,
-    find_features,
-    find_spatial_features,
     labels_path,
     runs_dir,
     runs_root,
-    spatial_features_path,
 )
 from featcache.protocol.coverage import evaluation_coverage, evaluation_notes
 from featcache.protocol.grid import LINEAR_EPOCHS
@@ -81,64 +75,10 @@ from featcache.protocol.loss_choice import (
     split_params,
     training_facts,
 )
-from featcache.protocol.results_table import seed_choices
 from featcache.protocol.runs import RunFolder, new_run_id, open_finished_or_new
 from featcache.protocol.selection import resolve_val_variant
 from featcache.protocol.tensorboard_log import log_run, require_tensorboard
 from featcache.runtime import Ranks, describe_device, pick_device, ranks, usable_cpus
-from featcache.tables import Table
-
-
-@dataclass
-class LossRun:
-    """One loss's run: its folder, its results document, and whether it was reused."""
-
-    loss: str
-    run_dir: Path
-    document: dict
-    reused: bool
-    seconds: float = 0.0
-
-    def line(self) -> str:
-        """The closing line printed for this loss: with several seeds, the mean +- std the
-        table shows and each seed's selection; the mAP over classes with positives when some
-        class has none in the test split."""
-        selection, summary = self.document["selection"], self.document["summary"]
-        variant = self.document["protocol"]["val_variant"]
-        key = "val_map" if variant == "clean" else "val_map_observed"
-        axes = [k for k, values in self.document["grid"].get("params", {}).items()
-                if len(values) > 1]  # --param axes: their selected values are said too
-
-        def chosen(params: dict) -> str:
-            return "".join(f", {k}={params[k]:g}" for k in axes)
-
-        if summary["seeds"] > 1:
-            choices = "; ".join(f"seed {c.seed}: {c.describe()}{chosen(c.params)}"
-                                for c in seed_choices(self.document, str(self.run_dir)))
-            text = (f"{self.loss}: val {summary[key + '_mean']:.2f}  test "
-                    f"{summary['test_map_mean']:.2f} +- {summary['test_map_std']:.2f} over "
-                    f"{plural(summary['seeds'], 'seed')}  ({choices}")
-        elif selection["lr"] is None:  # the zero-shot row: nothing trained or selected
-            text = (f"{self.loss}: val {selection[key]:.2f}  test {selection['test_map']:.2f}  "
-                    "(cosine to the class prompts, no training")
-        else:
-            text = (f"{self.loss}: val {selection[key]:.2f}  test {selection['test_map']:.2f}  (lr "
-                    f"{selection['lr']:g}, batch {selection['batch_size']}"
-                    f"{chosen(selection['params'])}, epoch {selection['epoch']}")
-        present = selection.get("test_map_classes_with_positives")
-        if present is not None and abs(present - selection["test_map"]) > 1e-9:
-            text += f"; test {present:.2f} over the classes with positives"
-        return f"{text}; {self.seconds:.1f} s) -> {self.run_dir}"
-
-
-@dataclass
-class LinearOutcome:
-    """What a ``train-linear`` call did: one run per loss, the losses skipped, the table."""
-
-    runs: list[LossRun]
-    skipped: list[tuple[str, str]]
-    table: Table | None = None
-    table_path: Path | None = None
 
 
 def _stderr(message: str) -> None:
@@ -176,10 +116,7 @@ def _run_linear(options: LinearOptions, budget: int, job: Ranks, say: Callable[[
     run_id = on_main(job, lambda: options.run_id or new_run_id())
     say(f"run id {run_id}: {runs_root(options.dataset, options.cache)}/<loss>/{run_id}")
     options = replace(options, jobs=jobs)
-    folders = {spec.loss: runs_dir(options.dataset, spec.loss, options.cache) / run_id
-               for spec in specs}
-    if zero_shot:
-        folders[ZERO_SHOT] = runs_dir(options.dataset, ZERO_SHOT, options.cache) / run_id
+    folders = _run_folders(options, specs, zero_shot, run_id)
     done: dict[str, LossRun] = {}
 
     def keep(run: LossRun) -> None:
@@ -211,13 +148,7 @@ def _run_linear(options: LinearOptions, budget: int, job: Ranks, say: Callable[[
             if job.is_main and these[0] is specs[0]:
                 for note in evaluation_notes(*evaluation_coverage(data, options.val_variant)):
                     warnings.warn(note, FeatcacheWarning, stacklevel=3)
-            todo = []
-            for spec in these:
-                reused = reuse_finished(data, spec, folders[spec.loss], options, say, job)
-                if reused is not None:
-                    keep(reused)
-                else:
-                    todo.append(spec)
+            todo = _unfinished(data, these, folders, options, say, job, keep)
             try:
                 run_searches(data, todo, device, options.progress,
                              planned_jobs(data, jobs), job,
@@ -233,40 +164,29 @@ def _run_linear(options: LinearOptions, budget: int, job: Ranks, say: Callable[[
     return outcome
 
 
-def split_zero_shot(options: LinearOptions) -> tuple[str | None, LinearOptions]:
-    """Whether ``--loss`` asks for the zero-shot row (``"named"``, or ``"all"`` when the
-    features file may have it), and the options with the losses to train."""
-    names = requested_losses(options.losses)
-    if names == ["all"]:
-        return "all", options
-    if ZERO_SHOT not in names:
-        return None, options
-    return "named", replace(options, losses=[name for name in names if name != ZERO_SHOT])
+
+def _run_folders(options: LinearOptions, specs: Sequence[SearchSpec], zero_shot: bool,
+                 run_id: str) -> dict[str, Path]:
+    """Each loss's run folder of this run id (and the zero-shot row's when it is scored)."""
+    folders = {spec.loss: runs_dir(options.dataset, spec.loss, options.cache) / run_id
+               for spec in specs}
+    if zero_shot:
+        folders[ZERO_SHOT] = runs_dir(options.dataset, ZERO_SHOT, options.cache) / run_id
+    return folders
 
 
-def zero_shot_wanted(mode: str | None, files: FeatureFiles,
-                     skipped: list[tuple[str, str]]) -> bool:
-    """Whether this run scores the zero-shot row: named, or ``--loss all`` on a pooled
-    features file with class-prompt embeddings (else it is skipped, with the reason)."""
-    if mode is None:
-        return False
-    if mode == "named" or (files.pooled is not None
-                           and read_text_embeddings(files.pooled.path) is not None):
-        return True
-    skipped.append((ZERO_SHOT, "needs class-prompt text embeddings in the features file (a "
-                    "vision-language backbone's file made with the --text option of featcache features)"))
-    return False
-
-
-def score_zero_shot(labels, features: FeatureFile, run_dir: Path, options: LinearOptions,
-                    device, say: Callable[[str], None], job: Ranks) -> LossRun:
-    """The zero-shot row's run (:mod:`featcache.linear.zeroshot`), or the finished one."""
-    document, reused = on_main(job, lambda: zero_shot_run(
-        labels, features, run_dir, options.val_variant, describe_device(device),
-        options.overwrite))
-    if reused:
-        say(f"{ZERO_SHOT}: run {run_dir.name} already finished with these settings; reusing it")
-    return LossRun(ZERO_SHOT, run_dir, document, reused, document["timings"]["seconds"])
+def _unfinished(data: TrainingSplits, these: Sequence[SearchSpec], folders: Mapping[str, Path],
+                options: LinearOptions, say: Callable[[str], None], job: Ranks,
+                keep: Callable[[LossRun], None]) -> list[SearchSpec]:
+    """The searches still to train: a finished run with these settings is reused (kept)."""
+    todo = []
+    for spec in these:
+        reused = reuse_finished(data, spec, folders[spec.loss], options, say, job)
+        if reused is not None:
+            keep(reused)
+        else:
+            todo.append(spec)
+    return todo
 
 
 def _search_specs(options: LinearOptions, labels, files: FeatureFiles,
@@ -333,107 +253,6 @@ def interrupted_detail(specs: Sequence[SearchSpec], done: Mapping[str, LossRun],
     return (f"{len(finished)} of {plural(len(specs), 'loss', 'losses')} finished and kept under run id {run_id} "
             f"({', '.join(finished)}); {again} to reuse them and train the rest")
 
-
-@dataclass
-class FeatureFiles:
-    """The features files a ``train-linear`` call trains on: the pooled one (every loss but
-    BoostLU's) and the spatial one (BoostLU's), each opened only when a chosen loss needs it."""
-
-    pooled: FeatureFile | None
-    spatial: FeatureFile | None
-    backbone: str | None
-
-    @property
-    def first(self) -> FeatureFile:
-        return self.pooled if self.pooled is not None else self.spatial
-
-
-def requested_losses(spec: str | Sequence[str]) -> list[str]:
-    """The names ``--loss`` gives (``["all"]`` for all)."""
-    names = [n.strip() for n in spec.split(",")] if isinstance(spec, str) else list(spec)
-    return [n for n in names if n]
-
-
-def feature_files(options: LinearOptions, labels,
-                  say: Callable[[str], None] = lambda _: None) -> FeatureFiles:
-    """Open the pooled features file unless only BoostLU losses are named, and the spatial one
-    when it exists and ``--loss all`` or a BoostLU loss is named (a named BoostLU loss without
-    a spatial file is refused by its need, naming the command that makes one)."""
-    names = requested_losses(options.losses)
-    every = names == ["all"]
-    spatial_named = every or any(needs_spatial(name) for name in names)
-    pooled = None
-    # a set imported from features has no spatial file to look for: its pooled file's facts
-    # say why BoostLU is not available on it
-    imported = labels.provenance.get("source_format") == "npz"
-    if every or not names or imported or any(not needs_spatial(name) for name in names):
-        pooled = open_features(pooled_features_path(options, say), labels)
-    # the spatial file of the same backbone and weights: spatial-<tag>.h5 beside features-<tag>.h5
-    backbone = (feature_file_tag(pooled.path) if pooled is not None
-                else options.backbone or _only_spatial_backbone(options))
-    path = (spatial_features_path(options.dataset, backbone, options.cache)
-            if backbone is not None else None)
-    if (path is not None and not path.exists() and pooled is not None
-            and pooled.backbone != backbone):
-        # a spatial file named by the backbone alone, of the same weights as the pooled file
-        named = spatial_features_path(options.dataset, pooled.backbone, options.cache)
-        if named.exists() and (read_feature_attrs(named).get("weights_sha256")
-                               == pooled.attrs.get("weights_sha256")):
-            path = named
-    spatial = None
-    if spatial_named and path is not None and path.exists():
-        spatial = open_features(path, labels)
-        if spatial.spatial_shape is None:
-            raise InputError(f"{path} holds pooled features (no layout 'spatial' and "
-                             "spatial_shape attributes); BoostLU and IGNORE train on feature maps: "
-                             f"extract it again with `featcache features --dataset "
-                             f"{options.dataset} --backbone {backbone} --spatial`")
-    if pooled is not None and pooled.spatial_shape is not None:
-        raise InputError(f"{pooled.path} holds spatial feature maps, not pooled features; a "
-                         "spatial file is named spatial-<backbone>.h5")
-    if pooled is None and spatial is None:
-        find_spatial_features(options.dataset, backbone or "resnet50", options.cache)
-    return FeatureFiles(pooled, spatial, backbone)
-
-
-def pooled_features_path(options: LinearOptions, say: Callable[[str], None]) -> Path:
-    """``--backbone``'s pooled features file: ``features-<backbone>.h5``, else the only file
-    made with that backbone (whatever its weights: said). When none or several fit, the error
-    lists every features file with the ``--backbone`` value that picks it."""
-    try:
-        return find_features(options.dataset, options.backbone, options.cache)
-    except InputError as exc:
-        if options.backbone is None:
-            raise
-        missing = exc
-    root = dataset_dir(options.dataset, options.cache)
-    present = features_files_in(root)
-    made_with = [p for p in present if read_feature_attrs(p).get("backbone") == options.backbone]
-    if len(made_with) == 1:
-        say(f"--backbone {options.backbone}: using {made_with[0].name}, the only features file "
-            f"of that backbone in {root}")
-        return made_with[0]
-    if not present:
-        raise missing
-    listed = ", ".join(f"{p.name} (--backbone {feature_file_tag(p)})" for p in present)
-    what = (f"several features files of backbone {options.backbone}" if made_with
-            else f"no features file features-{options.backbone}.h5")
-    raise OptionError(f"{root} holds {what}; choose one of its features files: {listed}")
-
-
-def _only_spatial_backbone(options: LinearOptions) -> str | None:
-    """The backbone of the dataset's only spatial features file, else of its only pooled one
-    (whose spatial file is then missing); None when neither says."""
-    root = dataset_dir(options.dataset, options.cache)
-    found = features_files_in(root, spatial=True)
-    if len(found) > 1:
-        names = ", ".join(feature_file_tag(p) for p in found)
-        raise InputError(f"{root} holds several spatial features files ({names}); choose one "
-                         "with --backbone")
-    if found:
-        return feature_file_tag(found[0])
-    pooled = features_files_in(root)
-    return feature_file_tag(pooled[0]) if len(pooled) == 1 else None
 
 
 def load_training_data(labels, features, device, budget: int, stream: bool,

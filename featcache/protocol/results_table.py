@@ -15,7 +15,6 @@ protocol) are named in the notes.
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,89 +23,12 @@ from featcache.errors import InputError, plural
 from featcache.protocol.catalog import loss_names
 from featcache.protocol.coverage import name_list
 from featcache.protocol.runs import RESULTS, describe_differences, read_json
+from featcache.protocol.table_cells import Cell, seed_choices
 from featcache.published import SOURCES, published
-from featcache.tables import Estimate, Table
+from featcache.tables import Table
 
 STAGES = {"linear": "linear heads on cached features (stage two)",
           "finetune": "networks fine-tuned end to end (stage three)"}
-
-
-@dataclass
-class SeedChoice:
-    """What one seed of a run selected, and the numbers at its selected epoch."""
-
-    seed: int
-    lr: float
-    batch_size: int
-    epoch: int
-    params: dict
-    val_map: float | None
-    test_map: float
-    test_ap_per_class: dict[str, float] | None
-    run: str
-
-    def describe(self) -> str:
-        """``lr 0.001, batch 8, epoch 12``."""
-        if self.lr is None:
-            return "no training (zero-shot)"
-        return f"lr {self.lr:g}, batch {self.batch_size}, epoch {self.epoch}"
-
-    def to_json(self) -> dict:
-        return {"seed": self.seed, "lr": self.lr, "batch_size": self.batch_size,
-                "epoch": self.epoch, "params": self.params, "val_map": self.val_map,
-                "test_map": self.test_map, "run": self.run}
-
-
-@dataclass
-class Cell:
-    """One loss on one dataset: every seed found, and the published number."""
-
-    loss: str
-    dataset: str
-    seeds: list[SeedChoice]
-    published: float | None
-    documents: list[dict] = field(default_factory=list)
-
-    @property
-    def estimate(self) -> Estimate:
-        return estimate([s.test_map for s in self.seeds])
-
-    @property
-    def delta(self) -> float | None:
-        return None if self.published is None else self.estimate.mean - self.published
-
-    @property
-    def classes_without_positives(self) -> list[str]:
-        """Test classes without a positive (the same for every run of one labels file)."""
-        found = []
-        for document in self.documents:
-            for name in document.get("evaluation", {}).get("test", {}).get(
-                    "classes_without_positives", []):
-                if name not in found:
-                    found.append(name)
-        return found
-
-    def per_class(self) -> tuple[dict[str, Estimate], bool]:
-        """Per-class test AP over seeds, and whether every seed recorded it (older linear runs
-        kept it for the best seed only)."""
-        recorded = [s.test_ap_per_class for s in self.seeds if s.test_ap_per_class]
-        classes = list(recorded[0]) if recorded else []
-        return ({c: estimate([r[c] for r in recorded]) for c in classes},
-                len(recorded) == len(self.seeds))
-
-    def to_json(self) -> dict:
-        value = self.estimate
-        return {"loss": self.loss, "dataset": self.dataset, "mean": value.mean, "sd": value.sd,
-                "seeds": value.n, "published": self.published, "delta": self.delta,
-                "classes_without_positives": self.classes_without_positives,
-                "selected": [s.to_json() for s in self.seeds]}
-
-
-def estimate(values: Sequence[float]) -> Estimate:
-    """Mean and sample standard deviation (0 for one value), as ``featcache`` summaries do."""
-    values = list(values)
-    return Estimate(statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0,
-                    len(values))
 
 
 # ------------------------------------------------------------------------------ reading runs
@@ -150,28 +72,6 @@ def _latest_runs(documents: list[tuple[dict, Path, bool]], chosen: list[str]
                           f"{latest[1].parent.name} (not {others}; --run-id ID takes another, "
                           "--all-runs pools them)")
     return kept
-
-
-def seed_choices(document: dict, run: str) -> list[SeedChoice]:
-    """Each seed's selected configuration in a results document (either stage)."""
-    variant = document.get("protocol", {}).get("val_variant", "clean")
-    val_key = "val_map" if variant == "clean" else "val_map_observed"
-    if document.get("stage") == "finetune":
-        selection = document["selection"]
-        return [SeedChoice(int(document["protocol"].get("seed", 0)), selection["lr"],
-                           selection["batch_size"], selection["epoch"], selection["params"],
-                           selection.get(val_key), selection["test_map"],
-                           selection.get("test_ap_per_class"), run)]
-    choices = []
-    for entry in document["seeds"]:
-        chosen = entry["selected"]
-        per_class = chosen.get("test_ap_per_class")
-        if per_class is None and chosen["seed"] == document["selection"].get("seed"):
-            per_class = document["selection"].get("test_ap_per_class")
-        choices.append(SeedChoice(chosen["seed"], chosen["lr"], chosen["batch_size"],
-                                  chosen["best_epoch"], chosen["params"], chosen.get(val_key),
-                                  chosen["test_map"], per_class, run))
-    return choices
 
 
 def _comparable(settings: dict) -> dict:

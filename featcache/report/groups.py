@@ -14,7 +14,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from featcache.protocol.results_table import ResultsTable, seed_choices
+from featcache.protocol.results_table import ResultsTable
+from featcache.protocol.table_cells import seed_choices
 from featcache.report.runs import Run
 from featcache.report.svg import HeatCell
 

@@ -8,7 +8,7 @@ every line and cell carries a ``<title>`` (the browser's tooltip) with its exact
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from html import escape
 
@@ -92,22 +92,31 @@ def curves_svg(series: Sequence[Series], title: str, width: int = 520, height: i
                          f'stroke-width="{2 if s.emphasis else 1.2}"{style}>'
                          f'<title>{escape(s.label)} ({kind})</title></polyline>')
         if s.selected_epoch is not None and s.selected_epoch in s.epochs:
-            i = list(s.epochs).index(s.selected_epoch)
-            size = 8 if s.emphasis else 5.5
-            val, test = s.val[i], s.test[i]
-            tip = (f"selected: {s.label}, epoch {s.selected_epoch}: val "
-                   f"{_number(val)}, test {_number(test)}")
-            if val is not None:
-                marks.append(f'<path d="{_star(x(s.selected_epoch), y(val), size)}" '
-                             f'fill="{s.colour}" stroke="#000" stroke-width="0.8" '
-                             f'class="selected"><title>{escape(tip)}</title></path>')
-            if test is not None:
-                marks.append(f'<circle cx="{x(s.selected_epoch):.1f}" cy="{y(test):.1f}" '
-                             f'r="{size * 0.6:.1f}" fill="none" stroke="#000" '
-                             f'stroke-width="1.2"><title>{escape(tip)}</title></circle>')
+            marks += _selected_marks(s, s.selected_epoch, x, y)
     parts += marks
     parts.append("</svg>")
     return "".join(parts)
+
+
+def _selected_marks(s: Series, epoch: int, x: Callable[[float], float],
+                    y: Callable[[float], float]) -> list[str]:
+    """The star on the val curve and the ring on the test curve at ``s``'s selected
+    ``epoch``."""
+    marks = []
+    i = list(s.epochs).index(epoch)
+    size = 8 if s.emphasis else 5.5
+    val, test = s.val[i], s.test[i]
+    tip = (f"selected: {s.label}, epoch {epoch}: val "
+           f"{_number(val)}, test {_number(test)}")
+    if val is not None:
+        marks.append(f'<path d="{_star(x(epoch), y(val), size)}" '
+                     f'fill="{s.colour}" stroke="#000" stroke-width="0.8" '
+                     f'class="selected"><title>{escape(tip)}</title></path>')
+    if test is not None:
+        marks.append(f'<circle cx="{x(epoch):.1f}" cy="{y(test):.1f}" '
+                     f'r="{size * 0.6:.1f}" fill="none" stroke="#000" '
+                     f'stroke-width="1.2"><title>{escape(tip)}</title></circle>')
+    return marks
 
 
 def legend_html(series: Sequence[Series]) -> str:
@@ -153,6 +162,16 @@ def heat_colour(value: float) -> str:
     return f"#{r:02x}{g:02x}{b:02x}"
 
 
+def _cell_tip(loss: str, name: str, cell: HeatCell, reference: str | None) -> str:
+    """A heat-map cell's tooltip: its AP (over seeds) and its difference to the reference."""
+    tip = f"{loss} / {name}: AP {cell.mean:.2f}"
+    if cell.seeds > 1:
+        tip += f" ± {cell.sd:.2f} over {plural(cell.seeds, 'seed')}"
+    if cell.delta is not None:
+        tip += f"; {cell.delta:+.2f} against {reference}"
+    return tip
+
+
 def heatmap_svg(rows: Sequence[str], classes: Sequence[str],
                 cells: dict[tuple[str, str], HeatCell], title: str, reference: str | None,
                 links: dict[str, str] | None = None) -> str:
@@ -186,11 +205,7 @@ def heatmap_svg(rows: Sequence[str], classes: Sequence[str],
                 parts.append(f'<rect x="{x0}" y="{cy}" width="{cell_w - 1}" height="{cell_h - 1}" '
                              'class="empty"/>')
                 continue
-            tip = f"{loss} / {name}: AP {cell.mean:.2f}"
-            if cell.seeds > 1:
-                tip += f" ± {cell.sd:.2f} over {plural(cell.seeds, 'seed')}"
-            if cell.delta is not None:
-                tip += f"; {cell.delta:+.2f} against {reference}"
+            tip = _cell_tip(loss, name, cell, reference)
             stroke = ""
             mark = ""
             if cell.significant and cell.delta is not None:
