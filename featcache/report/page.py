@@ -32,6 +32,17 @@ from featcache.report.groups import (
 from featcache.report.runs import CamFigure, Run
 from featcache.report.svg import PALETTE, Series, curves_svg, heatmap_svg, legend_html
 
+#: what a run of each stage is, one and several (the page's header counts them)
+STAGE_RUNS = {"linear": ("linear head on cached features", "linear heads on cached features"),
+              "finetune": ("network fine-tuned end to end", "networks fine-tuned end to end")}
+
+
+def _stage_count(count: int, stage: str) -> str:
+    """``1 network fine-tuned end to end``, ``31 linear heads on cached features``."""
+    one, several = STAGE_RUNS.get(stage, (stage, stage))
+    return plural(count, one, several)
+
+
 STAGE_TITLES = {"linear": "Stage two: linear heads on cached features",
                 "finetune": "Stage three: fine-tuned end to end"}
 
@@ -367,11 +378,11 @@ def render_page(dataset: str, runs: Sequence[Run], every_run: Sequence[Run],
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
         f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
         f"<title>{esc(title)}</title><style>{CSS}</style></head><body>"
-        f"<header><h1>{esc(title)}</h1><p class=\"muted\">{len(runs)} run"
-        f"{'s' if len(runs) != 1 else ''} of {esc(dataset)} ("
-        + ", ".join(f"{sum(r.stage == s for r in runs)} {STAGES.get(s, s).split(' (')[0]}"
-                    for s in sorted(stages))
-        + f"), {len({r.loss for r in runs})} losses; written {created} by featcache "
+        f"<header><h1>{esc(title)}</h1><p class=\"muted\">{plural(len(runs), 'run')} of "
+        f"{esc(dataset)} ("
+        + ", ".join(_stage_count(sum(r.stage == s for r in runs), s) for s in sorted(stages))
+        + f"), {plural(len({r.loss for r in runs}), 'loss', 'losses')}; written {created} by "
+        "featcache "
         f"{esc(__version__)} from {esc(root)}</p><nav>"
         + " · ".join(f'<a href="#{anchor}">{text}</a>' for anchor, text in nav)
         + "</nav></header>"
