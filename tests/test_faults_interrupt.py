@@ -242,7 +242,9 @@ def test_signals_arriving_inside_the_handler_neither_deadlock_nor_crash(tmp_path
     import subprocess
     import sys
 
-    process = subprocess.Popen([sys.executable, "-c", RECORDING_WORKER, "3"], cwd=tmp_path,
+    # the worker outlives the 2.5 s of signals by 3.5 s: on a loaded machine the parent reads
+    # "ready" late, and a signal after the worker left stop_signals() would be a plain Ctrl-C
+    process = subprocess.Popen([sys.executable, "-c", RECORDING_WORKER, "6"], cwd=tmp_path,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert process.stdout.readline().strip() == "ready"
     started = time.monotonic()
