@@ -10,6 +10,7 @@ import os
 import signal
 import time
 
+import pytest
 from faults import group_gone, interrupt, run, start, wait_for
 from helpers_images import make_dataset
 from linear_fixtures import synthetic_dataset
