@@ -95,3 +95,22 @@ def spatial_features_file(labels_path: Path, shape: tuple[int, int, int] = (2, 2
                    {"backbone": backbone, "weights": "none", "layout": "spatial",
                     "spatial_shape": [height, width, dim]}, overwrite=True, dtype=dtype)
     return path
+
+
+def assert_stacked_adam_matches(heads, adam, references, x, y, steps: int = 20) -> None:
+    """Train the stacked ``heads`` with ``adam`` and each reference (layer, torch optimizer)
+    pair on the same BCE loss for ``steps`` steps; each head must end equal to its reference."""
+    import torch
+
+    for _ in range(steps):
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(
+            heads(x), y.expand(len(references), -1, -1), reduction="none").mean(dim=(1, 2)).sum()
+        adam.step(torch.autograd.grad(loss, heads.parameters()))
+        for layer, optimizer in references:
+            optimizer.zero_grad()
+            torch.nn.functional.binary_cross_entropy_with_logits(layer(x), y).backward()
+            optimizer.step()
+    for h, (layer, _) in enumerate(references):
+        weight, bias = heads.head(h)
+        torch.testing.assert_close(weight, layer.weight.detach(), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(bias, layer.bias.detach(), rtol=1e-5, atol=1e-6)

@@ -7,7 +7,7 @@ import pickle
 import numpy as np
 import pytest
 import torch
-from linear_fixtures import synthetic_dataset
+from linear_fixtures import assert_stacked_adam_matches, synthetic_dataset
 from sklearn.metrics import average_precision_score
 
 from featcache.linear.data import load_linear_data
@@ -104,18 +104,7 @@ def test_stacked_adam_matches_torch_adam_for_each_head():
             layer.bias.copy_(bias)
         references.append((layer, torch.optim.Adam(layer.parameters(), lr=lr)))
     adam = StackedAdam(heads.parameters(), lrs)
-    for _ in range(20):
-        loss = torch.nn.functional.binary_cross_entropy_with_logits(
-            heads(x), y.expand(2, -1, -1), reduction="none").mean(dim=(1, 2)).sum()
-        adam.step(torch.autograd.grad(loss, heads.parameters()))
-        for layer, optimizer in references:
-            optimizer.zero_grad()
-            torch.nn.functional.binary_cross_entropy_with_logits(layer(x), y).backward()
-            optimizer.step()
-    for h, (layer, _) in enumerate(references):
-        weight, bias = heads.head(h)
-        torch.testing.assert_close(weight, layer.weight.detach(), rtol=1e-5, atol=1e-6)
-        torch.testing.assert_close(bias, layer.bias.detach(), rtol=1e-5, atol=1e-6)
+    assert_stacked_adam_matches(heads, adam, references, x, y)
 
 
 # ------------------------------------------------------------------ training

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 from dataset_fixtures import invoke
-from linear_fixtures import synthetic_dataset
+from linear_fixtures import assert_stacked_adam_matches, synthetic_dataset
 
 from featcache.api import load_run
 from featcache.errors import InputError, OptionError
@@ -48,18 +48,7 @@ def test_stacked_adam_with_weight_decay_is_torch_adamw_for_each_head(fused):
         references.append((layer, torch.optim.AdamW(layer.parameters(), lr=lr,
                                                      weight_decay=decay)))
     adam = StackedAdam(heads.parameters(), lrs, fused=fused, weight_decays=[decays, decays])
-    for _ in range(20):
-        loss = torch.nn.functional.binary_cross_entropy_with_logits(
-            heads(x), y.expand(3, -1, -1), reduction="none").mean(dim=(1, 2)).sum()
-        adam.step(torch.autograd.grad(loss, heads.parameters()))
-        for layer, optimizer in references:
-            optimizer.zero_grad()
-            torch.nn.functional.binary_cross_entropy_with_logits(layer(x), y).backward()
-            optimizer.step()
-    for h, (layer, _) in enumerate(references):
-        weight, bias = heads.head(h)
-        torch.testing.assert_close(weight, layer.weight.detach(), rtol=1e-5, atol=1e-6)
-        torch.testing.assert_close(bias, layer.bias.detach(), rtol=1e-5, atol=1e-6)
+    assert_stacked_adam_matches(heads, adam, references, x, y)
 
 
 def test_probe_grid_scales_the_learning_rates_and_adds_weight_decays():
