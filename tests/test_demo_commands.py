@@ -3,6 +3,7 @@ folder, and every command its steps suggest works when pasted (issue 25, items 3
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import subprocess
@@ -15,9 +16,12 @@ REPO = Path(__file__).resolve().parents[1]
 
 def demo_recipe(cache: Path, *assignments: str) -> list[str]:
     """The demo's lines as make would run them (``make -n``), featcache called ``featcache``."""
-    done = subprocess.run(["make", "-n", "-o", ".venv/.installed", "demo", "FEATCACHE=featcache",
-                           f"FEATCACHE_CACHE={cache}", *assignments], cwd=REPO,
-                          capture_output=True, text=True, check=True)
+    # Under ``make test`` the inherited MAKEFLAGS/MAKELEVEL make a nested make print
+    # "Entering directory" lines; the recipe is read as a top-level make would print it.
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
+    done = subprocess.run(["make", "--no-print-directory", "-n", "-o", ".venv/.installed", "demo",
+                           "FEATCACHE=featcache", f"FEATCACHE_CACHE={cache}", *assignments],
+                          cwd=REPO, env=env, capture_output=True, text=True, check=True)
     return [line for line in done.stdout.splitlines() if line.strip()]
 
 
