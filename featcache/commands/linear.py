@@ -94,6 +94,10 @@ def command(ctx, dataset, loss_names, learning_rates, batch_sizes, epochs, param
     is reported. Each loss writes <cache>/<dataset>/runs/<loss>/<run-id>/ (results.json,
     best.pt, summary.md, curves.png); several losses also write a comparison table.
     """
+    if not no_plots:  # matplotlib loads in its own process while torch loads here
+        from featcache.protocol import plot_process
+
+        plot_process.start()
     from featcache.linear.options import LinearOptions
     from featcache.linear.probe import PROBE, PROBE_LEARNING_RATES
     from featcache.linear.run import run_linear

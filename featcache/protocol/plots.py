@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from featcache.fileio import atomic_output
+from featcache.protocol import plot_process
 
 #: one curve: (label, epochs (1-based), validation mAP per epoch, test mAP per epoch)
 Curve = tuple[str, Sequence[int], Sequence[float], Sequence[float]]
@@ -65,7 +66,10 @@ def _from_start(epochs: Sequence[int], values: Sequence[float],
 def plot_series(curves: Sequence[Curve], selected: tuple[int, float], path: Path,
                 title: str = "", start: tuple[float | None, float | None] | None = None,
                 start_label: str = "start") -> Path:
-    """Save :func:`series_figure` as a PNG (atomically)."""
+    """Save :func:`series_figure` as a PNG (atomically), in the drawing process where one
+    runs (:mod:`featcache.protocol.plot_process`)."""
+    if plot_process.draw("plot_series", curves, selected, path, title, start, start_label):
+        return path
     import matplotlib.pyplot as plt
 
     fig = series_figure(curves, selected, title, start, start_label)

@@ -1,0 +1,101 @@
+"""Figures drawn by a process forked before torch is imported, so matplotlib loads meanwhile.
+
+``featcache train-linear`` spends its first seconds importing torch, on one core; matplotlib's
+own import (about a second on the development machine) used to come after the search, before
+``curves.png`` could be drawn. :func:`start` forks a small process while the command is still
+light: it imports matplotlib at once, on another core, then draws each figure the command
+sends it (:func:`featcache.protocol.plots.plot_series` goes there while it runs), one at a time,
+the same function on the same arguments, so the same file. An error while drawing comes back
+and rises in the command; a drawing process that is gone (killed) is replaced by drawing in
+the command itself. It ignores Ctrl-C (the command's to handle), ends with the command (even
+``kill -9``: :func:`~featcache.interrupt.die_with_parent`) and when the command closes its end.
+"""
+
+from __future__ import annotations
+
+import atexit
+import multiprocessing
+import os
+import signal
+import sys
+from multiprocessing.connection import Connection
+from typing import Any
+
+from featcache.interrupt import die_with_parent
+
+#: the running drawing process: (pid of the process that started it, its end of the pipe, it)
+_running: list[tuple[int, Connection, Any]] = []
+
+
+def start(force: bool = False) -> bool:
+    """Fork the drawing process (once) where ``fork`` exists; only while torch is not imported
+    yet (then there is an import to overlap), unless ``force``. True when one runs."""
+    if _running:
+        return True
+    if "fork" not in multiprocessing.get_all_start_methods() or (
+            "torch" in sys.modules and not force):
+        return False
+    context = multiprocessing.get_context("fork")
+    ours, theirs = context.Pipe()
+    process = context.Process(target=_serve, args=(theirs, ours), daemon=True,
+                              name="featcache-plots")
+    process.start()
+    theirs.close()
+    _running.append((os.getpid(), ours, process))
+    atexit.register(stop)
+    return True
+
+
+def draw(function: str, *args, **kwargs) -> bool:
+    """Call :mod:`featcache.protocol.plots` ``function(*args, **kwargs)`` in the drawing
+    process and wait for it; False (nothing drawn) when no drawing process serves this one."""
+    if not _running or _running[0][0] != os.getpid():
+        return False
+    _, connection, _ = _running[0]
+    try:
+        connection.send((function, args, kwargs))
+        done, error = connection.recv()
+    except (EOFError, OSError):  # the process is gone: the caller draws itself
+        stop()
+        return False
+    if not done:
+        raise error
+    return True
+
+
+def stop() -> None:
+    """Close the pipe (the drawing process then ends) and wait a moment for it."""
+    if not _running:
+        return
+    pid, connection, process = _running.pop()
+    connection.close()
+    if pid == os.getpid():
+        process.join(timeout=5)
+
+
+def _serve(connection: Connection, parents_end: Connection) -> None:
+    parents_end.close()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the command's to handle
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    die_with_parent()
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot  # noqa: F401  (the import this process is for)
+
+    from featcache.protocol import plots
+
+    while True:
+        try:
+            function, args, kwargs = connection.recv()
+        except (EOFError, OSError):
+            return
+        try:
+            getattr(plots, function)(*args, **kwargs)
+            reply: tuple[bool, BaseException | None] = (True, None)
+        except Exception as exc:  # noqa: BLE001 - every failure goes back to the command
+            reply = (False, exc)
+        try:
+            connection.send(reply)
+        except Exception:  # noqa: BLE001 - an exception that does not pickle: its text
+            connection.send((False, RuntimeError(f"drawing {function} failed: {reply[1]!r}")))
