@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import pickle
 
 import numpy as np
@@ -274,6 +275,24 @@ def test_a_group_trained_first_and_evaluated_afterwards_gives_the_same_results(t
 
     # what each evaluation piece ships besides its epochs: the kind of heads, not their weights
     assert trained.empty_heads.weight.numel() == 0 and len(pickle.dumps(trained.empty_heads)) < 2_000
+
+
+def test_epochs_evaluated_together_give_each_epochs_numbers_bit_for_bit(toy):
+    grid = [GridPoint(lr, 8) for lr in (1e-2, 1e-3, 1e-4)]
+    trainer = GroupTrainer(toy, "an", grid, 5, "clean", "none", torch.device("cpu"))
+    trained = trainer.train_only(progress=False, position=0)
+    alone = Evaluation(toy)
+    expected = [alone.evaluate(trained.empty_heads, copy.copy(done)) for done in trained.epochs]
+    together = Evaluation(toy)
+    for piece in (trained.epochs[:4], trained.epochs[:4], trained.epochs[4:]):  # 2nd: decided
+        found = together.evaluate_epochs(trained.empty_heads, [copy.copy(d) for d in piece])
+        for done, want in zip(found, expected[piece[0].epoch:], strict=False):
+            assert done.epoch == want.epoch
+            assert torch.equal(done.val_map, want.val_map)
+            assert torch.equal(done.val_map_observed, want.val_map_observed)
+            assert torch.equal(done.test_ap, want.test_ap)
+    # the stacked matmul was tried on 4 epochs x 3 heads and kept only where it was exact
+    assert set(together.val_rows.scorer.stacked) == set(together.test_rows.scorer.stacked) == {12}
 
 
 def test_the_kind_of_boostlu_heads_keeps_their_settings_and_scores_like_them():

@@ -380,6 +380,8 @@ class SplitScorer:
     def __init__(self, features: Tensor):
         self.features = features
         self.wide: bool | None = None
+        #: per number of stacked heads, whether one matmul gives each epoch's numbers
+        self.stacked: dict[int, bool] = {}
 
     def __call__(self, head: StackedLinear) -> Tensor:
         if self.wide:
@@ -388,6 +390,19 @@ class SplitScorer:
         if self.wide is None:
             self.wide = torch.equal(exact, head.scores_wide(self.features))
         return exact
+
+    def of_epochs(self, heads: StackedLinear, epochs: int) -> Tensor:
+        """Scores of ``heads``, ``epochs`` epochs' heads stacked (E x H heads): one (N, D) x
+        (D, E H L) matmul where its first result equals scoring each epoch alone (checked per
+        stack size, as :meth:`__call__` checks its own), else one epoch at a time."""
+        size = heads.num_heads
+        if self.stacked.get(size):
+            return heads.scores_wide(self.features)
+        per_epoch = torch.cat([self(heads.frozen(weight, bias)) for weight, bias in zip(
+            heads.weight.chunk(epochs), heads.bias.chunk(epochs), strict=True)])
+        if size not in self.stacked:
+            self.stacked[size] = torch.equal(per_epoch, heads.scores_wide(self.features))
+        return per_epoch
 
 
 def _fused_adam_available(params: Sequence[Tensor]) -> bool:

@@ -133,7 +133,17 @@ class GroupShape:
         """What scoring the validation and test splits takes (scores and AP work, BoostLU's
         blocks), and a piece of kept epochs, in whichever worker evaluates."""
         scores = 4 * self.heads * max(sizes.val, sizes.test) * sizes.classes * FLOAT32
-        return scores + self.scoring_work + self.snapshots * self.heads_bytes(sizes)
+        stacked = STACKED_WORK * STACKED_SCORES_BYTES if self.snapshots else 0
+        return (max(scores, stacked) + self.scoring_work
+                + self.snapshots * self.heads_bytes(sizes))
+
+
+#: the most float32 scores an evaluation piece's epochs are scored with at once (stacked heads,
+#: :meth:`featcache.linear.trainer.Evaluation.evaluate_epochs`); larger pieces go one epoch at
+#: a time
+STACKED_SCORES_BYTES = 8 << 20
+#: what scoring takes per byte of scores (the scores, the sort keys, the ranked copies)
+STACKED_WORK = 4
 
 
 def labels_bytes(sizes: SplitSizes) -> int:

@@ -50,3 +50,9 @@ class MemoryRows:
 
     def scores(self, head: StackedLinear) -> Tensor:
         return self.scorer(head)
+
+    def scores_of_epochs(self, heads: StackedLinear, epochs: int) -> Tensor:
+        """:meth:`scores` of ``heads`` holding ``epochs`` epochs' heads one after the other,
+        (epochs x H, N, L): one matmul for all of them where that gives exactly the numbers of
+        scoring each epoch's heads alone (:class:`~featcache.linear.heads.SplitScorer`)."""
+        return self.scorer.of_epochs(heads, epochs)

@@ -282,11 +282,9 @@ class _SharedWorkers:
         search = self.searches[task.search]
         started = time.time()  # wall clock: comparable between the worker processes
         if isinstance(task, _EvaluateEpochs):
-            evaluation, found = search.evaluation(), []
-            for done in task.epochs:
-                check_stop()
-                done = evaluation.evaluate(task.empty_heads, done)
-                found.append((done.val_map, done.val_map_observed, done.test_ap))
+            check_stop()
+            found = [(done.val_map, done.val_map_observed, done.test_ap) for done in
+                     search.evaluation().evaluate_epochs(task.empty_heads, task.epochs)]
             return found, started, time.time()  # the weights stay where they are
         seed, batch_size = task.group
         configs = [c for c in search.spec.configs(seed) if c.batch_size == batch_size]

@@ -35,6 +35,7 @@ from featcache.errors import OptionError
 from featcache.interrupt import check_stop
 from featcache.linear.data import TrainingSplits
 from featcache.linear.heads import StackedAdam, StackedLinear, create_heads
+from featcache.linear.memory import STACKED_SCORES_BYTES
 from featcache.linear.rows import FeatureRows, MemoryRows
 from featcache.losses import SPMLLoss, Targets, create_loss
 from featcache.metrics import RankedScores, average_precision
@@ -270,6 +271,37 @@ class Evaluation:
             done.val_map = _map(val.average_precision(self.data.val.clean))
         done.test_ap = average_precision(self.test_rows.scores(head), self.test_targets)
         return done
+
+    @torch.no_grad()
+    def evaluate_epochs(self, heads: StackedLinear, epochs: Sequence[EpochState],
+                        ) -> list[EpochState]:
+        """:meth:`evaluate` of several epochs of one group: their heads scored together (one
+        matmul per split, where that gives each epoch's numbers exactly) and ranked together
+        (each (head, class) column's AP is computed alone either way), when they are plain
+        linear heads on rows held in memory and the scores stay under
+        :data:`STACKED_SCORES_BYTES`; else one epoch at a time."""
+        rows = max(len(self.val_rows), len(self.test_rows))
+        width = len(epochs) * heads.num_heads * self.data.num_classes
+        if (type(heads) is not StackedLinear or len(epochs) < 2
+                or not isinstance(self.val_rows, MemoryRows)
+                or not isinstance(self.test_rows, MemoryRows)
+                or rows * width * 4 > STACKED_SCORES_BYTES):
+            return [self.evaluate(heads, done) for done in epochs]
+        stacked = heads.frozen(torch.cat([done.weight for done in epochs]),
+                               torch.cat([done.bias for done in epochs]))
+        per_epoch = (len(epochs), -1, self.data.num_classes)
+        val = RankedScores(self.val_rows.scores_of_epochs(stacked, len(epochs)))
+        observed = val.average_precision(self.val_observed).view(per_epoch)
+        clean = (val.average_precision(self.data.val.clean).view(per_epoch)
+                 if self.data.val.clean is not None else None)
+        test = average_precision(self.test_rows.scores_of_epochs(stacked, len(epochs)),
+                                 self.test_targets).view(per_epoch)
+        for index, done in enumerate(epochs):
+            done.val_map_observed = _map(observed[index])
+            if clean is not None:
+                done.val_map = _map(clean[index])
+            done.test_ap = test[index].clone()
+        return list(epochs)
 
 
 class GroupRecord:
