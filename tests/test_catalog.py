@@ -113,11 +113,12 @@ def test_backbones_says_whether_default_weights_are_cached(tmp_path, monkeypatch
     assert "weights cached" in resnet_lines and "not cached" not in resnet_lines
 
 
-def _modules_after(args: list[str], cwd: Path) -> set[str]:
-    """The heavy modules a fresh interpreter holds after running ``featcache ARGS``."""
+def _modules_after(args: list[str], cwd: Path, code: int = 0) -> set[str]:
+    """The heavy modules a fresh interpreter holds after running ``featcache ARGS`` (which
+    exits with ``code``)."""
     code = ("import sys\nfrom featcache.cli import cli\n"
             "try:\n    cli.main(sys.argv[1:], prog_name='featcache')\nexcept SystemExit as e:\n"
-            "    assert not e.code, e.code\n"
+            f"    assert (e.code or 0) == {code}, e.code\n"
             f"print('MODULES', ' '.join(m for m in {HEAVY!r} if m in sys.modules))\n")
     done = subprocess.run([sys.executable, "-c", code, *args], cwd=cwd, capture_output=True,
                           text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, check=True)
@@ -136,3 +137,13 @@ def test_listing_commands_do_not_import_torch(tmp_path):
                  ["backbones", "--all"], ["--help"], ["info", str(cache / "toy")],
                  ["table", str(cache / "toy" / "runs")]):
         assert _modules_after(args, tmp_path) == set(), args
+
+
+def test_a_wrong_dataset_name_is_said_before_torch_is_imported(tmp_path):
+    cache = tmp_path / "cache"
+    synthetic_dataset(cache, "toy")
+    args = ["train-linear", "--dataset", "tyo", "--loss", "an", "--cache", str(cache)]
+    assert _modules_after(args, tmp_path, code=1) == set()
+    result = invoke(*args)
+    assert result.exit_code == 1 and "no dataset 'tyo'" in result.output
+    assert "did you mean 'toy'?" in result.output
