@@ -19,11 +19,22 @@ import torch
 from torch import Tensor
 
 
+#: (head, class) columns x examples ranked at once, at most (one column at least): with more,
+#: the columns are ranked a block at a time, so that ranking a large split holds about
+#: :data:`RANK_BYTES` per element of one block beside the scores instead of per element of all
+RANK_BLOCK = 1 << 20
+#: bytes ranking holds per element of a block: its column copy, sorted copy, int64 keys and
+#: positives
+RANK_BYTES = 24
+
+
 class RankedScores:
     """The scores of every (head, class) column sorted once, for several AP computations.
 
     ``scores`` is (..., N, L); scores are compared exactly as given (pass the float32
-    probabilities the reference code evaluates, not logits, to reproduce its ties).
+    probabilities the reference code evaluates, not logits, to reproduce its ties). Scores of
+    more than :data:`RANK_BLOCK` elements are ranked a block of columns at a time, on each
+    call (each column's AP is computed alone either way: the same numbers).
     """
 
     def __init__(self, scores: Tensor):
@@ -31,29 +42,64 @@ class RankedScores:
         if self.num_examples == 0:
             raise ValueError("average_precision needs at least one example")
         self.shape = scores.shape
-        self.rows = scores.detach().transpose(-1, -2)  # (..., L, N): one row per (head, class)
-        self.flat = self.rows.reshape(-1, self.num_examples)
-        self._keys = _OrderKeys.of(self.flat)
-        self.sorted = (self._keys.sorted_keys(self.flat) if self._keys is not None
-                       else torch.sort(self.flat, dim=-1).values.contiguous())
+        self.scores = scores.detach()
+        self.rows = self.scores.transpose(-1, -2)  # (..., L, N): one row per (head, class)
+        self.blocks = _column_blocks(scores.shape, RANK_BLOCK)
+        if len(self.blocks) == 1:
+            self.flat = self.rows.reshape(-1, self.num_examples)
+            self._keys = _OrderKeys.of(self.flat)
+            self.sorted = _sorted(self._keys, self.flat)
 
     def average_precision(self, targets: Tensor) -> Tensor:
         """AP of every column against ``targets`` (N, L) or (..., N, L) 0/1: float64 (..., L)."""
         n = self.num_examples
-        positives = targets.to(device=self.rows.device).transpose(-1, -2) > 0
+        targets = targets.to(device=self.rows.device)
+        positives = targets.transpose(-1, -2) > 0 if len(self.blocks) == 1 else targets
         try:  # numpy's, not torch's: torch.broadcast_shapes imports sympy (~0.4 s) on first use
-            shape = torch.Size(np.broadcast_shapes(tuple(self.rows.shape), tuple(positives.shape)))
+            shape = torch.Size(np.broadcast_shapes(tuple(self.shape), tuple(targets.shape)))
         except ValueError:
             shape = None
-        if shape != self.rows.shape:
+        if shape != self.shape:
             raise ValueError(f"targets of shape {tuple(targets.shape)} do not fit scores of "
                              f"shape {tuple(self.shape)}")
-        positives = positives.expand(shape).reshape(-1, n)
-        if self._keys is not None:
-            ap = self._keys.average_precision(self.sorted, self.flat, positives)
-        else:
-            ap = _average_precision_sorted(self.sorted, self.flat, positives)
-        return ap.view(shape[:-1])
+        if len(self.blocks) > 1:
+            return self._blockwise(targets.expand(self.shape))
+        positives = positives.expand(self.rows.shape).reshape(-1, n)
+        return _column_ap(self._keys, self.sorted, self.flat, positives).view(self.rows.shape[:-1])
+
+    def _blockwise(self, targets: Tensor) -> Tensor:
+        leading, classes = self.shape[:-2], self.shape[-1]
+        out = torch.empty(*leading, classes, dtype=torch.float64, device=self.rows.device)
+        for index, first, last in self.blocks:
+            flat = self.scores[index][:, first:last].t().contiguous()
+            keys = _OrderKeys.of(flat)
+            positives = targets[index][:, first:last].t() > 0
+            out[index][first:last] = _column_ap(keys, _sorted(keys, flat), flat, positives)
+        return out
+
+
+def _column_blocks(shape: torch.Size, block: int) -> list[tuple[tuple[int, ...], int, int]]:
+    """(leading index, first class, end class) of each block of columns of scores of ``shape``
+    (..., N, L): whole when they fit ``block`` elements, else at least one column each."""
+    examples, classes = shape[-2], shape[-1]
+    leading = tuple(shape[:-2])
+    if examples * classes * int(np.prod(leading, dtype=np.int64)) <= block:
+        return [((), 0, classes)]
+    width = max(1, block // max(examples, 1))
+    return [(tuple(int(i) for i in index), first, min(first + width, classes))
+            for index in np.ndindex(*leading) for first in range(0, classes, width)]
+
+
+def _sorted(keys: _OrderKeys | None, flat: Tensor) -> Tensor:
+    return (keys.sorted_keys(flat) if keys is not None
+            else torch.sort(flat, dim=-1).values.contiguous())
+
+
+def _column_ap(keys: _OrderKeys | None, ascending: Tensor, flat: Tensor,
+               positives: Tensor) -> Tensor:
+    if keys is not None:
+        return keys.average_precision(ascending, flat, positives)
+    return _average_precision_sorted(ascending, flat, positives)
 
 
 def average_precision(scores: Tensor, targets: Tensor) -> Tensor:

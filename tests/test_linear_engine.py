@@ -328,3 +328,21 @@ def test_the_search_gives_the_same_numbers_with_evaluation_on_other_workers(toy)
         _same_heads(ours.seeds[0].heads, theirs.seeds[0].heads)
         _same_heads(kept.seeds[0].heads, theirs.seeds[0].heads)
         assert ours.seconds > 0
+
+
+def test_scores_ranked_a_block_of_columns_at_a_time_give_the_same_ap(monkeypatch):
+    import featcache.metrics as metrics
+
+    generator = torch.Generator().manual_seed(5)
+    scores = (torch.rand(3, 700, 6, generator=generator) * 40).round() / 40  # ties
+    shared = (torch.rand(700, 6, generator=generator) < 0.2).float()
+    per_head = (torch.rand(3, 700, 6, generator=generator) < 0.3).float()
+    whole = RankedScores(scores)
+    assert len(whole.blocks) == 1
+    monkeypatch.setattr(metrics, "RANK_BLOCK", 1500)  # two columns of 700 rows per block
+    blocks = RankedScores(scores)
+    assert len(blocks.blocks) == 9
+    for targets in (shared, per_head):
+        assert torch.equal(blocks.average_precision(targets), whole.average_precision(targets))
+    with pytest.raises(ValueError, match="do not fit"):
+        blocks.average_precision(shared[:, :5])

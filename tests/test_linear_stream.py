@@ -104,8 +104,8 @@ def test_blocks_shrink_with_the_budget_down_to_the_floor_of_state_plus_one_block
     roomy = plan_placement(sizes, 4, 1024, group, 1, 64 * GB, 0, force_stream=True)
     assert roomy.block_rows == 4096  # 32 MB blocks of 1,024-row chunks
     assert roomy.window_rows == 100_000 and "full shuffle" in roomy.shuffle_note()
-    small = plan_placement(sizes, 4, 1024, group, 1, 160 << 20, 0)
-    assert small.block_rows < 4096 and small.estimate <= (160 << 20) * 0.9
+    small = plan_placement(sizes, 4, 1024, group, 1, 180 << 20, 0)
+    assert small.block_rows < 4096 and small.estimate <= (180 << 20) * 0.9
     with pytest.raises(OptionError, match="too small") as refused:
         plan_placement(sizes, 4, 1024, group, 1, 64 << 20, 0)
     needed = float(str(refused.value).split("needs about ")[1].split(" MB")[0])

@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from featcache.errors import OptionError, plural
+from featcache.metrics import RANK_BLOCK, RANK_BYTES
 
 #: share of the machine's memory (or of the container's limit) used when no budget is given
 DEFAULT_SHARE = 0.5
@@ -125,6 +126,8 @@ class GroupShape:
         per_row = h * n * classes * FLOAT32
         state = (self.per_example_state + 3 * self.learned_state) * per_row
         predictions = per_row * (int(self.train_map) + int(self.train_scores))
+        if self.train_map:  # the rows' clean labels in training order, and ranking them
+            predictions += n * classes * FLOAT32 + ranking_bytes(h * n * classes)
         # kept epochs: the trainer's, then the main process's while others evaluate them
         kept = 2 * self.snapshots * self.heads_bytes(sizes)
         return head + state + predictions + kept + self.evaluation_bytes(sizes)
@@ -132,7 +135,8 @@ class GroupShape:
     def evaluation_bytes(self, sizes: SplitSizes) -> int:
         """What scoring the validation and test splits takes (scores and AP work, BoostLU's
         blocks), and a piece of kept epochs, in whichever worker evaluates."""
-        scores = 4 * self.heads * max(sizes.val, sizes.test) * sizes.classes * FLOAT32
+        elements = self.heads * max(sizes.val, sizes.test) * sizes.classes
+        scores = elements * FLOAT32 + ranking_bytes(elements)
         stacked = STACKED_WORK * STACKED_SCORES_BYTES if self.snapshots else 0
         return (max(scores, stacked) + self.scoring_work
                 + self.snapshots * self.heads_bytes(sizes))
@@ -144,6 +148,12 @@ class GroupShape:
 STACKED_SCORES_BYTES = 8 << 20
 #: what scoring takes per byte of scores (the scores, the sort keys, the ranked copies)
 STACKED_WORK = 4
+
+
+def ranking_bytes(elements: int) -> int:
+    """What ranking ``elements`` scores for their AP holds beside them
+    (:class:`featcache.metrics.RankedScores`: a block of columns at a time)."""
+    return min(elements, RANK_BLOCK) * RANK_BYTES
 
 
 def labels_bytes(sizes: SplitSizes) -> int:
