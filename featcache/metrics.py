@@ -18,7 +18,6 @@ import numpy as np
 import torch
 from torch import Tensor
 
-
 #: (head, class) columns x examples ranked at once, at most (one column at least): with more,
 #: the columns are ranked a block at a time, so that ranking a large split holds about
 #: :data:`RANK_BYTES` per element of one block beside the scores instead of per element of all
