@@ -21,10 +21,10 @@ from torch import Tensor
 #: (head, class) columns x examples ranked at once, at most (one column at least): with more,
 #: the columns are ranked a block at a time, so that ranking a large split holds about
 #: :data:`RANK_BYTES` per element of one block beside the scores instead of per element of all
-RANK_BLOCK = 1 << 20
+RANK_BLOCK = 1 << 19
 #: bytes ranking holds per element of a block: its column copy, sorted copy, int64 keys and
 #: positives
-RANK_BYTES = 24
+RANK_BYTES = 20
 
 
 class RankedScores:
@@ -154,7 +154,10 @@ class _OrderKeys:
         if (bits < 0).any():  # negative scores (or -0.0): make the order of the bits monotone
             bits = (values.astype(np.float32) + np.float32(0.0)).view(np.int32)
             bits = np.where(bits < 0, np.int32(-(2**31)) - bits - 1, bits)
-        return (row.astype(np.int64) << 32) + (bits.astype(np.int64) + 2**31)
+        keys = bits.astype(np.int64)  # in place from here: one int64 copy of the scores
+        keys += 2**31
+        keys += row.astype(np.int64) << 32
+        return keys
 
     def sorted_keys(self, rows: Tensor) -> Tensor:
         ascending = np.sort(rows.numpy(), axis=-1)

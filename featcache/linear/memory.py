@@ -126,8 +126,8 @@ class GroupShape:
         per_row = h * n * classes * FLOAT32
         state = (self.per_example_state + 3 * self.learned_state) * per_row
         predictions = per_row * (int(self.train_map) + int(self.train_scores))
-        if self.train_map:  # the rows' clean labels in training order, and ranking them
-            predictions += n * classes * FLOAT32 + ranking_bytes(h * n * classes)
+        if self.train_map:  # the rows' clean labels in training order (ranking: evaluation's)
+            predictions += n * classes * FLOAT32
         # kept epochs: the trainer's, then the main process's while others evaluate them
         kept = 2 * self.snapshots * self.heads_bytes(sizes)
         return head + state + predictions + kept + self.evaluation_bytes(sizes)
@@ -136,7 +136,9 @@ class GroupShape:
         """What scoring the validation and test splits takes (scores and AP work, BoostLU's
         blocks), and a piece of kept epochs, in whichever worker evaluates."""
         elements = self.heads * max(sizes.val, sizes.test) * sizes.classes
-        scores = elements * FLOAT32 + ranking_bytes(elements)
+        # ranking a block of columns, for these scores or the training mAP's (not at once)
+        scores = elements * FLOAT32 + ranking_bytes(max(elements, self.heads * sizes.train
+                                                        * sizes.classes * self.train_map))
         stacked = STACKED_WORK * STACKED_SCORES_BYTES if self.snapshots else 0
         return (max(scores, stacked) + self.scoring_work
                 + self.snapshots * self.heads_bytes(sizes))
