@@ -97,13 +97,14 @@ def test_a_ctrl_c_while_a_stopped_command_winds_down_keeps_the_exit_status(tmp_p
 
 def test_ctrl_c_stops_finetuning_within_seconds_and_resume_ends_like_an_uninterrupted_run(
         tmp_path_factory, tmp_path):
-    from helpers_finetune import NAME, copy_cache, finetune
+    from helpers_finetune import NAME, ROLE_ONE_CONFIG, copy_cache, shared_run
     from test_finetune_resume import _metrics
 
     cache = copy_cache(tmp_path_factory.getbasetemp(), tmp_path / "cache")
-    grid = ["--loss", "role", "--epochs", "2", "--lr", "1e-3", "--bsize", "4"]
-    whole = finetune(cache, *grid, "--run-id", "whole")  # in-process, no workers: same numbers
-    assert whole.exit_code == 0, whole.output
+    grid = list(ROLE_ONE_CONFIG)
+    # the uninterrupted run, in-process and without workers (the same numbers), trained once per
+    # session: test_finetune_checkpoints reads it too (--keep-checkpoints changes no number)
+    whole = shared_run(tmp_path_factory.getbasetemp(), "all", *grid, "--keep-checkpoints", "all")
     args = ["finetune", "--dataset", NAME, "--cache", str(cache), *grid, "--workers", "1",
             "--device", "cpu", "--quiet", "--no-plots", "--run-id", "cut"]
     slow = "from featcache.finetune.loop import ConfigTrainer\n_slow(ConfigTrainer, 'step', 0.5)"
@@ -120,7 +121,7 @@ def test_ctrl_c_stops_finetuning_within_seconds_and_resume_ends_like_an_uninterr
 
     resumed = run([*args, "--resume"], tmp_path)
     assert resumed.returncode == 0, resumed.stderr
-    assert _metrics(run_dir) == _metrics(cache / NAME / "finetune" / "role" / "whole")
+    assert _metrics(run_dir) == _metrics(whole.run_dir)
 
 
 # ------------------------------------------------------------------ stage two: forked workers
