@@ -3,13 +3,17 @@
 ``base_cache(tmp_root)`` makes generated images, a labels file (dataset ``toy``: 20 official
 train images, 16 train / 4 val, 8 test, 3 classes), stage one's features with random ResNet-50
 weights at 32 x 32, and a finished linear ``role`` run; ``copy_cache`` gives a test its own
-copy of the cache (the images are shared, read-only).
+copy of the cache (the images are shared, read-only). ``shared_run`` fine-tunes once per session
+what several tests only read (the run an interrupted one must end like, the run whose logs are
+checked), instead of each test training it again.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 from pathlib import Path
+from typing import NamedTuple
 
 from dataset_fixtures import invoke
 from helpers_images import make_dataset
@@ -110,6 +114,40 @@ def finetune(cache: Path, *args: str):
     """``featcache finetune --dataset toy ...`` in-process, quiet, small and fast."""
     return invoke("finetune", "--dataset", NAME, "--cache", cache, "--quiet", "--no-plots",
                   "--workers", "0", "--device", "cpu", *args)
+
+
+#: ROLE fine-tuned from the linear run for 2 epochs at batch 4: one configuration (lr 1e-3), and two
+ROLE_ONE_CONFIG = ("--loss", "role", "--epochs", "2", "--lr", "1e-3", "--bsize", "4")
+ROLE_TWO_CONFIGS = ("--loss", "role", "--epochs", "2", "--lr", "1e-3,1e-4", "--bsize", "4")
+
+
+class SharedRun(NamedTuple):
+    args: tuple[str, ...]
+    run_dir: Path  # the finished run's folder: read it, never write to it
+    output: str  # what the command printed
+    logs: Path | None  # its --tensorboard folder (None without the tensorboard extra)
+
+
+_RUNS: dict[str, SharedRun] = {}
+
+
+def shared_run(tmp_root: Path, run_id: str, *args: str) -> SharedRun:
+    """``featcache finetune ARGS --run-id RUN_ID`` (in-process, as :func:`finetune`) on the
+    session's own copy of the base cache, with ``--tensorboard`` when the extra is installed;
+    trained on first use, then shared by every test that asks for the same run (tests must only
+    read it; asking for the same id with other arguments is an error)."""
+    if run_id not in _RUNS:
+        root = Path(tmp_root) / f"finetune-shared-{run_id}"
+        cache = copy_cache(tmp_root, root / "cache")
+        logs = root / "tb" if importlib.util.find_spec("tensorboard") is not None else None
+        result = finetune(cache, *args, "--run-id", run_id,
+                          *(("--tensorboard", str(logs)) if logs is not None else ()))
+        assert result.exit_code == 0, result.output
+        loss = args[args.index("--loss") + 1]
+        _RUNS[run_id] = SharedRun(args, cache / NAME / "finetune" / loss / run_id, result.output,
+                                  logs)
+    assert _RUNS[run_id].args == args, f"shared run {run_id} was trained with other arguments"
+    return _RUNS[run_id]
 
 
 def ddp_worker(rank: int, world: int, port: int, cache: str, out: str) -> None:

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers_finetune import NAME, copy_cache, finetune
+from helpers_finetune import NAME, ROLE_ONE_CONFIG, copy_cache, finetune, shared_run
 from test_finetune_resume import _metrics
 
 from featcache import fileio
@@ -19,7 +19,7 @@ from featcache.finetune.options import FinetuneOptions
 from featcache.finetune.start import resolve_start
 from featcache.runtime import single_process
 
-GRID = ("--loss", "role", "--epochs", "2", "--lr", "1e-3", "--bsize", "4")
+GRID = ROLE_ONE_CONFIG
 CONFIG = "lr0.001-bs4"
 
 
@@ -29,11 +29,11 @@ def cache(tmp_path_factory, tmp_path):
 
 
 def test_keep_all_keeps_every_epoch_and_keep_best_none_yet_resumes_to_the_same_numbers(
-        cache, monkeypatch):
-    every = finetune(cache, *GRID, "--run-id", "all", "--keep-checkpoints", "all")
-    assert every.exit_code == 0, every.output
+        cache, monkeypatch, tmp_path_factory):
+    # trained once per session (test_faults_interrupt compares a stopped and resumed run with it)
+    every = shared_run(tmp_path_factory.getbasetemp(), "all", *GRID, "--keep-checkpoints", "all")
     root = cache / NAME / "finetune" / "role"
-    config_dir = root / "all" / "configs" / CONFIG
+    config_dir = every.run_dir / "configs" / CONFIG
     assert sorted(p.name for p in config_dir.glob("*.pt")) == ["epoch-001.pt", "epoch-002.pt"]
     for epoch in (1, 2):
         path = config_dir / f"epoch-{epoch:03d}.pt"
@@ -49,7 +49,7 @@ def test_keep_all_keeps_every_epoch_and_keep_best_none_yet_resumes_to_the_same_n
     budget = plan_budget(start, data, "role", identity["params"], 1, 2, "all")
     written = (config_dir / "epoch-001.pt").stat().st_size
     assert abs(budget.checkpoint_bytes - written) / written < 0.02
-    best = (root / "all" / "best.pt").stat().st_size
+    best = (every.run_dir / "best.pt").stat().st_size
     assert abs(budget.best_bytes - best) / best < 0.02
 
     # best: no training checkpoint at all; an interrupted configuration starts over on --resume.
@@ -69,7 +69,7 @@ def test_keep_all_keeps_every_epoch_and_keep_best_none_yet_resumes_to_the_same_n
     assert not list((root / "best" / "configs").rglob("*.pt"))
     resumed = finetune(cache, *GRID, "--run-id", "best", "--keep-checkpoints", "best", "--resume")
     assert resumed.exit_code == 0, resumed.output
-    assert _metrics(root / "best") == _metrics(root / "all")
+    assert _metrics(root / "best") == _metrics(every.run_dir)
     assert sorted(p.name for p in (root / "best").rglob("*.pt")) == ["best.pt"]
 
 

@@ -7,11 +7,11 @@ import warnings
 
 import pytest
 import torch
-from helpers_finetune import NAME, copy_cache, finetune
+from helpers_finetune import NAME, ROLE_TWO_CONFIGS, copy_cache, finetune, shared_run
 
 from featcache.finetune import loop
 
-ARGS = ("--loss", "role", "--epochs", "2", "--lr", "1e-3,1e-4", "--bsize", "4")
+ARGS = ROLE_TWO_CONFIGS
 TIMING = ("seconds", "train_seconds", "eval_seconds", "images_per_second")
 
 
@@ -48,8 +48,10 @@ def cache(tmp_path_factory, tmp_path):
     return copy_cache(tmp_path_factory.getbasetemp(), tmp_path / "cache")
 
 
-def test_resume_after_an_interruption_equals_an_uninterrupted_run(cache, monkeypatch):
-    assert finetune(cache, *ARGS, "--run-id", "whole").exit_code == 0
+def test_resume_after_an_interruption_equals_an_uninterrupted_run(cache, monkeypatch,
+                                                                  tmp_path_factory):
+    # the uninterrupted run: trained once per session (test_tensorboard_log reads its logs)
+    uninterrupted = shared_run(tmp_path_factory.getbasetemp(), "whole", *ARGS).run_dir
     root = cache / NAME / "finetune" / "role"
 
     # Interrupted in the second configuration, after its first epoch's checkpoint.
@@ -66,8 +68,8 @@ def test_resume_after_an_interruption_equals_an_uninterrupted_run(cache, monkeyp
     assert refused.exit_code == 1 and "--resume" in refused.output
     result = finetune(cache, *ARGS, "--resume")  # the newest unfinished run
     assert result.exit_code == 0, result.output
-    assert _metrics(cut) == _metrics(root / "whole")
-    whole = torch.load(root / "whole" / "best.pt", weights_only=True)
+    assert _metrics(cut) == _metrics(uninterrupted)
+    whole = torch.load(uninterrupted / "best.pt", weights_only=True)
     resumed = torch.load(cut / "best.pt", weights_only=True)
     assert (whole["lr"], whole["epoch"]) == (resumed["lr"], resumed["epoch"])
     assert torch.equal(whole["handoff"]["phi"], resumed["handoff"]["phi"])

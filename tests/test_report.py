@@ -12,7 +12,7 @@ from html.parser import HTMLParser
 
 import pytest
 from dataset_fixtures import invoke
-from helpers_finetune import NAME, base_cache, finetune
+from helpers_finetune import NAME, ROLE_ONE_CONFIG, base_cache, shared_run
 
 from featcache.errors import InputError, OutputExistsError
 from featcache.protocol.configurations import configurations
@@ -29,16 +29,19 @@ FAST = ("--epochs", "2", "--lr", "1e-2,1e-3", "--bsize", "4", "--quiet", "--no-p
 def cache(tmp_path_factory):
     """The toy image set with: a linear ROLE run (linear-role, from the shared base), an and
     an-ls with seeds 0 and 1 (s01), ROLE fine-tuned from its linear run (ft), and a CAM figure
-    of the an and the fine-tuned runs."""
+    of the an and the fine-tuned runs. The fine-tuned run is the session's (the same grid from
+    the same linear run, trained once: test_finetune_checkpoints and test_faults_interrupt read
+    it too), copied in as a moved run folder, without the per-epoch checkpoints it keeps."""
     root = tmp_path_factory.mktemp("report")
     cache = root / "cache"
     shutil.copytree(base_cache(tmp_path_factory.getbasetemp()), cache)
     result = invoke("train-linear", "--dataset", NAME, "--loss", "an,an-ls", "--seeds", "0,1",
                     "--run-id", "s01", "--cache", cache, *FAST)
     assert result.exit_code == 0, result.output
-    result = finetune(cache, "--loss", "role", "--init", "best", "--epochs", "2", "--lr", "1e-3",
-                      "--bsize", "4", "--run-id", "ft")
-    assert result.exit_code == 0, result.output
+    finetuned = shared_run(tmp_path_factory.getbasetemp(), "all", *ROLE_ONE_CONFIG,
+                           "--keep-checkpoints", "all")
+    shutil.copytree(finetuned.run_dir, cache / NAME / "finetune" / "role" / "ft",
+                    ignore=shutil.ignore_patterns("epoch-*.pt"))
     image = next(p for p in sorted(cache.parent.parent.rglob("*.jpg")) if "cache" not in p.parts)
     result = invoke("cam", "--run", cache / NAME / "runs" / "an" / "s01", "--run",
                     cache / NAME / "finetune" / "role" / "ft", image, "--out",

@@ -4,11 +4,10 @@ and the selected configuration's hyper-parameters, read back with tensorboard's 
 from __future__ import annotations
 
 import importlib.util
-import shutil
 
 import pytest
 from dataset_fixtures import invoke
-from helpers_finetune import NAME, base_cache, finetune
+from helpers_finetune import NAME, ROLE_TWO_CONFIGS, shared_run
 from linear_fixtures import synthetic_dataset
 
 from featcache.errors import OptionError
@@ -97,14 +96,13 @@ def test_a_parameter_axis_names_the_configurations(tmp_path, monkeypatch):
     check_logged(folder, load_results(cache / "toy" / "runs" / "an-ls" / "p"))
 
 
-def test_finetune_logs_its_configurations(tmp_path_factory, tmp_path):
-    cache, logs = tmp_path / "cache", tmp_path / "tb"
-    shutil.copytree(base_cache(tmp_path_factory.getbasetemp()), cache)
-    result = finetune(cache, "--loss", "role", "--init", "best", "--epochs", "2", "--lr",
-                      "1e-3,1e-4", "--bsize", "4", "--run-id", "ft", "--tensorboard", logs)
-    assert result.exit_code == 0, result.output
-    document = load_results(cache / NAME / "finetune" / "role" / "ft")
-    folder = logs / NAME / "role" / "finetune-ft"
+def test_finetune_logs_its_configurations(tmp_path_factory):
+    # ``finetune --init best --loss role`` (two configurations) with ``--tensorboard``, trained once
+    # per session: test_finetune_resume compares a resumed run with the same run
+    run = shared_run(tmp_path_factory.getbasetemp(), "whole", *ROLE_TWO_CONFIGS)
+    assert run.logs is not None
+    document = load_results(run.run_dir)
+    folder = run.logs / NAME / "role" / "finetune-whole"
     assert sorted(p.name for p in folder.iterdir()) == ["0.0001-4-0", "0.001-4-0"]
     check_logged(folder, document)
 
