@@ -126,8 +126,8 @@ class GroupShape:
         per_row = h * n * classes * FLOAT32
         state = (self.per_example_state + 3 * self.learned_state) * per_row
         predictions = per_row * (int(self.train_map) + int(self.train_scores))
-        if self.train_map:  # the rows' clean labels in training order (ranking: evaluation's)
-            predictions += n * classes * FLOAT32
+        if self.train_map:  # the rows' positives in training order (ranking: evaluation's)
+            predictions += 2 * n * classes
         # kept epochs: the trainer's, then the main process's while others evaluate them
         kept = 2 * self.snapshots * self.heads_bytes(sizes)
         return head + state + predictions + kept + self.evaluation_bytes(sizes)

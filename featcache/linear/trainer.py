@@ -428,7 +428,7 @@ class TrainingPredictions:
         """mAP in percent per head. The rows stay in the order they were trained in (a column's
         AP sums its positives' precisions in the order of their scores, whatever the order of
         the rows: the same numbers as in split order, without a copy of the predictions)."""
-        return _map(average_precision(self.probs, clean.index_select(0, self.index)))
+        return _map(average_precision(self.probs, (clean > 0).index_select(0, self.index)))
 
 
 def feature_rows(split) -> FeatureRows:
