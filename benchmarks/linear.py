@@ -513,8 +513,14 @@ def measure_out_of_core(args, table: Table, rows: int, dtype: str, budget_text: 
             peak_rss, peak_pss, peak_anon = max(peak_rss, rss), max(peak_pss, pss), max(peak_anon, anon)
             time.sleep(0.1)
         output = child.stdout.read()
-    if child.returncode != 0:
-        raise RuntimeError(f"{' '.join(command)} failed:\n{output}")
+    if child.returncode != 0:  # a refusal (or failure) is a figure too: keep the run's others
+        print(f"  out of core ({what}): failed, exit {child.returncode}: {output.strip()}",
+              flush=True)
+        table.add(f"{rows:,} x 2048 {dtype}, {what}, --max-memory {budget_text}: failed "
+                  f"({output.strip().splitlines()[-1][:160]})", None, None, None, busy.others)
+        return {"what": what, "rows": rows, "dtype": dtype, "budget": budget_text,
+                "command": " ".join(command[1:]), "returncode": child.returncode,
+                "output": output.strip().splitlines()[-3:], "busy": busy.record()}
     results = load_results(labels_path.parent / "runs" / "an" / run_id)
     search = results["timings"]["seconds"]
     per_epoch = search / args.big_epochs
