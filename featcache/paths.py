@@ -11,7 +11,7 @@ import re
 from collections.abc import Collection
 from pathlib import Path
 
-from featcache.errors import InputError, OptionError, did_you_mean
+from featcache.errors import InputError, OptionError, OutputExistsError, did_you_mean
 
 CACHE_ENV = "FEATCACHE_CACHE"
 DEFAULT_CACHE = "cache"
@@ -205,3 +205,41 @@ def runs_dir(dataset: str, loss: str, cache: str | os.PathLike | None = None) ->
 
 def finetune_dir(dataset: str, loss: str, cache: str | os.PathLike | None = None) -> Path:
     return dataset_dir(dataset, cache) / "finetune" / loss
+
+
+# ------------------------------------------------------------------------ output files (--out)
+#: the longest file name most file systems accept (bytes of one path component)
+MAX_FILE_NAME = 255
+
+
+def check_out(value: str | os.PathLike, option: str, suffixes: Collection[str], writes: str,
+              inputs: Collection[str | os.PathLike] = (), overwrite: bool = False) -> Path:
+    """An output file option (``--out``) checked before any work: one line naming ``option``
+    when it is empty, a folder, under a file, too long a name, of another suffix than
+    ``suffixes`` (what the command ``writes``), one of the command's ``inputs``, or an existing
+    file without ``overwrite``. Its folder may be missing: the atomic write creates it."""
+    text = str(value)
+    path = Path(text).expanduser()
+    allowed = ", ".join(sorted(suffixes))
+    if not text.strip():
+        raise OptionError(f"{option} is empty: give a file name ending in {allowed}")
+    if path.is_dir() or text.endswith(("/", os.sep)):
+        raise OptionError(f"{option} {text} is a folder: give a file in it, e.g. "
+                          f"{path / ('name' + sorted(suffixes)[0])}")
+    if len(os.fsencode(path.name)) > MAX_FILE_NAME:
+        raise OptionError(f"{option}: the file name {path.name[:40]}... is longer than "
+                          f"{MAX_FILE_NAME} bytes")
+    if path.suffix.lower() not in suffixes:
+        ending = f"ends in {path.suffix!r}" if path.suffix else "has no suffix"
+        raise OptionError(f"{option} {text} {ending}: this command writes {writes}; give a "
+                          f"name ending in {allowed}")
+    parent = next((p for p in path.absolute().parents if p.exists()), None)
+    if parent is not None and not parent.is_dir():
+        raise OptionError(f"{option} {text}: {parent} is a file, not a folder")
+    for given in inputs:
+        if Path(given).exists() and path.exists() and path.resolve() == Path(given).resolve():
+            raise OptionError(f"{option} {text} is also an input of this command ({given}): "
+                              "writing it would replace what is read; give another file")
+    if path.exists() and not overwrite:
+        raise OutputExistsError(f"{text} already exists; pass --overwrite to replace it")
+    return path

@@ -16,7 +16,7 @@ from featcache.commands.common import device_option, overwrite_option
               help="A class to map (repeatable)  [default: the --top most probable].")
 @click.option("--top", type=click.IntRange(min=1), default=3, show_default=True,
               help="Map the K most probable classes (of the first run, so rows compare).")
-@click.option("--out", required=True, type=click.Path(dir_okay=False),
+@click.option("--out", required=True, type=click.Path(),
               help="The PNG to write.")
 @click.option("--alpha", type=click.FloatRange(0, 1), default=0.6, show_default=True,
               help="Opacity of the map's brightest spot over the image (fainter where the map "
@@ -46,7 +46,10 @@ def command(run_paths, image, class_names, top, out, alpha, cmap, device, overwr
     from featcache.api.cam import class_activation_maps, draw_maps
     from featcache.api.runs import load_run
     from featcache.errors import OptionError, plural, unknown_name
+    from featcache.paths import check_out
 
+    check_out(out, "--out", (".png",), "a PNG figure", inputs=[image, *run_paths],
+              overwrite=overwrite)
     if cmap not in colormaps:
         raise OptionError(unknown_name("colour map", cmap, sorted(colormaps),
                                        listing="matplotlib's colormaps"))

@@ -7,6 +7,9 @@ import click
 from featcache.commands.common import device_option, overwrite_option
 from featcache.errors import plural
 
+#: the file endings each --format may be written to
+PREDICT_SUFFIXES = {"csv": (".csv", ".txt"), "jsonl": (".jsonl", ".json", ".ndjson")}
+
 
 @click.command("predict")
 @click.option("--run", "run_path", required=True, type=click.Path(),
@@ -62,10 +65,15 @@ def command(run_path, features_path, images, out, fmt, top_k, threshold, split, 
         write_text,
     )
     from featcache.api.runs import load_run
+    from featcache.paths import check_out
     from featcache.runtime import default_workers, pick_device
 
     if (features_path is None) == (not images):
         raise click.UsageError("give either --features FILE or IMAGES (files or folders)")
+    if out != "-":
+        suffixes = (PREDICT_SUFFIXES[fmt] if fmt else PREDICT_SUFFIXES["csv"] + PREDICT_SUFFIXES["jsonl"])
+        check_out(out, "--out", suffixes, f"predictions ({fmt or 'csv or jsonl, from the ending'})",
+                  inputs=[p for p in (features_path, run_path, *images) if p], overwrite=overwrite)
     run = load_run(run_path)
     if features_path is not None:
         given = read_features_input(features_path, split)

@@ -9,7 +9,7 @@ from featcache.commands.common import overwrite_option
 
 @click.command("report")
 @click.argument("dataset_dir", type=click.Path())
-@click.option("--out", type=click.Path(dir_okay=False), default=None,
+@click.option("--out", type=click.Path(), default=None,
               help="The HTML file to write  [default: DATASET_DIR/report.html].")
 @click.option("--runs", "run_patterns", multiple=True, metavar="PATTERN[,PATTERN...]",
               help="Only these runs (repeatable or comma-separated): a run id, <loss>/<run-id> "
@@ -31,8 +31,14 @@ def command(dataset_dir, out, run_patterns, title, overwrite):
     It is self-contained (inline CSS, SVG and images, no URL): open it from disk.
       featcache report cache/voc --runs real-features --out voc.html
     """
-    from featcache.report import write_report
+    from pathlib import Path
 
+    from featcache.paths import check_out
+    from featcache.report import DEFAULT_NAME, write_report
+
+    check_out(Path(dataset_dir) / DEFAULT_NAME if out is None else out,
+              "--out" if out is not None else "the report", (".html", ".htm"), "an HTML page",
+              overwrite=overwrite)
     patterns = [p.strip() for value in run_patterns for p in value.split(",") if p.strip()]
     path = write_report(dataset_dir, out, patterns, title, overwrite)
     click.echo(f"report -> {path}")

@@ -7,6 +7,10 @@ import click
 from featcache.commands.common import overwrite_option
 from featcache.errors import plural
 
+#: the file endings each --format may be written to
+TABLE_SUFFIXES = {"md": (".md", ".markdown", ".txt"), "csv": (".csv", ".txt"),
+                  "latex": (".tex",), "json": (".json",)}
+
 
 @click.command("table")
 @click.argument("run_dirs", nargs=-1, required=True, type=click.Path())
@@ -45,10 +49,13 @@ def command(run_dirs, fmt, per_class, out, label, run_id, all_runs, overwrite):
 
     from featcache.errors import OptionError
     from featcache.fileio import write_text_atomic
+    from featcache.paths import check_out
     from featcache.protocol.results_table import ResultsTable
 
     if run_id is not None and all_runs:
         raise OptionError("--run-id and --all-runs choose runs in two ways: give one")
+    if out != "-":
+        check_out(out, "--out", TABLE_SUFFIXES[fmt], f"--format {fmt}", overwrite=overwrite)
     results = ResultsTable.from_paths(run_dirs, run_id=run_id, all_runs=all_runs)
     for line in results.chosen:
         click.echo(f"note: {line}", err=True)

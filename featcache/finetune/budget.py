@@ -12,17 +12,22 @@ depends on ``--keep-checkpoints``:
 - ``all``: every epoch's checkpoint of every configuration, and the best weights.
 
 The time is measured, not guessed: training steps (forward, backward and Adam's step) of a copy
-of the network at each batch size of the grid, and evaluation batches, on generated images;
-after :data:`WARMUP` untimed steps (the CPU's first steps build kernels and are several times
-slower), the median of up to :data:`TIMED` timed steps, scaled to the grid. A probe at a
-smaller batch than the run's would overstate the time: per image, small batches are slower.
-It is compute only (image decoding, usually hidden behind the workers, is not in it) and
-ignores ``--compile``'s speed-up. When it is long on a CPU the line says how to shorten it.
+of the network at each batch size of the grid, and evaluation batches, on the run's own images
+through the run's own DataLoader path (:func:`~featcache.finetune.data.make_loader`: decoding
+and resizing in the same number of workers, one batch queued per worker so that a step waits
+for decoding as a long run's steps do once the queue has drained); after :data:`WARMUP`
+untimed steps (the CPU's first steps build kernels and are several times slower), the median
+of up to :data:`TIMED` timed steps (each from asking the loader for its batch to the end of
+the update), scaled to the grid. A probe at a smaller batch than the run's would overstate the
+time: per image, small batches are slower. It ignores ``--compile``'s speed-up. When it is long
+on a CPU the line says how to shorten it. Measured against the runs it announced (README,
+``python -m benchmarks.finetune_estimate``).
 """
 
 from __future__ import annotations
 
 import copy
+import itertools
 import math
 import statistics
 import time
@@ -30,11 +35,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+from torch.utils.data import DataLoader
 
-from featcache.backbones import Uint8Normalize, backbone_spec
+from featcache.backbones import Uint8Normalize, backbone_spec, resolve_preprocess
 from featcache.errors import OptionError, plural
 from featcache.fileio import free_bytes, human_bytes, require_space
-from featcache.finetune.data import FinetuneData
+from featcache.finetune.data import EpochBatches, FinetuneData, eval_batches, make_loader
 from featcache.finetune.model import build_net, linear_head
 from featcache.finetune.start import StartPoint
 from featcache.losses import SPMLLoss, create_loss, loss_class
@@ -88,8 +94,8 @@ class Budget:
                         "restarts on --resume)",
                 "all": "every epoch's checkpoint and the best weights"}[self.keep]
         time_part = "" if self.seconds is None else (
-            f"; about {human_seconds(self.seconds)} of compute (measured on a few steps; image "
-            "decoding not included)" + self.shorten_advice())
+            f"; about {human_seconds(self.seconds)} (measured on a few steps with their image "
+            "decoding)" + self.shorten_advice())
         return (f"fine-tuning {plural(self.configs, 'configuration')} x {plural(self.epochs, 'epoch')}: "
                 f"checkpoints {human_bytes(self.checkpoint_bytes)} each, best.pt "
                 f"{human_bytes(self.best_bytes)}; --keep-checkpoints {self.keep} keeps {kept}: at "
@@ -150,7 +156,7 @@ def check_disk(budget: Budget, run_dir, say) -> None:
 
 def measure_seconds(start: StartPoint, data: FinetuneData, loss: str,
                     batch_sizes: Sequence[int], eval_batch_size: int, precision: str,
-                    device: torch.device) -> float:
+                    device: torch.device, workers: int = 0) -> float:
     """Seconds of compute for one epoch of each configuration (one batch size each), summed
     (see the module docstring). Each probe runs once, however many configurations share it."""
     probes: dict[tuple[int, bool], float] = {}
@@ -158,7 +164,8 @@ def measure_seconds(start: StartPoint, data: FinetuneData, loss: str,
     def seconds_per_image(batch: int, train: bool) -> float:
         key = (batch if train else min(batch, EVAL_PROBE_BATCH), train)
         if key not in probes:
-            probes[key] = _probe(start, data, device, precision, key[0], train=train)
+            probes[key] = _probe(start, data, device, precision, key[0], train=train,
+                                 workers=workers)
         return probes[key]
 
     evaluated = len(data.val) + len(data.test)
@@ -184,24 +191,47 @@ def _loss_state(loss: SPMLLoss, data: FinetuneData, start: StartPoint) -> dict:
                            initial=start.initial_state())
 
 
+def _probe_loader(start: StartPoint, data: FinetuneData, device: torch.device, batch: int,
+                  train: bool, workers: int) -> DataLoader:
+    """The first :data:`WARMUP` + :data:`TIMED` batches of a training epoch (or of the
+    validation split) through the run's own loader, one batch queued per worker."""
+    steps = WARMUP + TIMED
+    if train:
+        split = data.train
+        batches: list = list(itertools.islice(EpochBatches(len(split), batch, seed=0), steps))
+    else:
+        split = data.val if len(data.val) else data.test
+        batches = eval_batches(len(split), batch)[:steps]
+    preprocess = resolve_preprocess(start.backbone, start.preprocess)
+    return make_loader(data, split, start.image_size, batches, workers, device, batch,
+                       preprocess=preprocess, prefetch=1)
+
+
 def _probe(start: StartPoint, data: FinetuneData, device: torch.device, precision: str,
-           batch: int, train: bool) -> float:
+           batch: int, train: bool, workers: int = 0) -> float:
     """Seconds per image of a training step (forward, backward, Adam's step) or an evaluation
-    forward at ``batch`` images: the median of the timed steps after the warm-up ones."""
+    forward at ``batch`` images, each timed from asking the loader for its batch: the median
+    of the timed steps after the warm-up ones."""
     dim = backbone_spec(start.backbone).dim
     generator = torch.Generator().manual_seed(0)  # never the global generators: numbers unchanged
     net = build_net(copy.deepcopy(start.trunk),
                     linear_head(dim, data.num_classes, generator=generator))
-    net = net.to(device, memory_format=torch.channels_last).train(train)
+    layout = torch.channels_last if backbone_spec(start.backbone).channels_last else None
+    net = net.to(device, memory_format=layout or torch.contiguous_format).train(train)
     optimizer = torch.optim.Adam(net.parameters(), lr=1e-12) if train else None
-    normalize = Uint8Normalize(start.backbone).to(device)
-    size = start.image_size
-    images = torch.randint(0, 256, (batch, 3, size, size), generator=generator, dtype=torch.uint8)
-    x = normalize(images.to(device)).contiguous(memory_format=torch.channels_last)
+    normalize = Uint8Normalize(start.backbone,
+                               resolve_preprocess(start.backbone, start.preprocess)).to(device)
     timings: list[float] = []
-    spent = 0.0
+    spent, last = 0.0, math.nan
+    batches = iter(_probe_loader(start, data, device, batch, train, workers))
     for step in range(WARMUP + TIMED):
         tick = time.perf_counter()
+        images = next(batches, None)
+        if images is None:  # a split smaller than the probe: what was timed is enough
+            break
+        x = normalize(images[0].to(device))
+        if layout is not None:
+            x = x.contiguous(memory_format=layout)
         with torch.set_grad_enabled(train), autocast(device, precision):
             logits = net(x)
         if optimizer is not None:
@@ -212,9 +242,9 @@ def _probe(start: StartPoint, data: FinetuneData, device: torch.device, precisio
             torch.cuda.synchronize(device)
         seconds = time.perf_counter() - tick
         spent += seconds
+        last = seconds / len(images[0])
         if step >= WARMUP:
-            timings.append(seconds)
+            timings.append(last)
         if spent > PROBE_SECONDS and (timings or step >= 1):
             break
-    timings = timings or [seconds]  # a probe cut short keeps its last step
-    return statistics.median(timings) / batch
+    return statistics.median(timings or [last])  # a probe cut short keeps its last step

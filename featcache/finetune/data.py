@@ -277,18 +277,19 @@ class SplitImages(ImageRows):
 
 def make_loader(data: FinetuneData, split: ImageSplit, image_size: int, batch_sampler,
                 workers: int, device: torch.device, batch_size: int, persistent: bool = False,
-                ranks_here: int = 1, preprocess: Preprocess = PROTOCOL) -> DataLoader:
+                ranks_here: int = 1, preprocess: Preprocess = PROTOCOL,
+                prefetch: int = 4) -> DataLoader:
     """A DataLoader over ``split`` driven by ``batch_sampler`` (lists of at most ``batch_size``
-    items): 4 batches in flight per worker, fewer when ``/dev/shm`` is small."""
+    items): ``prefetch`` batches in flight per worker, fewer when ``/dev/shm`` is small."""
     views = 2 if getattr(batch_sampler, "strong", False) else 1  # IGNORE's strong views
-    prefetch = loader_prefetch(views * uint8_batch_bytes(batch_size, image_size), workers, 4,
+    loaded = loader_prefetch(views * uint8_batch_bytes(batch_size, image_size), workers, prefetch,
                                ranks_here, what=f"{split.name} batches of {batch_size} images at "
                                                 f"{image_size} px")
     return DataLoader(
         SplitImages(data, split, image_size, preprocess), batch_sampler=batch_sampler,
         num_workers=workers,
         pin_memory=device.type == "cuda", worker_init_fn=worker_init,
-        persistent_workers=persistent and workers > 0, prefetch_factor=prefetch,
+        persistent_workers=persistent and workers > 0, prefetch_factor=loaded,
     )
 
 

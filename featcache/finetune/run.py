@@ -40,6 +40,7 @@ from featcache.runtime import (
     describe_device,
     ranks,
     resolve_precision,
+    training_threads,
 )
 
 
@@ -72,9 +73,15 @@ def run_finetune(options: FinetuneOptions, linear_phase: LinearPhase | None = No
         configs = grid_points(options.learning_rates, options.batch_sizes)
         run_lock: dict[str, OutputLock] = {}
 
+        threads = training_threads(job.device, settings.workers)
+
+        def measured_budget(path: Path) -> None:
+            # timed with the run's own threads (its steps' cost depends on them)
+            with backend_flags(job.device, settings.precision, threads=threads):
+                announce_budget(settings, start, data, configs, path, job, options.resume)
+
         def open_locked() -> Path:
-            path, run_lock["lock"] = open_run_dir(options, identity, lambda path: announce_budget(
-                settings, start, data, configs, path, job))
+            path, run_lock["lock"] = open_run_dir(options, identity, measured_budget)
             return path
 
         run_dir = on_main(job, open_locked)
@@ -82,7 +89,7 @@ def run_finetune(options: FinetuneOptions, linear_phase: LinearPhase | None = No
             say(f"run folder: {run_dir}")
         try:
             with backend_flags(job.device, settings.precision, cudnn_benchmark=True,
-                               deterministic=options.deterministic):
+                               threads=threads, deterministic=options.deterministic):
                 try:
                     result = run_grid(configs, settings, start, data, job, run_dir,
                                       options.schedule)
@@ -204,16 +211,24 @@ def _check_run_dir(folder: RunFolder, options: FinetuneOptions, settings: dict) 
                                 "it, --overwrite to start it afresh, or another --run-id")
 
 
+def configs_to_train(configs, run_dir: Path, resume: bool) -> list:
+    """The configurations a run will train: with ``--resume``, those without a finished
+    history; otherwise all (``--overwrite`` trains the finished ones again)."""
+    return [c for c in configs
+            if not (resume and (run_dir / "configs" / c.name() / HISTORY).is_file())]
+
+
 def announce_budget(settings: Settings, start: StartPoint, data: FinetuneData, configs,
-                    run_dir: Path, job: Ranks) -> None:
+                    run_dir: Path, job: Ranks, resume: bool = False) -> None:
     """Say the run's disk use and time before it starts; refuse when the disk cannot hold it."""
-    left = [c for c in configs if not (run_dir / "configs" / c.name() / HISTORY).is_file()]
+    left = configs_to_train(configs, run_dir, resume)
     budget = plan_budget(start, data, settings.loss, settings.params, len(left), settings.epochs,
                          settings.keep_checkpoints)
     budget.device, budget.image_size, budget.dataset = (job.device.type, start.image_size,
                                                         data.dataset)
     if left:
         per_epoch = measure_seconds(start, data, settings.loss, [c.batch_size for c in left],
-                                    settings.eval_batch_size, settings.precision, job.device)
+                                    settings.eval_batch_size, settings.precision, job.device,
+                                    settings.workers)
         budget.seconds = per_epoch * settings.epochs / max(1, job.world)
     check_disk(budget, run_dir, say)
