@@ -108,16 +108,17 @@ def cpu_threads() -> int:
 
 def training_threads(device: torch.device, workers: int) -> int | None:
     """Intra-op threads of a training process whose DataLoader workers decode on the same CPUs:
-    on the CPU, this rank's share of the CPUs less one per worker (at least 1), so that the
-    compute threads never wait at a barrier for a thread the decoding worker has pushed off its
-    core (on 2 cores, 2 threads beside 1 worker made a fine-tuning step 4x the CPU time of 1
-    thread: spinning threads; docs/finetune.md). ``$OMP_NUM_THREADS`` wins when set; None
-    off the CPU (the default applies)."""
+    on the CPU, this rank's share of the CPUs less one (at least 1), so that the compute threads
+    never wait at a barrier for a thread a decoding worker has pushed off its core (on 2 cores,
+    2 threads beside 1 worker made a fine-tuning step 4x the CPU time of 1 thread: spinning
+    threads; docs/finetune.md). Not less one per worker: the thread count changes a
+    convolution's summation order, and the numbers must not depend on ``--workers``.
+    ``$OMP_NUM_THREADS`` wins when set; None off the CPU (the default applies)."""
     if device.type != "cpu":
         return None
     if os.environ.get("OMP_NUM_THREADS", "").isdigit():
         return cpu_threads()
-    return max(1, cpu_threads() - max(0, workers))
+    return max(1, cpu_threads() - 1)
 
 
 def default_workers(device: torch.device, local_world: int = 1) -> int:

@@ -83,7 +83,7 @@ def test_the_budget_is_said_first_and_a_disk_too_small_is_refused_before_the_run
     lines = refused.output.splitlines()
     budget = next(line for line in lines if line.startswith("fine-tuning 1 configuration x 2"))
     assert "--keep-checkpoints last keeps the latest epoch's checkpoint and the best weights" in budget
-    assert "300.0 MB free" in budget and "of compute" in budget
+    assert "300.0 MB free" in budget and "measured on a few steps" in budget
     error = next(line for line in lines if line.startswith("Error: "))
     assert "not enough free space in" in error and "for the checkpoints of this run" in error
     assert "--keep-checkpoints best needs the least" in error and "300.0 MB free" in error
