@@ -96,8 +96,10 @@ def command(ctx, dataset, loss_names, learning_rates, batch_sizes, epochs, param
     is reported. Each loss writes <cache>/<dataset>/runs/<loss>/<run-id>/ (results.json,
     best.pt, summary.md, curves.png); several losses also write a comparison table.
     """
-    from featcache.paths import existing_labels
+    from featcache.paths import check_name, existing_labels
 
+    if run_id is not None:  # a path where a name belongs is refused before anything else
+        check_name(run_id, "--run-id")
     existing_labels(dataset, cache)  # a wrong name is said at once, not after torch's import
     if not no_plots:  # matplotlib loads in its own process while torch loads here
         from featcache.protocol import plot_process
