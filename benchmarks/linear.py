@@ -327,6 +327,14 @@ def measure_speed(args, device, labels_path, features_path, table: Table) -> dic
     table.add(f"featcache search, {args.loss} (8 configs x 25 epochs)", ours, ours / 200, None,
               ours_busy.others)
     print(f"  ours: {ours:.2f} s; {ours_busy.note()}", flush=True)
+    out["arithmetic"] = arithmetic(out["sizes"], ours, out["jobs"])
+    work = out["arithmetic"]
+    print(f"  arithmetic: {work['gflop']:.0f} GFLOP of matmuls (training {work['training_gflop']:.0f},"
+          f" evaluation {work['evaluation_gflop']:.0f}) at {work['gflops_reached']:.1f} GFLOP/s; "
+          f"this machine's sgemm peak {work['peak_gflops']:.0f} GFLOP/s would take "
+          f"{work['floor_seconds']:.1f} s; the other {work['rest_seconds']:.1f} s are "
+          f"{work['steps']:,} optimizer steps at {work['rest_cpu_us_per_step']:.0f} CPU-us each "
+          "(loss, Adam over every weight, dispatch)", flush=True)
     with Busy() as in_place_busy:  # the previous scheme: each group evaluates where it trains
         in_place = run_search(data, SearchSpec(loss=args.loss), device=device, progress=False,
                               jobs=args.jobs, evaluate_elsewhere=False).seconds
@@ -354,6 +362,35 @@ def measure_speed(args, device, labels_path, features_path, table: Table) -> dic
     if args.reference_code:
         out["authors_code"] = measure_authors_code(args, data, reference, ours, table)
     return out
+
+
+def sgemm_peak(size: int = 2048, repeat: int = 8) -> float:
+    """GFLOP/s of a large float32 matmul on every core torch uses: the arithmetic's ceiling."""
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    a @ b
+    started = time.perf_counter()
+    for _ in range(repeat):
+        a @ b
+    return 2 * size**3 * repeat / (time.perf_counter() - started) / 1e9
+
+
+def arithmetic(sizes: dict, seconds: float, jobs: int, batch_sizes=(8, 16), heads: int = 4,
+               epochs: int = 25) -> dict:
+    """The default search's matmul work (per group of ``heads`` learning rates and per batch
+    size: forward and weight gradient of every training step, the validation and test scores of
+    every epoch), the rate it ran at, and what is left at this machine's sgemm peak."""
+    n, dim, classes = sizes["train"], sizes["dim"], sizes["classes"]
+    per_row = 2 * dim * classes * heads
+    steps = sum(n // b for b in batch_sizes) * epochs
+    training = sum(2 * (n // b) * b * per_row for b in batch_sizes) * epochs
+    evaluation = (sizes["val"] + sizes["test"]) * per_row * len(batch_sizes) * epochs
+    total = training + evaluation
+    peak = sgemm_peak()
+    floor = total / peak / 1e9
+    return {"gflop": total / 1e9, "training_gflop": training / 1e9,
+            "evaluation_gflop": evaluation / 1e9, "gflops_reached": total / seconds / 1e9,
+            "peak_gflops": peak, "floor_seconds": floor, "rest_seconds": seconds - floor,
+            "steps": steps, "rest_cpu_us_per_step": (seconds - floor) * jobs / steps * 1e6}
 
 
 #: runs ``featcache ARGV`` under cProfile and prints, as JSON, the seconds each phase of the

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from dataset_fixtures import fail_when_writing
 
-from featcache.data.labelfile import LabelSet, SplitLabels, load_labels, write_labels
+from featcache.data.labelfile import ImageNames, LabelSet, SplitLabels, load_labels, write_labels
 from featcache.errors import InputError, OutputExistsError
 
 CLEAN_TRAIN = np.array([[1, 0, 1], [0, 1, 0], [1, 1, 0], [0, 0, 1], [1, 0, 0]], dtype=np.uint8)
@@ -124,3 +124,58 @@ def test_load_errors_name_the_file(tmp_path):
         del h5["split/val"]
     with pytest.raises(InputError, match="missing a required key"):
         load_labels(path)
+
+
+def test_image_names_left_in_the_file_read_as_the_array_would(tmp_path):
+    path = write_labels(make_labels(), tmp_path / "labels.h5")
+    whole, lazy = load_labels(path), load_labels(path, image_names=False)
+    assert isinstance(lazy.train.images, ImageNames) and len(lazy.train.images) == 5
+    for name in ("train", "val", "test"):
+        names, left = whole.split(name).images, lazy.split(name).images
+        assert isinstance(left, ImageNames) and len(left) == len(names)
+        assert list(left) == list(names) and left.tolist() == names.tolist()
+        assert (np.asarray(left) == names).all() and left[-1] == names[-1]
+        mask = np.arange(len(names)) % 2 == 0
+        assert (left[mask] == names[mask]).all() and (left[::-1] == names[::-1]).all()
+    rows = np.array([4, 0, 0, 2])
+    assert (lazy.train.images[rows] == whole.train.images[rows]).all()
+    assert (lazy.train.images.take(rows)[1:] == whole.train.images[rows][1:]).all()
+
+
+@pytest.mark.parametrize("value, key", [(2, "observed"), (-2, "observed"), (3, "labels")])
+def test_label_values_are_checked_without_whole_matrix_temporaries(tmp_path, value, key):
+    labels = make_labels()
+    labels.train.clean = labels.train.clean.copy()  # not the module's array
+    matrix = labels.train.observed if key == "observed" else labels.train.clean
+    matrix[3, 2] = value
+    with pytest.raises(InputError, match=f"/train/{key} holds values other than"):
+        write_labels(labels, tmp_path / "labels.h5")
+
+
+def test_an_observed_positive_negative_in_the_clean_labels_is_found_in_a_later_block():
+    from featcache.data.labelfile import _first_row
+    observed = np.zeros((10, 3), dtype=np.int8)
+    clean = np.ones((10, 3), dtype=np.uint8)
+    observed[7, 1], clean[7, 1] = 1, 0
+    assert _first_row(observed, clean, block=3) == 7
+    clean[7, 1] = 1
+    assert _first_row(observed, clean, block=4) is None
+
+
+def test_the_features_file_images_are_compared_block_by_block(tmp_path, monkeypatch):
+    from featcache.data.featurefile import open_features
+    from featcache.data.featurewrite import write_features
+    path = write_labels(make_labels(), tmp_path / "labels.h5")
+    labels = load_labels(path, image_names=False)
+    features = write_features(tmp_path / "features-x.h5", labels,
+                              {"train": np.zeros((5, 4)), "test": np.zeros((2, 4))},
+                              {"backbone": "x"})
+    monkeypatch.setattr(ImageNames, "BLOCK", 2)
+    assert open_features(features, labels).shapes["train"] == (5, 4)
+    with h5py.File(features, "a") as h5:
+        del h5["train/images"]
+        h5["train"].create_dataset("images", data=np.array(
+            ["t0.jpg", "t1.jpg", "t2.jpg", "t3.jpg", "other.jpg"], dtype=object),
+            dtype=h5py.string_dtype())
+    with pytest.raises(InputError, match=r"/train row 4 is 'other.jpg' but the labels file has 't4.jpg'"):
+        open_features(features, labels)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import pickle
 
 import numpy as np
@@ -346,3 +347,21 @@ def test_scores_ranked_a_block_of_columns_at_a_time_give_the_same_ap(monkeypatch
         assert torch.equal(blocks.average_precision(targets), whole.average_precision(targets))
     with pytest.raises(ValueError, match="do not fit"):
         blocks.average_precision(shared[:, :5])
+
+
+@pytest.mark.parametrize("loss", ["an", "role", "iun"])
+def test_labels_kept_as_int8_and_uint8_train_exactly_as_float32_labels(toy, loss):
+    """A labels file's labels stay compact on the device (a quarter of float32's memory); the
+    trainer makes each batch float, so the numbers are those of float32 labels, bit for bit."""
+    assert toy.train.observed.dtype == torch.int8 and toy.test.clean.dtype == torch.uint8
+    as_float = copy.copy(toy)
+    for name in ("train", "val", "test"):
+        split = getattr(toy, name)
+        setattr(as_float, name, dataclasses.replace(split, observed=split.observed.float(),
+                                                    clean=split.clean.float()))
+    spec = SearchSpec(loss=loss, learning_rates=(1e-2, 1e-3), batch_sizes=(8,), epochs=2)
+    compact = run_search(toy, spec, progress=False, jobs=1)
+    wide = run_search(as_float, spec, progress=False, jobs=1)
+    for a, b in zip(compact.seeds[0].heads, wide.seeds[0].heads, strict=True):
+        assert torch.equal(a.weight, b.weight) and a.epochs == b.epochs
+        assert all(torch.equal(a.state[k], b.state[k]) for k in a.state)

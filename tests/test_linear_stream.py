@@ -58,7 +58,7 @@ def test_the_plan_keeps_what_fits_and_streams_train_then_val_then_test():
     fewer = plan_placement(sizes, 2, 1024, group, 2, 2 * GB, 400 << 20)  # not with 2 workers
     assert fewer.jobs == 1 and fewer.estimate <= 2 * GB * 0.9 and "1 process" in fewer.describe()
     with pytest.raises(OptionError, match="too small.*--max-memory"):
-        plan_placement(sizes, 2, 1024, group, 2, 1 * GB, 400 << 20)
+        plan_placement(sizes, 2, 1024, group, 2, 600 << 20, 400 << 20)
     forced = plan_placement(sizes, 2, 1024, group, 2, 64 * GB, 400 << 20, force_stream=True)
     assert forced.streamed == ("train",) and forced.forced and "as asked" in forced.describe()
 
@@ -112,7 +112,7 @@ def test_blocks_shrink_with_the_budget_down_to_the_floor_of_state_plus_one_block
     # the floor: labels, one group's state, and blocks of MIN_BLOCK_ROWS rows (the one being
     # read and its float32 copy, a window of one read and joined with the rows carried over,
     # the main process's read) with their scores, and what the process holds besides
-    floor = (PROCESS_BYTES + 2 * 155_000 * 20 * 4 + group.bytes(sizes) + MIN_BLOCK_ROWS * 2048 * 4 * 5
+    floor = (PROCESS_BYTES + 2 * 155_000 * 20 + group.bytes(sizes) + MIN_BLOCK_ROWS * 2048 * 4 * 5
              + 2 * MIN_BLOCK_ROWS * 20 * 4)
     assert needed == pytest.approx(floor / 0.9 / (1 << 20), abs=0.1)
     just = plan_placement(sizes, 4, 1024, group, 1, int(floor / 0.9) + (1 << 20), 0)

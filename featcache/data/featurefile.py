@@ -50,7 +50,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from featcache.data.labelfile import LabelSet
+from featcache.data.labelfile import ImageNames, LabelSet
 from featcache.errors import InputError, plural
 from featcache.fileio import sha256_file
 from featcache.hdf5 import decode_attrs
@@ -308,19 +308,7 @@ def open_features(path: str | os.PathLike, labels: LabelSet | None = None) -> Fe
                 flags[name] = group["bad"][()].astype(bool)
                 if labels is not None:
                     part = labels.test if name == "test" else labels.train
-                    images = group["images"].asstr()[()]
-                    if len(images) != len(part.images):
-                        raise InputError(
-                            f"{path}: /{name} has {plural(len(images), 'row')} but {labels.path} has "
-                            f"{plural(len(part.images), f'{name} image')} (class count or split mismatch?)"
-                        )
-                    differ = np.flatnonzero(np.asarray(images, dtype=object) != part.images)
-                    if differ.size:
-                        row = differ[0]
-                        raise InputError(
-                            f"{path}: /{name} row {row} is {images[row]!r} but the labels file "
-                            f"has {part.images[row]!r}"
-                        )
+                    _check_images(path, name, group["images"], part.images, labels.path)
         except KeyError as exc:
             raise InputError(f"{path} is missing a required key: {exc}") from exc
         except OSError as exc:
@@ -328,6 +316,24 @@ def open_features(path: str | os.PathLike, labels: LabelSet | None = None) -> Fe
     spatial_shape(path, attrs, shapes["train"][1])
     return FeatureFile(path=path, attrs=attrs, sha256=sha256_file(path), shapes=shapes,
                        dtype=np.dtype(dtype), bad=flags, chunk_rows=int(max(chunk_rows)))
+
+
+def _check_images(path: Path, name: str, images: h5py.Dataset, expected, labels_path) -> None:
+    """The features file's image paths of split ``name`` are the labels file's, row by row
+    (compared a block at a time: a million paths never held at once)."""
+    if len(images) != len(expected):
+        raise InputError(
+            f"{path}: /{name} has {plural(len(images), 'row')} but {labels_path} has "
+            f"{plural(len(expected), f'{name} image')} (class count or split mismatch?)")
+    for start in range(0, len(expected), ImageNames.BLOCK):
+        stop = min(start + ImageNames.BLOCK, len(expected))
+        ours = np.asarray(images.asstr()[start:stop], dtype=object)
+        theirs = np.asarray(expected[start:stop], dtype=object)
+        differ = np.flatnonzero(ours != theirs)
+        if differ.size:
+            row = differ[0]
+            raise InputError(f"{path}: /{name} row {start + row} is {ours[row]!r} but the labels "
+                             f"file has {theirs[row]!r}")
 
 
 def _other_labels_message(path: Path, h5: h5py.File, attrs: dict, labels: LabelSet) -> str:

@@ -40,11 +40,67 @@ REMAKE = ("make it again with the command that made it and --overwrite (`featcac
 SPLITS = ("train", "val", "test")
 
 
+class ImageNames:
+    """One split's image paths left in the labels file and read when indexed: what
+    :func:`load_labels` gives with ``image_names=False`` (stage two reads a handful of them;
+    a million paths as Python strings would take about 70 MB). Indexing (an integer, a slice,
+    a boolean mask or rows) and :meth:`take` work as on the array of names."""
+
+    #: names compared or read per file access when walking every row
+    BLOCK = 1 << 16
+
+    def __init__(self, path: Path, split: str, rows: np.ndarray | None = None, count: int = 0):
+        self.path, self.split, self.rows = Path(path), split, rows
+        self.count = len(rows) if rows is not None else count
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __repr__(self) -> str:
+        return f"ImageNames({str(self.path)!r}, {self.split!r}, {self.count} rows)"
+
+    def take(self, rows: np.ndarray) -> ImageNames:
+        """The names of ``rows`` (still unread)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        return ImageNames(self.path, self.split, rows if self.rows is None else self.rows[rows])
+
+    def __getitem__(self, key):
+        wanted = np.arange(self.count)[key]
+        if self.rows is not None:
+            wanted = self.rows[wanted]
+        scalar = np.ndim(wanted) == 0
+        wanted = np.atleast_1d(wanted)
+        unique = np.unique(wanted)
+        with h5py.File(self.path, "r") as h5:
+            names = h5[self.split]["images"].asstr()
+            if unique.size and unique[-1] - unique[0] + 1 == unique.size:  # one run of rows
+                read = names[int(unique[0]):int(unique[-1]) + 1]
+            else:
+                read = names[unique] if unique.size else []
+        out = np.array(read, dtype=object)[np.searchsorted(unique, wanted)]
+        return out[0] if scalar else out
+
+    def __array__(self, dtype=None, copy=None):
+        return self[:] if dtype is None else self[:].astype(dtype)
+
+    def tolist(self) -> list[str]:
+        return self[:].tolist()
+
+    def __iter__(self):
+        for _, names in self.blocks():
+            yield from names
+
+    def blocks(self):
+        """(start, names) of consecutive blocks of :data:`BLOCK` rows."""
+        for start in range(0, self.count, self.BLOCK):
+            yield start, self[start:start + self.BLOCK]
+
+
 @dataclass
 class SplitLabels:
     """One official split: image paths, observed labels and (when known) clean labels."""
 
-    images: np.ndarray
+    images: np.ndarray | ImageNames
     observed: np.ndarray
     clean: np.ndarray | None = None
 
@@ -53,7 +109,7 @@ class SplitLabels:
 
     def take(self, rows: np.ndarray) -> SplitLabels:
         return SplitLabels(
-            self.images[rows],
+            self.images.take(rows),
             self.observed[rows],
             None if self.clean is None else self.clean[rows],
         )
@@ -134,7 +190,7 @@ class LabelSet:
                     f"{where}: /{name}/observed has shape {part.observed.shape}, expected "
                     f"({n}, {num_classes}) (images x classes)"
                 )
-            if not np.isin(part.observed, (-1, 0, 1)).all():
+            if not _only_values(part.observed, (-1, 0, 1)):
                 raise InputError(f"{where}: /{name}/observed holds values other than -1, 0, 1")
             if part.clean is not None:
                 if part.clean.shape != (n, num_classes):
@@ -142,16 +198,17 @@ class LabelSet:
                         f"{where}: /{name}/labels has shape {part.clean.shape}, expected "
                         f"({n}, {num_classes})"
                     )
-                if not np.isin(part.clean, (0, 1)).all():
+                if not _only_values(part.clean, (0, 1)):
                     raise InputError(f"{where}: /{name}/labels holds values other than 0 and 1")
-                wrong = (part.observed == 1) & (part.clean == 0)
-                if wrong.any():
-                    row = int(np.argwhere(wrong)[0][0])
+                row = _first_row(part.observed, part.clean)
+                if row is not None:
                     raise InputError(
                         f"{where}: /{name} row {row} ({part.images[row]}) has an observed "
                         "positive that is negative in the clean labels"
                     )
-            if len(set(part.images.tolist())) != n:
+            # names left in the file (image_names=False) are not compared: stage two never
+            # reads them, and the stages that do load them whole
+            if isinstance(part.images, np.ndarray) and len(set(part.images.tolist())) != n:
                 seen, dupes = set(), []
                 for image in part.images.tolist():
                     if image in seen:
@@ -203,8 +260,31 @@ def write_labels(labels: LabelSet, path: str | os.PathLike, overwrite: bool = Fa
     return path
 
 
-def load_labels(path: str | os.PathLike) -> LabelSet:
-    """Read and validate a labels file; errors name the file and the key that is wrong."""
+def _only_values(array: np.ndarray, allowed: tuple[int, ...]) -> bool:
+    """Whether ``array`` holds only the consecutive integers ``allowed`` (integer arrays by
+    their minimum and maximum: no temporaries the size of a million-row matrix)."""
+    if array.size == 0:
+        return True
+    if np.issubdtype(array.dtype, np.integer):
+        return bool(array.min() >= allowed[0] and array.max() <= allowed[-1])
+    return bool(np.isin(array, allowed).all())
+
+
+def _first_row(observed: np.ndarray, clean: np.ndarray, block: int = 1 << 16) -> int | None:
+    """The first row with an observed positive that is negative in ``clean``, tested a block
+    of rows at a time."""
+    for start in range(0, len(observed), block):
+        rows = slice(start, start + block)
+        hits = ((observed[rows] == 1) & (clean[rows] == 0)).any(axis=1)
+        if hits.any():
+            return start + int(np.argmax(hits))
+    return None
+
+
+def load_labels(path: str | os.PathLike, image_names: bool = True) -> LabelSet:
+    """Read and validate a labels file; errors name the file and the key that is wrong.
+    ``image_names=False`` leaves the image paths in the file (:class:`ImageNames`), read only
+    where indexed: for stage two, which trains on rows and never opens an image."""
     path = Path(path)
     if not path.exists():
         raise InputError(
@@ -230,9 +310,11 @@ def load_labels(path: str | os.PathLike) -> LabelSet:
             for name in ("train", "test"):
                 group = h5[name]
                 parts[name] = SplitLabels(
-                    images=np.array(group["images"].asstr()[()], dtype=object),
-                    observed=group["observed"][()].astype(np.int8),
-                    clean=group["labels"][()].astype(np.uint8) if "labels" in group else None,
+                    images=(np.array(group["images"].asstr()[()], dtype=object) if image_names
+                            else ImageNames(path, name, count=len(group["images"]))),
+                    observed=group["observed"][()].astype(np.int8, copy=False),
+                    clean=(group["labels"][()].astype(np.uint8, copy=False) if "labels" in group
+                           else None),
                 )
             train_index = h5["split/train"][()].astype(np.int64)
             val_index = h5["split/val"][()].astype(np.int64)

@@ -37,10 +37,9 @@ class SplitTensors:
     """Features and labels of one split, on the device."""
 
     features: Tensor
-    observed: Tensor
+    observed: Tensor  # int8 from a labels file, float32 from arrays: the trainer takes either
     clean: Tensor | None
     rows: np.ndarray  # rows of the labels file's official split, for provenance
-    images: np.ndarray
     pseudo: Tensor | None = None  # (n, L) pseudo-labels 1 / 0 / -1 (losses that need them)
 
     def __len__(self) -> int:
@@ -84,7 +83,8 @@ class TrainingSplits:
         (:func:`featcache.data.negatives.observed_with_negatives`)."""
         drawn, note = observed_with_negatives(self.labels, self.train.rows,
                                               self.train.observed.cpu().numpy(), num_neg)
-        derived = torch.as_tensor(drawn, dtype=torch.float32, device=self.train.observed.device)
+        derived = torch.as_tensor(drawn, dtype=self.train.observed.dtype,
+                                  device=self.train.observed.device)
         return replace(self, train=replace(self.train, observed=derived), notes=self.notes + [note])
 
     def with_pseudo_labels(self, name: str):
@@ -151,11 +151,9 @@ class LinearData(TrainingSplits):
 
         splits = {}
         for name, (features, observed, clean) in parts.items():
-            ids = np.array([f"{name}/{row:06d}" for row in range(len(features))], dtype=object)
             splits[name] = SplitTensors(
                 features=tensor(features), observed=tensor(observed), clean=tensor(clean),
-                rows=np.arange(len(features)) + (len(train[0]) if name == "val" else 0),
-                images=ids)
+                rows=np.arange(len(features)) + (len(train[0]) if name == "val" else 0))
         num_classes = splits["train"].observed.shape[1]
         classes = list(classes) if classes is not None else [str(c) for c in range(num_classes)]
         labels = _array_labels(parts, splits, dataset, classes, source, k)
@@ -182,14 +180,18 @@ def _array_labels(parts: dict, splits: dict, dataset: str, classes: list[str], s
     rows as its official training set, clean labels only when both splits have them."""
     train, val = parts["train"], parts["val"]
     full = [clean for _, _, clean in (train, val)]
+
+    def ids(name: str) -> np.ndarray:  # row names, as a labels file's image paths
+        return np.array([f"{name}/{row:06d}" for row in range(len(parts[name][0]))], dtype=object)
+
     return LabelSet(
         dataset=dataset, classes=classes,
         train=SplitLabels(
-            np.concatenate([splits["train"].images, splits["val"].images]),
+            np.concatenate([ids("train"), ids("val")]),
             np.concatenate([np.asarray(train[1]), np.asarray(val[1])]).astype(np.int8),
             None if any(c is None for c in full)
             else np.concatenate([np.asarray(c) for c in full]).astype(np.uint8)),
-        test=SplitLabels(splits["test"].images, np.asarray(parts["test"][1]).astype(np.int8),
+        test=SplitLabels(ids("test"), np.asarray(parts["test"][1]).astype(np.int8),
                          None if parts["test"][2] is None
                          else np.asarray(parts["test"][2]).astype(np.uint8)),
         train_index=splits["train"].rows, val_index=splits["val"].rows,
@@ -203,14 +205,27 @@ class SplitRows:
     name: str
     official: str  # the file's split the rows come from: train or test
     rows: np.ndarray  # sorted rows of the official split, unreadable ones dropped
-    keep: np.ndarray  # which of the split's labels rows those are
-    labels: SplitLabels
+    source: SplitLabels  # the official split's labels (not copied: ``rows`` of it are ours)
+
+    def observed(self) -> np.ndarray:
+        """The observed labels of the rows."""
+        return self._rows_of(self.source.observed)
+
+    def _rows_of(self, matrix: np.ndarray) -> np.ndarray:
+        """``matrix``'s rows of this split: the matrix itself when the split takes every row
+        in order (the test split: no copy), else a copy."""
+        if len(self.rows) == len(matrix) and (self.rows == np.arange(len(matrix))).all():
+            return matrix
+        return matrix[self.rows]
 
     def label_tensors(self, device) -> tuple[Tensor, Tensor | None]:
-        part = self.labels
-        observed = torch.as_tensor(part.observed[self.keep], dtype=torch.float32, device=device)
+        """Observed (int8: 1, 0, -1) and full (uint8: 0/1) labels of the split's rows, as the
+        labels file stores them: a quarter of float32's memory for sets of millions of rows
+        (the trainer makes each batch's labels float)."""
+        part = self.source
+        observed = torch.as_tensor(self.observed(), dtype=torch.int8, device=device)
         clean = (None if part.clean is None
-                 else torch.as_tensor(part.clean[self.keep], dtype=torch.float32, device=device))
+                 else torch.as_tensor(self._rows_of(part.clean), dtype=torch.uint8, device=device))
         return observed, clean
 
 
@@ -221,19 +236,19 @@ def split_rows(labels: LabelSet, features: FeatureFile) -> tuple[dict[str, Split
                          f"not {labels.dataset!r}")
     splits, notes = {}, []
     for name in SPLITS:
-        part = labels.split(name)
         official = "test" if name == "test" else "train"
+        source = labels.test if name == "test" else labels.train
         rows = (np.arange(len(labels.test)) if name == "test"
                 else labels.train_index if name == "train" else labels.val_index)
         keep = ~features.bad[official][rows]
         if not keep.all():
-            dropped = part.images[~keep]
+            dropped = source.images[rows[~keep]]
             notes.append(f"{name}: {int((~keep).sum())} rows skipped as unreadable images "
                          f"(first: {', '.join(map(str, dropped[:3]))})")
             log.warning(notes[-1])
         if not keep.any():
             raise InputError(f"the {name} split of {labels.path} has no usable rows")
-        splits[name] = SplitRows(name, official, rows[keep], keep, part)
+        splits[name] = SplitRows(name, official, rows[keep], source)
     return splits, notes
 
 
@@ -243,7 +258,7 @@ def load_linear_data(labels_path: str | Path, features_path: str | Path,
     """Load and check a labels file and its features file; drop rows flagged bad (and say so).
     ``pseudo_choice`` names the pseudo-label set the losses that need one use (default: each
     loss's own rule's)."""
-    labels = load_labels(labels_path)
+    labels = load_labels(labels_path, image_names=False)
     return read_linear_data(labels, open_features(features_path, labels), device, pseudo_choice)
 
 
@@ -263,8 +278,7 @@ def read_linear_data(labels: LabelSet, features: FeatureFile, device: torch.devi
                 tensors[part.name] = SplitTensors(
                     features=torch.as_tensor(np.ascontiguousarray(array[part.rows]),
                                              dtype=torch.float32, device=device),
-                    observed=observed, clean=clean, rows=part.rows,
-                    images=part.labels.images[part.keep])
+                    observed=observed, clean=clean, rows=part.rows)
             del array
     return LinearData(
         dataset=labels.dataset, classes=list(labels.classes), train=tensors["train"],

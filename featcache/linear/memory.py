@@ -128,8 +128,8 @@ class GroupShape:
         per_row = h * n * classes * FLOAT32
         state = (self.per_example_state + 3 * self.learned_state) * per_row
         predictions = per_row * (int(self.train_map) + int(self.train_scores))
-        if self.train_map:  # the rows' positives in training order (ranking: evaluation's)
-            predictions += 2 * n * classes
+        if self.train_map:  # the rows' positives in training order, bools (ranking: evaluation's)
+            predictions += n * classes
         # kept epochs: the trainer's, then the main process's while others evaluate them
         kept = 2 * self.snapshots * self.heads_bytes(sizes)
         return head + state + predictions + kept + self.evaluation_bytes(sizes)
@@ -161,8 +161,9 @@ def ranking_bytes(elements: int) -> int:
 
 
 def labels_bytes(sizes: SplitSizes) -> int:
-    """Observed and clean labels of the three splits as float32 tensors."""
-    return 2 * (sizes.train + sizes.val + sizes.test) * sizes.classes * FLOAT32
+    """Observed (int8) and clean (uint8) labels of the three splits as tensors
+    (:meth:`featcache.linear.data.SplitRows.label_tensors`)."""
+    return 2 * (sizes.train + sizes.val + sizes.test) * sizes.classes
 
 
 #: bytes per streamed read: whole HDF5 chunks adding up to about this much (smaller blocks
@@ -177,10 +178,11 @@ MIN_WINDOW_BLOCKS = 8
 WORKER_BYTES = 128 << 20
 #: share of the budget left unplanned (allocator slack, fragmentation, estimate error)
 HEADROOM = 0.1
-#: what a search process allocates besides the planned tensors (label arrays, AP sorting
-#: indices, HDF5 and allocator caches); measured with benchmarks.linear --out-of-core: one
-#: configuration of 250,000 x 2,048 float32 held about 100 MB more than its plan without it
-PROCESS_BYTES = 64 << 20
+#: what a search process allocates besides the planned tensors (AP sorting indices, HDF5 and
+#: allocator caches); measured with benchmarks.linear --out-of-core: one configuration of
+#: 1,000,000 x 2,048 float16 (labels file read without its image paths, labels kept as int8
+#: and uint8) held about 20 MB more than its plan without it
+PROCESS_BYTES = 32 << 20
 
 #: this process's resident size once torch and featcache were imported (see
 #: :func:`mark_interpreter`): the libraries' own pages, which the budget does not count

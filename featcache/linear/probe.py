@@ -116,8 +116,7 @@ def train_and_val(data: LinearData) -> LinearData:
     merged = SplitTensors(features=torch.cat([train.features, val.features]),
                           observed=torch.cat([train.observed, val.observed]),
                           clean=joined(train.clean, val.clean),
-                          rows=np.concatenate([train.rows, val.rows]),
-                          images=np.concatenate([train.images, val.images]))
+                          rows=np.concatenate([train.rows, val.rows]))
     return replace(data, train=merged, pseudo_labels=None)
 
 

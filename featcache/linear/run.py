@@ -35,6 +35,7 @@ from featcache.linear.memory import (
     mark_interpreter,
     parse_size,
     plan_placement,
+    release_freed_memory,
 )
 from featcache.linear.options import LinearOptions
 from featcache.linear.outputs import run_settings, write_run
@@ -106,7 +107,7 @@ def run_linear(options: LinearOptions, say: Callable[[str], None] = _stderr,
 def _run_linear(options: LinearOptions, budget: int, job: Ranks, say: Callable[[str], None],
                 on_run: Callable[[LossRun], None] | None) -> LinearOutcome:
     device = job.device
-    labels = load_labels(existing_labels(options.dataset, options.cache))
+    labels = load_labels(existing_labels(options.dataset, options.cache), image_names=False)
     zero_shot_asked, options = split_zero_shot(options)
     files = feature_files(options, labels, say)
     first_rows = split_rows(labels, files.first)
@@ -198,7 +199,7 @@ def _search_specs(options: LinearOptions, labels, files: FeatureFiles,
     with the validation variant decided; whether the zero-shot row is scored."""
     parts, _ = first_rows
     train = parts["train"]
-    facts = training_facts(labels, train.labels.observed[train.keep],
+    facts = training_facts(labels, train.observed(),
                            labels.train.clean is not None, options.pseudo_labels,
                            spatial=files.spatial is not None,
                            backbone=files.pooled.backbone if files.pooled else files.backbone,
@@ -295,7 +296,9 @@ def load_training_data(labels, features, device, budget: int, stream: bool,
         return replace(read_linear_data(labels, features, device, pseudo_choice, known_rows),
                        placement=placement)
     say(placement.describe())
-    return load_streamed_data(labels, features, placement, device, pseudo_choice, known_rows)
+    data = load_streamed_data(labels, features, placement, device, pseudo_choice, known_rows)
+    release_freed_memory()  # what reading and checking freed goes back before training grows
+    return data
 
 
 def planned_jobs(data: TrainingSplits, jobs: int) -> int:
@@ -378,7 +381,7 @@ def write_loss_run(data: TrainingSplits, result: SearchResult, run_dir: Path,
 def train_linear_phase(request: LinearPhaseRequest) -> Path:
     """LinearInit's linear phase (one configuration, 25 epochs) as a normal stage-two run."""
     device = pick_device(request.device)
-    labels = load_labels(labels_path(request.dataset, request.cache))
+    labels = load_labels(labels_path(request.dataset, request.cache), image_names=False)
     data = load_training_data(labels, open_features(request.features, labels), device,
                               default_budget(), False, [(request.loss, 1)], groups=1, jobs=1,
                               pseudo_choice=request.pseudo_labels)

@@ -103,7 +103,6 @@ class StreamedSplit:
     observed: Tensor
     clean: Tensor | None
     rows: np.ndarray
-    images: np.ndarray
     pseudo: Tensor | None = None  # (n, L) pseudo-labels 1 / 0 / -1 (losses that need them)
 
     def __len__(self) -> int:
@@ -150,16 +149,15 @@ def load_streamed_data(labels: LabelSet, features: FeatureFile, placement: Place
     parts = {}
     for name, part in splits.items():
         observed, clean = part.label_tensors(device)
-        images = part.labels.images[part.keep]
         rows = StreamedRows(features, part, placement.block_rows, placement.window_blocks, device)
         if name in placement.streamed:
-            parts[name] = StreamedSplit(rows, observed, clean, part.rows, images)
+            parts[name] = StreamedSplit(rows, observed, clean, part.rows)
         else:
             tensor = torch.empty(len(part.rows), features.dim, device=device)
             for b, block in enumerate(rows.blocks):
                 x, _ = rows.read([b])
                 tensor[block[2]] = x.float()
-            parts[name] = SplitTensors(tensor, observed, clean, part.rows, images)
+            parts[name] = SplitTensors(tensor, observed, clean, part.rows)
     features.close()  # workers open their own handle (HDF5 handles do not survive fork)
     return StreamedLinearData(
         dataset=labels.dataset, classes=list(labels.classes), train=parts["train"],

@@ -82,6 +82,16 @@ def train_group(data: TrainingSplits, loss_name: str, configs: Sequence[GridPoin
                         torch.device(device)).run(progress, position)
 
 
+def _float_labels(loss: SPMLLoss, observed: Tensor, clean: Tensor | None
+                  ) -> tuple[Tensor, Tensor | None]:
+    """The training split's labels as float32 for the loss's ``init_state``: copies of the
+    compact labels only for a loss that keeps per-example state (the others would build and
+    drop two (N, L) float matrices, the largest allocation of a one-configuration run)."""
+    if type(loss).init_state is SPMLLoss.init_state:
+        return observed, clean
+    return observed.float(), None if clean is None else clean.float()
+
+
 def evaluation_can_move(loss: type[SPMLLoss], early_stop: str) -> bool:
     """Whether groups of ``loss`` train without ever reading their evaluation (no early
     stopping, no state trained beside the heads), so that others may evaluate their epochs
@@ -116,7 +126,7 @@ class GroupTrainer:
             [torch.Generator().manual_seed(derive_seed(seed, "head", c.key())) for c in configs],
             device=device, source=str(getattr(data.features, "path", None) or "the features"))
         state = self.loss.init_state(
-            data.train.observed, data.train.clean,
+            *_float_labels(self.loss, data.train.observed, data.train.clean),
             generator=torch.Generator().manual_seed(derive_seed(seed, "state", batch_size)))
         self.state = {k: v.detach().to(device) for k, v in state.items()}
         self.learned = self.loss.learned_state_lr_mults()
@@ -216,8 +226,8 @@ class GroupTrainer:
         (:meth:`StackedLinear.grads`). Returns the per-head loss and the batch's logits.
         """
         train = self.data.train
-        targets = Targets(train.observed.index_select(0, index), index,
-                          None if train.clean is None else train.clean.index_select(0, index),
+        targets = Targets(train.observed.index_select(0, index).float(), index,
+                          None if train.clean is None else train.clean.index_select(0, index).float(),
                           None if train.pseudo is None else train.pseudo.index_select(0, index))
         logits = self.head.forward(x)
         if self.loss.masked_pass:  # IGNORE: the second pass, on the positive's masked maps
@@ -428,7 +438,14 @@ class TrainingPredictions:
         """mAP in percent per head. The rows stay in the order they were trained in (a column's
         AP sums its positives' precisions in the order of their scores, whatever the order of
         the rows: the same numbers as in split order, without a copy of the predictions)."""
-        return _map(average_precision(self.probs, (clean > 0).index_select(0, self.index)))
+        return _map(average_precision(self.probs, positives_in_order(clean, self.index)))
+
+
+def positives_in_order(clean: Tensor, index: Tensor) -> Tensor:
+    """The rows ``index`` of the full labels as a bool matrix: one allocation for a labels
+    file's uint8 labels (0 or 1, checked when read, so the bytes are already bools)."""
+    rows = clean.index_select(0, index)
+    return rows.view(torch.bool) if rows.dtype == torch.uint8 else rows > 0
 
 
 def feature_rows(split) -> FeatureRows:
