@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 from dataset_fixtures import invoke
 
+from featcache.losses.needs import NOT_FOR_IMPORTED
+
 FAST = ("--epochs", "1", "--lr", "1e-2", "--bsize", "16", "--quiet", "--no-plots",
         "--device", "cpu")
 
@@ -74,11 +76,11 @@ def test_loss_all_on_an_imported_set_says_what_is_not_available(imported, cache_
     skips = [line for line in result.output.splitlines() if line.startswith("skipping ")]
     skipped = {line.split(":")[0].split()[1]: line for line in skips}
     for name in ("an+boostlu", "ll-r+boostlu", "vlpl", "gpr"):
-        assert "not available for a set imported from features" in skipped[name], skipped[name]
+        assert NOT_FOR_IMPORTED in skipped[name], skipped[name]
         assert "`featcache" not in skipped[name]
     result = invoke("train-linear", "--dataset", "imp", "--loss", "an+boostlu", *FAST)
     assert result.exit_code == 1
-    assert "not available for a set imported from features" in result.output
+    assert NOT_FOR_IMPORTED in result.output
     assert "--backbone imported" not in result.output
 
 
@@ -194,3 +196,19 @@ def test_a_features_file_of_other_settings_shows_the_keys_that_differ():
                          "normalize": "imagenet", "decode": "pil"}, "weights": "random"}
     new = {"transform": {**old["transform"], "resize": 224}, "weights": "random"}
     assert describe_differences(old, new) == "transform.resize: 448 -> 224"
+
+
+def test_a_generated_set_says_what_is_not_available_like_an_imported_one(tmp_path):
+    """The benchmarks' generated sets have no images either: their skip lines must not
+    suggest `featcache features --backbone synthetic --spatial`, which cannot work."""
+    from benchmarks.linear import synthetic_dataset
+    from featcache.data.labelfile import load_labels
+    from featcache.losses import loss_class
+    from featcache.protocol.loss_choice import training_facts
+    labels_path, _, _ = synthetic_dataset("voc", root=tmp_path)
+    labels = load_labels(labels_path)
+    facts = training_facts(labels, labels.train.observed, True)
+    assert facts.imported
+    for name in ("an+boostlu", "ignore", "vlpl"):
+        reason = loss_class(name).unmet_need(facts) or ""
+        assert NOT_FOR_IMPORTED in reason and "featcache features" not in reason, reason

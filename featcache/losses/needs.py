@@ -27,16 +27,18 @@ class DataFacts:
     #: ``featcache features --spatial``; stage three: the trunk's feature map, always)
     spatial_features: bool = False
     backbone: str | None = None  # the features' backbone, named in messages
-    #: the set was imported from precomputed features (``featcache prepare features``): it has
-    #: no images, so nothing can make feature maps or pseudo-labels for it
+    #: the set was imported from precomputed features (``featcache prepare features``) or
+    #: generated: it has no images, so nothing can make feature maps or pseudo-labels for it
     imported: bool = False
     #: the command that made the pooled features, with its options (``--spatial`` is added to
     #: it in the spatial need's advice); empty when unknown
     features_command: str = ""
 
 
-#: why a need that images would meet cannot be met on a set imported from features
-NOT_FOR_IMPORTED = "is not available for a set imported from features"
+#: why a need that images would meet cannot be met on a set imported from features (or
+#: generated, as the benchmarks' sets are)
+NOT_FOR_IMPORTED = ("is not available for a set imported from features (it has features but "
+                    "no images)")
 
 
 class TrainingData(Protocol):

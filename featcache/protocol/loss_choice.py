@@ -18,6 +18,10 @@ from featcache.data.pseudofile import available_pseudo_labels
 from featcache.errors import LossNeedError, OptionError, did_you_mean
 from featcache.losses import SPATIAL_FEATURES, DataFacts, ResolvedParams, loss_class, loss_names
 
+#: ``source_format`` of the labels files whose sets have features but no images: imported
+#: from precomputed features (``featcache prepare features``), or generated (the benchmarks')
+WITHOUT_IMAGES = ("npz", "generated")
+
 
 def training_facts(labels: LabelSet, observed: np.ndarray, has_clean: bool,
                    pseudo_choice: str | None = None, spatial: bool = False,
@@ -36,7 +40,7 @@ def training_facts(labels: LabelSet, observed: np.ndarray, has_clean: bool,
                              if labels.train.clean is not None else ()),
         pseudo_labels=tuple(available_pseudo_labels(labels)), pseudo_choice=pseudo_choice,
         spatial_features=spatial, backbone=backbone,
-        imported=labels.provenance.get("source_format") == "npz",
+        imported=labels.provenance.get("source_format") in WITHOUT_IMAGES,
         features_command=features_command,
     )
 
