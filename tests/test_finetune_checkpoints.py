@@ -78,12 +78,17 @@ def test_the_budget_is_said_first_and_a_disk_too_small_is_refused_before_the_run
     real = fileio.shutil.disk_usage
     monkeypatch.setattr(fileio.shutil, "disk_usage", lambda path: SimpleNamespace(free=300_000_000)
                         if "finetune" in str(path) or "cache" in str(path) else real(path))
+
+    def not_for_a_short_run(*args, **kwargs):
+        raise AssertionError("a run of a few steps is not timed in advance")
+
+    monkeypatch.setattr("featcache.finetune.run.measure_seconds", not_for_a_short_run)
     refused = finetune(cache, *GRID, "--run-id", "small")
     assert refused.exit_code == 1
     lines = refused.output.splitlines()
     budget = next(line for line in lines if line.startswith("fine-tuning 1 configuration x 2"))
     assert "--keep-checkpoints last keeps the latest epoch's checkpoint and the best weights" in budget
-    assert "300.0 MB free" in budget and "measured on a few steps" in budget
+    assert "300.0 MB free" in budget and "training steps), not timed in advance" in budget
     error = next(line for line in lines if line.startswith("Error: "))
     assert "not enough free space in" in error and "for the checkpoints of this run" in error
     assert "--keep-checkpoints best needs the least" in error and "300.0 MB free" in error

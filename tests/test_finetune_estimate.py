@@ -7,7 +7,7 @@ import torch
 from helpers_finetune import fresh_setup
 
 from featcache.finetune import budget as budget_module
-from featcache.finetune.budget import Budget, measure_seconds
+from featcache.finetune.budget import SHORT_RUN_STEPS, Budget, measure_seconds, training_steps
 
 
 def test_the_probe_times_the_grids_own_batch_sizes_with_the_optimizer_step(
@@ -93,3 +93,15 @@ def test_overwrite_announces_every_configuration_it_will_train_again(tmp_path):
     (done / HISTORY).write_text("{}")
     assert configs_to_train(configs, tmp_path, resume=False) == configs
     assert configs_to_train(configs, tmp_path, resume=True) == configs[1:]
+
+
+def test_a_run_of_a_few_steps_is_not_timed_in_advance():
+    """The probes (WARMUP + TIMED steps per batch size, and evaluation's) would cost a large
+    share of a run of a few steps, such as the demo's one configuration x one epoch."""
+    assert training_steps(240, [16], 1) == 15 <= SHORT_RUN_STEPS < training_steps(240, [16], 2)
+    assert training_steps(250, [8, 16], 3) == (31 + 15) * 3
+    budget = Budget(configs=1, epochs=1, keep="last", checkpoint_bytes=10, best_bytes=5,
+                    short_steps=15)
+    assert budget.line(10**9).endswith(
+        "; a short run (15 training steps), not timed in advance (timing it would cost a good "
+        "part of it)")

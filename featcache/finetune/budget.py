@@ -55,6 +55,10 @@ PROBE_SECONDS = 20.0
 EVAL_PROBE_BATCH = 16
 #: a CPU estimate above this many seconds says how to shorten the run
 LONG_ON_CPU = 20 * 60
+#: a run of at most this many training steps is not timed in advance: the probes (a copy of
+#: the network, WARMUP + TIMED training and evaluation steps per batch size) would cost a
+#: large share of the run itself (the demo's one configuration x one epoch is 15 steps)
+SHORT_RUN_STEPS = 4 * (WARMUP + TIMED)
 
 
 def check_keep(keep: str) -> str:
@@ -73,6 +77,8 @@ class Budget:
     checkpoint_bytes: int
     best_bytes: int
     seconds: float | None = None
+    #: the run's training steps when it is too short to be timed in advance (else None)
+    short_steps: int | None = None
     #: for the advice of a long CPU run
     device: str = "cpu"
     image_size: int | None = None
@@ -96,6 +102,9 @@ class Budget:
         time_part = "" if self.seconds is None else (
             f"; about {human_seconds(self.seconds)} (measured on a few steps with their image "
             "decoding)" + self.shorten_advice())
+        if self.short_steps is not None:
+            time_part = (f"; a short run ({plural(self.short_steps, 'training step')}), not "
+                         "timed in advance (timing it would cost a good part of it)")
         return (f"fine-tuning {plural(self.configs, 'configuration')} x {plural(self.epochs, 'epoch')}: "
                 f"checkpoints {human_bytes(self.checkpoint_bytes)} each, best.pt "
                 f"{human_bytes(self.best_bytes)}; --keep-checkpoints {self.keep} keeps {kept}: at "
@@ -152,6 +161,11 @@ def check_disk(budget: Budget, run_dir, say) -> None:
     require_space(run_dir, budget.peak_bytes,
                   f"for the checkpoints of this run (--keep-checkpoints {budget.keep}; "
                   "--keep-checkpoints best needs the least)", largest)
+
+
+def training_steps(train_rows: int, batch_sizes: Sequence[int], epochs: int) -> int:
+    """Steps of a run's configurations (one batch size each), the last partial batch dropped."""
+    return sum(train_rows // batch for batch in batch_sizes) * epochs
 
 
 def measure_seconds(start: StartPoint, data: FinetuneData, loss: str,

@@ -13,7 +13,13 @@ from featcache.errors import (
     Interrupted,
     OutputExistsError,
 )
-from featcache.finetune.budget import check_disk, measure_seconds, plan_budget
+from featcache.finetune.budget import (
+    SHORT_RUN_STEPS,
+    check_disk,
+    measure_seconds,
+    plan_budget,
+    training_steps,
+)
 from featcache.finetune.checkpoint import HISTORY
 from featcache.finetune.data import FinetuneData, load_finetune_data
 from featcache.finetune.distributed import on_main
@@ -226,7 +232,10 @@ def announce_budget(settings: Settings, start: StartPoint, data: FinetuneData, c
                          settings.keep_checkpoints)
     budget.device, budget.image_size, budget.dataset = (job.device.type, start.image_size,
                                                         data.dataset)
-    if left:
+    steps = training_steps(len(data.train), [c.batch_size for c in left], settings.epochs)
+    if left and steps <= SHORT_RUN_STEPS:
+        budget.short_steps = steps
+    elif left:
         per_epoch = measure_seconds(start, data, settings.loss, [c.batch_size for c in left],
                                     settings.eval_batch_size, settings.precision, job.device,
                                     settings.workers)
