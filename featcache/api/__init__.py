@@ -18,8 +18,29 @@
 never pays for importing torch and scikit-learn before it needs them).
 """
 
-from featcache.api.backbone_features import BackboneFeatures  # noqa: F401
-from featcache.api.estimator import SPMLClassifier  # noqa: F401
-from featcache.api.runs import FinetuneRun, LinearRun, load_run  # noqa: F401
-from featcache.api.scoring import map_scorer, mean_average_precision_score  # noqa: F401
-from featcache.api.zeroshot import ZeroShotClassifier  # noqa: F401
+import importlib
+
+#: each exported name and the module that defines it, imported on first access (PEP 562): the
+#: commands that use one module (``predict``, ``cam``) never import scikit-learn for the
+#: estimators (about 2 CPU-seconds per command)
+_EXPORTS = {
+    "BackboneFeatures": "featcache.api.backbone_features",
+    "SPMLClassifier": "featcache.api.estimator",
+    "FinetuneRun": "featcache.api.runs",
+    "LinearRun": "featcache.api.runs",
+    "load_run": "featcache.api.runs",
+    "map_scorer": "featcache.api.scoring",
+    "mean_average_precision_score": "featcache.api.scoring",
+    "ZeroShotClassifier": "featcache.api.zeroshot",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'featcache.api' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

@@ -47,12 +47,17 @@ from sklearn.utils._param_validation import (
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from featcache.api.constraints import RegisteredNames, SpatialShape, loss_param_constraints
+from featcache.api.head_logits import (  # noqa: F401 - re-exported: the estimator's own
+    SIGMOID_BLOCK,
+    boostlu_logits,
+    linear_logits,
+    probabilities,
+)
 from featcache.api.scoring import protocol_map
 from featcache.api.targets import LABELS, label_matrix, read_target, targets_for
 from featcache.data.sampling import split_train_val
 from featcache.errors import FeatcacheWarning, LossNeedError, OptionError
 from featcache.linear.data import LinearData
-from featcache.linear.heads import StackedBoostLU, StackedLinear
 from featcache.linear.search import SearchSpec, run_search
 from featcache.losses import OBSERVED_NEGATIVES, SPATIAL_FEATURES, HeadKind, loss_class, loss_names
 from featcache.protocol.selection import EARLY_STOP_RULES, LAST_EPOCH
@@ -376,48 +381,6 @@ class SPMLClassifier(ClassifierMixin, BaseEstimator):
 
 
 # ---------------------------------------------------------------------- shared helpers
-def linear_logits(X: np.ndarray, weight: np.ndarray, bias: np.ndarray,
-                  device: torch.device | str = "cpu") -> np.ndarray:
-    """Logits of one linear head (weight (L, D), bias (L,)) through stage two's own stacked
-    head, so that predictions equal the ones its evaluation scored."""
-    head = StackedLinear(
-        torch.as_tensor(weight, dtype=torch.float32).t().contiguous()[None].to(device),
-        torch.as_tensor(bias, dtype=torch.float32).reshape(1, 1, -1).to(device))
-    with torch.no_grad():
-        features = torch.as_tensor(np.ascontiguousarray(X), dtype=torch.float32, device=device)
-        return head(features)[0].cpu().numpy()
-
-
-#: sigmoid block length: a multiple of every CPU vector width (torch computes the last
-#: ``n mod 2 * width`` values of a call on its scalar path, which rounds differently) and below
-#: the size at which torch splits elementwise work between threads
-SIGMOID_BLOCK = 1 << 14
-
-
-def probabilities(logits: np.ndarray) -> np.ndarray:
-    """``sigmoid(logits)``, float32, each value computed on torch's vectorised path wherever its
-    row sits: the same probability for a row alone, in a subset or in another order (a plain
-    ``torch.sigmoid`` rounds the tail of each call on another path, by up to an ulp)."""
-    flat = torch.from_numpy(np.ascontiguousarray(logits, dtype=np.float32)).reshape(-1)
-    size = flat.numel()
-    padded = torch.zeros(-(-size // SIGMOID_BLOCK) * SIGMOID_BLOCK)
-    padded[:size] = flat
-    out = torch.cat([torch.sigmoid(block) for block in padded.split(SIGMOID_BLOCK)]) if size else padded
-    return out[:size].reshape(np.shape(logits)).numpy()
-
-
-def boostlu_logits(X: np.ndarray, weight: np.ndarray, bias: np.ndarray, positions: int,
-                   alpha: float, device: torch.device | str = "cpu") -> np.ndarray:
-    """Logits of one BoostLU head (the 1 x 1 convolution weight (L, D), bias (L,)) on rows of
-    (h, w, D) maps of ``positions`` = h w positions, through stage two's stacked BoostLU head."""
-    head = StackedBoostLU(
-        torch.as_tensor(weight, dtype=torch.float32).t().contiguous()[None].to(device),
-        torch.as_tensor(bias, dtype=torch.float32).reshape(1, 1, -1).to(device),
-        positions=positions, alpha=[float(alpha)], trainable=False)
-    features = torch.as_tensor(np.ascontiguousarray(X), dtype=torch.float32, device=device)
-    return head.logits(features)[0].cpu().numpy()
-
-
 def _history(record: dict, variant: str) -> dict:
     """One epoch of ``history_``: without validation data, no validation numbers."""
     keep = ("epoch", "train_loss", "train_map") if variant == LAST_EPOCH else (

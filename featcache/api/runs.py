@@ -16,22 +16,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from sklearn.pipeline import Pipeline, make_pipeline
 from torch import Tensor, nn
 
-from featcache.api.backbone_features import BackboneFeatures
-from featcache.api.estimator import (
-    SPMLClassifier,
-    boostlu_logits,
-    linear_logits,
-    probabilities,
-)
+from featcache.api.head_logits import boostlu_logits, linear_logits, probabilities
 from featcache.api.images import image_paths, run_on_images
 from featcache.api.predict import check_input, read_features_input
-from featcache.api.targets import MATRIX
 from featcache.backbones import Preprocess, backbone_spec
 from featcache.backbones.rebuild import (
     recorded_image_size,
@@ -46,6 +39,11 @@ from featcache.losses import HeadKind, loss_class
 from featcache.protocol.handoff import load_head, load_saved
 from featcache.protocol.runs import RESULTS, RunFolder
 from featcache.runtime import pick_device
+
+if TYPE_CHECKING:  # scikit-learn is imported by the methods that build its objects
+    from sklearn.pipeline import Pipeline
+
+    from featcache.api.estimator import SPMLClassifier
 
 
 def load_run(path: str | Path) -> LinearRun | FinetuneRun:
@@ -307,6 +305,9 @@ class LinearRun(TrainedRun):
                              f"{self._head['features_transform']} rows and was refit with AdamW "
                              "weight decay, which SPMLClassifier does not do; predict with the "
                              "run itself (run.predict_proba)")
+        from featcache.api.estimator import SPMLClassifier  # scikit-learn: only when asked
+        from featcache.api.targets import MATRIX
+
         config = self.config
         clf = SPMLClassifier(loss=self.loss, loss_params=dict(config["params"]),
                              lr=config["lr"], batch_size=config["batch_size"],
@@ -344,6 +345,10 @@ class LinearRun(TrainedRun):
             self._head, f"linear run {self.path}", weights=weights)
         identity = trunk.weights_identity
         mode = preprocess_mode(self.about.get("transform") or {}, self.backbone, self.image_size)
+        from sklearn.pipeline import make_pipeline
+
+        from featcache.api.backbone_features import BackboneFeatures
+
         features = BackboneFeatures(
             backbone=self.backbone, image_size=self.image_size, preprocess=mode or "native",
             weights=weights or identity.get("weights"), seed=int(identity.get("weights_seed", 0)),
