@@ -28,7 +28,7 @@ import h5py
 import numpy as np
 
 from featcache import __version__
-from featcache.errors import InputError
+from featcache.errors import InputError, plural
 from featcache.fileio import sha256_file
 from featcache.hdf5 import decode_attrs, encode_attr, write_hdf5_atomic
 
@@ -57,7 +57,7 @@ class ImageNames:
         return self.count
 
     def __repr__(self) -> str:
-        return f"ImageNames({str(self.path)!r}, {self.split!r}, {self.count} rows)"
+        return f"ImageNames({str(self.path)!r}, {self.split!r}, {plural(self.count, 'row')})"
 
     def take(self, rows: np.ndarray) -> ImageNames:
         """The names of ``rows`` (still unread)."""
