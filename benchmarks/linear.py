@@ -295,7 +295,8 @@ def big_dataset(rows: int, dtype: str = "float16", root: Path = BENCH_DIR / "dat
                           observe_uniform(splits["train"]), splits["train"]),
         test=SplitLabels(np.array([f"test/{i:07d}" for i in range(rows - n_train)], dtype=object),
                          observe_uniform(splits["test"]), splits["test"]),
-        train_index=train_idx, val_index=val_idx, provenance={"source": "benchmark, generated", "source_format": "generated"},
+        train_index=train_idx, val_index=val_idx,
+        provenance={"source": "benchmark, generated", "source_format": "generated"},
     )
     write_labels(labels, labels_path, overwrite=True)
     labels = load_labels(labels_path)

@@ -86,14 +86,9 @@ class ImageNames:
     def tolist(self) -> list[str]:
         return self[:].tolist()
 
-    def __iter__(self):
-        for _, names in self.blocks():
-            yield from names
-
-    def blocks(self):
-        """(start, names) of consecutive blocks of :data:`BLOCK` rows."""
+    def __iter__(self):  # a block of :data:`BLOCK` names read at a time
         for start in range(0, self.count, self.BLOCK):
-            yield start, self[start:start + self.BLOCK]
+            yield from self[start:start + self.BLOCK]
 
 
 @dataclass

@@ -232,11 +232,12 @@ def announce_budget(settings: Settings, start: StartPoint, data: FinetuneData, c
                          settings.keep_checkpoints)
     budget.device, budget.image_size, budget.dataset = (job.device.type, start.image_size,
                                                         data.dataset)
-    steps = training_steps(len(data.train), [c.batch_size for c in left], settings.epochs)
+    batch_sizes = [c.batch_size for c in left]
+    steps = training_steps(len(data.train), batch_sizes, settings.epochs)
     if left and steps <= SHORT_RUN_STEPS:
         budget.short_steps = steps
     elif left:
-        per_epoch = measure_seconds(start, data, settings.loss, [c.batch_size for c in left],
+        per_epoch = measure_seconds(start, data, settings.loss, batch_sizes,
                                     settings.eval_batch_size, settings.precision, job.device,
                                     settings.workers)
         budget.seconds = per_epoch * settings.epochs / max(1, job.world)

@@ -35,7 +35,7 @@ from featcache.errors import OptionError
 from featcache.interrupt import check_stop
 from featcache.linear.data import TrainingSplits
 from featcache.linear.heads import StackedAdam, StackedLinear, create_heads
-from featcache.linear.memory import STACKED_SCORES_BYTES
+from featcache.linear.memory import FLOAT32, STACKED_SCORES_BYTES
 from featcache.linear.rows import FeatureRows, MemoryRows
 from featcache.losses import SPMLLoss, Targets, create_loss
 from featcache.metrics import RankedScores, average_precision
@@ -275,12 +275,22 @@ class Evaluation:
         """Validation and test mAP of heads like ``heads`` (a group's heads, or the same
         :meth:`~StackedLinear.without_weights`) with ``done``'s weights, the epoch ``done.epoch``."""
         head = heads.frozen(done.weight, done.bias)
-        val = RankedScores(self.val_rows.scores(head))
-        done.val_map_observed = _map(val.average_precision(self.val_observed))
-        if self.data.val.clean is not None:
-            done.val_map = _map(val.average_precision(self.data.val.clean))
-        done.test_ap = average_precision(self.test_rows.scores(head), self.test_targets)
+        observed, clean, done.test_ap = self._aps(self.val_rows.scores(head),
+                                                  lambda: self.test_rows.scores(head))
+        done.val_map_observed = _map(observed)
+        if clean is not None:
+            done.val_map = _map(clean)
         return done
+
+    def _aps(self, val_scores: Tensor, test_scores) -> tuple[Tensor, Tensor | None, Tensor]:
+        """Per-class AP (..., L) of validation scores against the observed and (when known) the
+        full labels, and of the test scores (``test_scores()``, made once the validation split
+        is ranked) against the test labels."""
+        val = RankedScores(val_scores)
+        observed = val.average_precision(self.val_observed)
+        clean = (val.average_precision(self.data.val.clean)
+                 if self.data.val.clean is not None else None)
+        return observed, clean, average_precision(test_scores(), self.test_targets)
 
     @torch.no_grad()
     def evaluate_epochs(self, heads: StackedLinear, epochs: Sequence[EpochState],
@@ -295,22 +305,19 @@ class Evaluation:
         if (type(heads) is not StackedLinear or len(epochs) < 2
                 or not isinstance(self.val_rows, MemoryRows)
                 or not isinstance(self.test_rows, MemoryRows)
-                or rows * width * 4 > STACKED_SCORES_BYTES):
+                or rows * width * FLOAT32 > STACKED_SCORES_BYTES):
             return [self.evaluate(heads, done) for done in epochs]
         stacked = heads.frozen(torch.cat([done.weight for done in epochs]),
                                torch.cat([done.bias for done in epochs]))
         per_epoch = (len(epochs), -1, self.data.num_classes)
-        val = RankedScores(self.val_rows.scores_of_epochs(stacked, len(epochs)))
-        observed = val.average_precision(self.val_observed).view(per_epoch)
-        clean = (val.average_precision(self.data.val.clean).view(per_epoch)
-                 if self.data.val.clean is not None else None)
-        test = average_precision(self.test_rows.scores_of_epochs(stacked, len(epochs)),
-                                 self.test_targets).view(per_epoch)
+        observed, clean, test = self._aps(
+            self.val_rows.scores_of_epochs(stacked, len(epochs)),
+            lambda: self.test_rows.scores_of_epochs(stacked, len(epochs)))
         for index, done in enumerate(epochs):
-            done.val_map_observed = _map(observed[index])
+            done.val_map_observed = _map(observed.view(per_epoch)[index])
             if clean is not None:
-                done.val_map = _map(clean[index])
-            done.test_ap = test[index].clone()
+                done.val_map = _map(clean.view(per_epoch)[index])
+            done.test_ap = test.view(per_epoch)[index].clone()
         return list(epochs)
 
 
