@@ -45,9 +45,10 @@ from featcache.backbones.inputs import loader_prefetch, uint8_batch_bytes
 from featcache.data.synthetic import write_image_labels
 from featcache.finetune.data import load_finetune_data
 from featcache.finetune.loop import ConfigTrainer, Settings
-from featcache.finetune.model import FinetuneNet, linear_head
+from featcache.finetune.model import FinetuneNet
 from featcache.finetune.options import FinetuneOptions
 from featcache.finetune.start import fresh_start
+from featcache.heads import HeadKind, HeadModule
 from featcache.losses import Targets, create_loss
 from featcache.protocol.grid import GridPoint
 from featcache.runtime import (
@@ -119,7 +120,8 @@ def ours(labels_path: Path, args, device: torch.device, bsize: int) -> dict[str,
 def baseline(paths, args, device: torch.device, bsize: int) -> dict:
     """The plain loop: PIL + full transform, fp32, NCHW, default Adam, predictions to the host."""
     trunk = create_backbone("resnet50", "random")
-    model = FinetuneNet(trunk, linear_head(2048, NUM_CLASSES, generator=torch.Generator())).to(device)
+    model = FinetuneNet(trunk, HeadModule.create(HeadKind.LINEAR, 2048, NUM_CLASSES,
+                                                 generator=torch.Generator())).to(device)
     model.train()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
     loss_fn = create_loss("an", NUM_CLASSES)

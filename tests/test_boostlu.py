@@ -19,14 +19,14 @@ from linear_fixtures import spatial_features_file, synthetic_dataset
 from featcache.data.featurefile import open_features
 from featcache.data.labelfile import load_labels
 from featcache.errors import InputError, LossNeedError, OptionError
-from featcache.finetune.model import BoostLUHead
+from featcache.heads import BoostLUHeads, HeadModule, LinearHeads, boostlu_pool
 from featcache.linear.data import load_linear_data, split_rows
-from featcache.linear.heads import StackedBoostLU, StackedLinear, create_heads
+from featcache.linear.heads import create_heads
 from featcache.linear.memory import GroupShape, SplitSizes, plan_placement
 from featcache.linear.search import SearchSpec, run_search
 from featcache.linear.stream import StreamedRows, load_streamed_data
 from featcache.losses import DataFacts, HeadKind, Targets, create_loss, loss_class
-from featcache.losses.boostlu import boostlu_pool, reference_rate
+from featcache.losses.boostlu import reference_rate
 from featcache.protocol.handoff import load_head
 from featcache.protocol.loss_choice import choose_losses
 from featcache.protocol.runs import load_results
@@ -43,7 +43,8 @@ B = torch.tensor([[[0.5]]], dtype=torch.float64)
 
 
 def _example_head(alpha):
-    return StackedBoostLU(W.unsqueeze(0).clone(), B.clone(), positions=4, alpha=[alpha])
+    return BoostLUHeads(W.unsqueeze(0).clone(), B.clone(), positions=4, params={"alpha": [alpha]},
+                        trainable=True)
 
 
 def test_the_worked_example_logits_by_hand():
@@ -54,7 +55,7 @@ def test_the_worked_example_logits_by_hand():
     # 0.75 - 1.25 + 0.5 = 0
     assert _example_head(1.0).forward(row).item() == pytest.approx(0.0, abs=ATOL)
     gap = POSITIONS.mean(dim=0, keepdim=True)
-    linear = StackedLinear(W.unsqueeze(0).clone(), B.clone()).forward(gap)
+    linear = LinearHeads(W.unsqueeze(0).clone(), B.clone(), trainable=True).forward(gap)
     assert linear.item() == pytest.approx(0.0, abs=ATOL)
     # alpha = 5: boosted [[12.5, -0.5], [2.5, -2.5]] -> 12 / 4 = 3
     logit = _example_head(5.0).forward(row)
@@ -81,19 +82,22 @@ def test_the_worked_example_bce_on_the_boosted_logit():
 def test_stage_three_head_is_the_same_code_on_a_feature_map():
     torch.manual_seed(0)
     fmap = torch.randn(3, 6, 2, 3, dtype=torch.float64)  # (B, D, h, w)
-    head = BoostLUHead(6, 4, alpha=5.0).double()
+    head = HeadModule.create(HeadKind.BOOSTLU, 6, 4, {"alpha": 5.0},
+                             generator=torch.Generator().manual_seed(0)).double()
     rows = fmap.permute(0, 2, 3, 1).reshape(3, -1)  # the spatial file's (h, w, D) rows
-    stacked = StackedBoostLU(head.weight.detach().t().unsqueeze(0).clone(),
-                             head.bias.detach().view(1, 1, -1).clone(), positions=6, alpha=[5.0])
+    stacked = BoostLUHeads(head.weight.detach().t().unsqueeze(0).clone(),
+                           head.bias.detach().view(1, 1, -1).clone(), positions=6,
+                           params={"alpha": [5.0]})
     torch.testing.assert_close(head(fmap), stacked.forward(rows)[0], rtol=0, atol=1e-12)
-    # the worked example through the 1x1 convolution: logit 3.0
-    conv = BoostLUHead(2, 1, alpha=5.0).double()
-    with torch.no_grad():
-        conv.weight.copy_(W.t())
-        conv.bias.fill_(0.5)
+    # its gradients reach the module's parameters (nn.Linear's layout: weight (L, D))
+    head(fmap).sum().backward()
+    assert head.weight.grad is not None and head.weight.grad.shape == (4, 6)
+    # the worked example on a (B, D, h, w) map: logit 3.0
+    conv = HeadModule.create(HeadKind.BOOSTLU, 2, 1, {"alpha": 5.0}, weight=W.t().float(),
+                             bias=torch.tensor([0.5])).double()
     example = POSITIONS.t().reshape(1, 2, 2, 2)
     assert conv(example).item() == pytest.approx(3.0, abs=ATOL)
-    assert "alpha=5" in repr(conv)
+    assert "alpha=5" in repr(conv) and "kind=boostlu" in repr(conv)
 
 
 def test_boosting_then_pooling_equals_the_identity_on_random_maps():
@@ -110,7 +114,8 @@ def test_hand_written_gradients_equal_autograd_for_several_heads_and_alphas():
     x = torch.randn(7, positions * dim, dtype=torch.float64)
     weight = torch.randn(3, dim, classes, dtype=torch.float64)
     bias = torch.randn(3, 1, classes, dtype=torch.float64)
-    head = StackedBoostLU(weight.clone(), bias.clone(), positions, alpha=[1.0, 3.0, 5.0])
+    head = BoostLUHeads(weight.clone(), bias.clone(), positions=positions,
+                        params={"alpha": [1.0, 3.0, 5.0]}, trainable=True)
     grad_logits = torch.randn(3, 7, classes, dtype=torch.float64)
     logits = head(x)
     expected = torch.autograd.grad((logits * grad_logits).sum(), head.parameters())
@@ -120,8 +125,10 @@ def test_hand_written_gradients_equal_autograd_for_several_heads_and_alphas():
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
     # and autograd itself against finite differences
     assert torch.autograd.gradcheck(
-        lambda w, b: StackedBoostLU(w, b, positions, [1.0, 3.0, 5.0], trainable=False).pool(
-            StackedBoostLU(w, b, positions, [1.0, 3.0, 5.0], trainable=False).cam(x, w, b)),
+        lambda w, b: BoostLUHeads(w, b, positions=positions,
+                                  params={"alpha": [1.0, 3.0, 5.0]}).pool(
+            BoostLUHeads(w, b, positions=positions,
+                         params={"alpha": [1.0, 3.0, 5.0]}).cam(x, w, b)),
         (weight.clone().requires_grad_(True), bias.clone().requires_grad_(True)))
 
 
@@ -129,12 +136,12 @@ def test_alpha_one_is_the_linear_head_on_pooled_features():
     torch.manual_seed(3)
     x = torch.randn(9, 4 * 8)
     gens = [torch.Generator().manual_seed(s) for s in (1, 2)]
-    boost = StackedBoostLU.create(8, 5, gens, positions=4, alpha=[1.0, 1.0])
-    linear = StackedLinear(boost.weight.detach().clone(), boost.bias.detach().clone())
+    boost = BoostLUHeads.create(8, 5, gens, positions=4, params={"alpha": [1.0, 1.0]})
+    linear = LinearHeads(boost.weight.detach().clone(), boost.bias.detach().clone())
     gap = x.view(9, 4, 8).mean(dim=1)
     torch.testing.assert_close(boost.scores(x), linear.scores(gap), rtol=1e-5, atol=1e-6)
     # fresh heads are drawn exactly like nn.Linear(D, L) heads
-    plain = StackedLinear.create(8, 5, [torch.Generator().manual_seed(s) for s in (1, 2)])
+    plain = LinearHeads.create(8, 5, [torch.Generator().manual_seed(s) for s in (1, 2)])
     assert torch.equal(plain.weight, boost.weight) and torch.equal(plain.bias, boost.bias)
 
 
@@ -165,10 +172,10 @@ def test_second_epoch_rejects_or_corrects_the_largest_unobserved_loss():
 
 
 def test_per_scheme_delta_rel_defaults_and_alpha_recorded():
-    assert create_loss("ll-r+boostlu", 3).params == {"delta_rel": [0.5], "alpha": [5.0]}
-    assert create_loss("ll-ct+boostlu", 3).params["delta_rel"] == [0.2]
-    assert create_loss("ll-cp+boostlu", 3).params["delta_rel"] == [0.1]
-    assert create_loss("an+boostlu", 3).params == {"alpha": [5.0]}
+    assert create_loss("ll-r+boostlu", 3).param_values == {"delta_rel": [0.5], "alpha": [5.0]}
+    assert create_loss("ll-ct+boostlu", 3).param_values["delta_rel"] == [0.2]
+    assert create_loss("ll-cp+boostlu", 3).param_values["delta_rel"] == [0.1]
+    assert create_loss("an+boostlu", 3).param_values == {"alpha": [5.0]}
     for name in ("an+boostlu", "ll-r+boostlu", "ll-ct+boostlu", "ll-cp+boostlu"):
         assert loss_class(name).head is HeadKind.BOOSTLU
     with pytest.raises(OptionError, match=r"alpha=0.5 is out of range: alpha takes \[1, inf\)"):
@@ -221,7 +228,8 @@ def test_train_linear_boostlu_on_a_spatial_file_records_alpha_and_the_head(spati
     assert (cache / "toy" / "runs" / "table-r1.md").is_file()
     # the selected head's test mAP is the head's own on the spatial rows (recomputed here)
     data = load_linear_data(cache / "toy" / "labels.h5", path)
-    stacked = StackedBoostLU(head["weight"].t().unsqueeze(0), head["bias"].view(1, 1, -1), 4, [5.0])
+    stacked = BoostLUHeads(head["weight"].t().unsqueeze(0), head["bias"].view(1, 1, -1), positions=4,
+                           params={"alpha": [5.0]})
     from featcache.metrics import average_precision
     ap = average_precision(stacked.scores(data.test.features), data.test.clean)
     assert float(ap.mean() * 100) == pytest.approx(document["selection"]["test_map"], abs=1e-4)
@@ -239,8 +247,8 @@ def test_streamed_boostlu_scores_equal_in_memory_and_a_streamed_search_runs(spat
     features = open_features(path, labels)
     parts, _ = split_rows(labels, features)
     rows = StreamedRows(features, parts["train"], 16, 2)
-    head = StackedBoostLU.create(6, 5, [torch.Generator().manual_seed(s) for s in (1, 2)],
-                                 positions=4, alpha=[5.0, 2.0])
+    head = BoostLUHeads.create(6, 5, [torch.Generator().manual_seed(s) for s in (1, 2)],
+                               positions=4, params={"alpha": [5.0, 2.0]})
     in_memory = torch.from_numpy(features.read("train")[parts["train"].rows]).float()
     torch.testing.assert_close(rows.scores(head), head.scores(in_memory), rtol=1e-5, atol=1e-6)
     for index, x in rows.epoch(torch.Generator().manual_seed(0), 8):
@@ -266,16 +274,17 @@ def test_streamed_boostlu_scores_equal_in_memory_and_a_streamed_search_runs(spat
 def test_scoring_blocks_bound_the_rows_float32_features_and_the_planner_counts_them(monkeypatch):
     """A scoring block holds at most CAM_BLOCK elements of class activation maps and of its
     rows' float32 features (wide feature maps: the features bound it); blocks change nothing."""
-    import featcache.linear.heads as heads_module
+    import featcache.heads.maps as heads_module
     from featcache.linear.run import group_shape
 
-    head = StackedBoostLU.create(6, 2, [torch.Generator().manual_seed(1)], positions=4, alpha=[5.0])
+    head = BoostLUHeads.create(6, 2, [torch.Generator().manual_seed(1)], positions=4,
+                               params={"alpha": [5.0]})
     features = torch.rand(10, 4 * 6, generator=torch.Generator().manual_seed(2))
     whole = head.scores(features)
     chunks = []
     monkeypatch.setattr(heads_module, "CAM_BLOCK", 3 * 4 * 6)  # 3 rows of features (6 > 1 x 2)
-    original_cam = StackedBoostLU.cam
-    monkeypatch.setattr(StackedBoostLU, "cam",
+    original_cam = BoostLUHeads.cam
+    monkeypatch.setattr(BoostLUHeads, "cam",
                         lambda self, x, *a: chunks.append(x.shape[0]) or original_cam(self, x, *a))
     torch.testing.assert_close(head.scores(features), whole, rtol=0, atol=1e-7)
     assert chunks == [3, 3, 3, 1]
@@ -358,8 +367,8 @@ def test_the_estimator_trains_boostlu_on_spatial_rows_and_predicts_boosted(spati
     Z = data.train.observed.numpy().astype(np.int8)
     clf = SPMLClassifier(loss="ll-r+boostlu", epochs=2, lr=1e-2, spatial_shape=(2, 2, 6)).fit(X, Z)
     assert clf.coef_.shape == (5, 6) and clf.loss_params_ == {"delta_rel": 0.5, "alpha": 5.0}
-    head = StackedBoostLU(torch.from_numpy(clf.coef_).t()[None], torch.from_numpy(clf.intercept_)
-                          .view(1, 1, -1), positions=4, alpha=[5.0])
+    head = BoostLUHeads(torch.from_numpy(clf.coef_).t()[None], torch.from_numpy(clf.intercept_)
+                        .view(1, 1, -1), positions=4, params={"alpha": [5.0]})
     torch.testing.assert_close(torch.from_numpy(clf.predict_proba(X)),
                                head.scores(torch.from_numpy(X))[0])
     with pytest.raises(LossNeedError, match="spatial_shape=\\(h, w, D\\)"):
@@ -374,7 +383,8 @@ def test_the_estimator_trains_boostlu_on_spatial_rows_and_predicts_boosted(spati
     run = load_run(cache / "toy" / "runs" / "ll-r+boostlu" / "a")
     assert run.boostlu_alpha == 5.0 and run.feature_dim == 24
     saved = load_head(run.path)
-    expected = StackedBoostLU(saved["weight"].t()[None], saved["bias"].view(1, 1, -1), 4, [5.0])
+    expected = BoostLUHeads(saved["weight"].t()[None], saved["bias"].view(1, 1, -1), positions=4,
+                            params={"alpha": [5.0]})
     test = data.test.features
     torch.testing.assert_close(torch.from_numpy(run.predict_proba(test.numpy())),
                                expected.scores(test)[0])

@@ -21,10 +21,9 @@ from helpers_finetune import (
 
 from featcache.data.featurefile import load_features
 from featcache.errors import InputError
-from featcache.finetune.model import BoostLUHead
 from featcache.finetune.options import FinetuneOptions
 from featcache.finetune.start import linear_features
-from featcache.linear.heads import StackedBoostLU
+from featcache.heads import BoostLUHeads, HeadKind
 from featcache.protocol.handoff import load_head
 
 
@@ -50,8 +49,8 @@ def test_init_best_loads_the_stage_two_boostlu_head_as_the_1x1_convolution(cache
 
     trainer, data = _trainer(cache, "ll-r+boostlu")
     net_head = trainer.net.head
-    assert isinstance(net_head, BoostLUHead) and trainer.net.spatial
-    assert net_head.alpha == 3.0  # the linear run's alpha, carried with its parameters
+    assert net_head.kind is HeadKind.BOOSTLU and trainer.net.spatial
+    assert net_head.loss_params == {"alpha": 3.0}  # the linear run's alpha, carried with its parameters
     assert torch.equal(net_head.weight.detach(), head["weight"])
     assert torch.equal(net_head.bias.detach(), head["bias"])
     # the trunk's feature map at 32 x 32 is 1 x 1: the spatial rows written above are it
@@ -61,8 +60,8 @@ def test_init_best_loads_the_stage_two_boostlu_head_as_the_1x1_convolution(cache
     # The first forward pass (eval mode) is stage two's BoostLU head on the spatial rows.
     spatial = load_features(cache / NAME / SPATIAL)
     rows = torch.from_numpy(spatial.train[data.labels.train_index])
-    stacked = StackedBoostLU(head["weight"].t().unsqueeze(0), head["bias"].view(1, 1, -1),
-                             positions=1, alpha=[3.0], trainable=False)
+    stacked = BoostLUHeads(head["weight"].t().unsqueeze(0), head["bias"].view(1, 1, -1),
+                           positions=1, params={"alpha": [3.0]})
     probs = trainer.predict(data.train)
     torch.testing.assert_close(probs, stacked.scores(rows)[0], rtol=1e-4, atol=1e-5)
 
@@ -81,7 +80,7 @@ def test_init_best_loads_the_stage_two_boostlu_head_as_the_1x1_convolution(cache
 
 def test_a_fresh_boostlu_head_on_a_random_backbone(cache):
     trainer, _ = _trainer(cache, "an+boostlu", init="none", weights="random", image_size=SIZE)
-    assert isinstance(trainer.net.head, BoostLUHead) and trainer.net.head.alpha == 5.0
+    assert trainer.net.head.kind is HeadKind.BOOSTLU and trainer.net.head.loss_params == {"alpha": 5.0}
     record, _ = trainer.run_epoch(0)
     assert np.isfinite(record.train_loss)
 

@@ -23,41 +23,73 @@ REPO = Path(__file__).resolve().parents[1]
 HEAVY = ("torch", "torchvision", "timm", "open_clip", "sklearn", "matplotlib")
 
 
-def test_the_snapshot_is_up_to_date_with_the_sources():
-    snapshot = json.loads(catalog_module.SNAPSHOT.read_text())
-    assert snapshot["fingerprint"] == source_fingerprint(), (
-        "featcache/protocol/catalog.json is stale: run `make catalog` "
-        "(python -m featcache.protocol.catalog)")
-    assert Catalog.from_json(snapshot) == build_catalog()
+def test_every_entry_of_the_snapshot_is_what_the_classes_declare():
+    """What the shipped snapshot shows (names, declarations) is what the classes declare; a loss
+    or backbone added since is not in it, and is listed from the classes (or the user's cache)
+    until ``make catalog`` runs."""
+    snapshot = Catalog.from_json(json.loads(catalog_module.SNAPSHOT.read_text()))
+    built = build_catalog()
+    losses = {info.name: info for info in built.losses}
+    backbones = {info.name: info for info in built.backbones}
+    stale = [info.name for info in snapshot.losses if losses.get(info.name) != info]
+    stale += [info.name for info in snapshot.backbones if backbones.get(info.name) != info]
+    assert not stale, (f"featcache/protocol/catalog.json lists {stale} otherwise than the classes "
+                       "declare them: run `make catalog` (python -m featcache.protocol.catalog)")
+    listed = [name for name in built.loss_names() if name in set(snapshot.loss_names())]
+    assert listed == snapshot.loss_names()  # the same order
 
 
-def test_a_stale_snapshot_is_ignored_and_the_classes_are_read(tmp_path, monkeypatch):
+@pytest.fixture
+def user_cache(tmp_path, monkeypatch):
+    """An empty user cache folder for snapshots built from the classes."""
+    folder = tmp_path / "xdg"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(folder))
+    catalog_module._snapshot_or_build.cache_clear()
+    yield folder / "featcache"
+    catalog_module._snapshot_or_build.cache_clear()
+
+
+def test_a_stale_snapshot_is_ignored_and_the_classes_are_read(tmp_path, monkeypatch, user_cache):
     stale = build_catalog().to_json("not the fingerprint")
     stale["losses"] = stale["losses"][:1]  # what an outdated snapshot could hold
     path = tmp_path / "catalog.json"
     path.write_text(json.dumps(stale))
     monkeypatch.setattr(catalog_module, "SNAPSHOT", path)
-    catalog_module._snapshot_or_build.cache_clear()
-    try:
-        fresh = catalog_module.catalog()
-    finally:
-        catalog_module._snapshot_or_build.cache_clear()
+    fresh = catalog_module.catalog()
     from featcache.losses import loss_names
 
     assert fresh.loss_names() == loss_names()
+    # what was built is kept in the user's cache folder, stamped with the sources' fingerprint
+    kept = json.loads(catalog_module.user_snapshot(source_fingerprint()).read_text())
+    assert Catalog.from_json(kept) == fresh
+    catalog_module._snapshot_or_build.cache_clear()
     stale["fingerprint"] = source_fingerprint()  # the same outdated content, stamped as current
     path.write_text(json.dumps(stale))
-    try:
-        assert len(catalog_module.catalog().losses) == 1  # the snapshot is what is read
-    finally:
-        catalog_module._snapshot_or_build.cache_clear()
+    assert len(catalog_module.catalog().losses) == 1  # the shipped snapshot is read first
 
 
-def test_the_fingerprint_follows_every_source_file(tmp_path):
+def test_a_snapshot_built_once_serves_the_next_listing_without_torch(tmp_path, monkeypatch,
+                                                                     user_cache):
+    stale = build_catalog().to_json("not the fingerprint")
+    path = tmp_path / "catalog.json"
+    path.write_text(json.dumps(stale))
+    monkeypatch.setattr(catalog_module, "SNAPSHOT", path)
+    catalog_module.catalog()  # built from the classes: what a first listing after an edit does
+    assert list(user_cache.glob("catalog-*.json"))
+    code = (f"import sys\nfrom featcache.protocol import catalog as c\nc.SNAPSHOT = c.Path({str(path)!r})\n"
+            "print(len(c.catalog().losses), 'torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.stdout.split() == [str(len(stale["losses"])), "False"]
+
+
+def test_the_fingerprint_follows_declarations_not_comments(tmp_path):
     for source in catalog_module.SOURCES:
         (tmp_path / source).mkdir()
         (tmp_path / source / "a.py").write_text("x = 1\n")
     before = source_fingerprint(tmp_path)
+    (tmp_path / "losses" / "a.py").write_text("# a comment\n\nx = 1   \n    # another\n")
+    assert source_fingerprint(tmp_path) == before
     (tmp_path / "losses" / "a.py").write_text("x = 2\n")
     edited = source_fingerprint(tmp_path)
     (tmp_path / "backbones" / "new.py").write_text("")
@@ -115,13 +147,18 @@ def test_backbones_says_whether_default_weights_are_cached(tmp_path, monkeypatch
 
 def _modules_after(args: list[str], cwd: Path, code: int = 0) -> set[str]:
     """The heavy modules a fresh interpreter holds after running ``featcache ARGS`` (which
-    exits with ``code``)."""
+    exits with ``code``). A listing after the sources changed builds the catalog once (and keeps
+    it in the user's cache folder, :func:`featcache.protocol.catalog.catalog`): a first
+    ``featcache losses`` runs before, as it would for a user."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "XDG_CACHE_HOME": str(cwd / "xdg")}
+    subprocess.run([sys.executable, "-m", "featcache", "losses"], cwd=cwd, env=env,
+                   capture_output=True, check=True)
     code = ("import sys\nfrom featcache.cli import cli\n"
             "try:\n    cli.main(sys.argv[1:], prog_name='featcache')\nexcept SystemExit as e:\n"
             f"    assert (e.code or 0) == {code}, e.code\n"
             f"print('MODULES', ' '.join(m for m in {HEAVY!r} if m in sys.modules))\n")
     done = subprocess.run([sys.executable, "-c", code, *args], cwd=cwd, capture_output=True,
-                          text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, check=True)
+                          text=True, env=env, check=True)
     line = next(line for line in done.stdout.splitlines() if line.startswith("MODULES"))
     return set(line.split()[1:])
 

@@ -19,7 +19,7 @@ from featcache.finetune import loop
 from featcache.finetune.loop import ConfigTrainer, Settings
 from featcache.finetune.readout import LossReadout
 from featcache.finetune.run import loss_params
-from featcache.losses import Targets, create_loss, loss_class, loss_names
+from featcache.losses import MaskedPassLoss, Targets, create_loss, loss_class, loss_names
 from featcache.protocol.grid import GridPoint
 from featcache.runtime import Ranks
 
@@ -110,7 +110,7 @@ def test_no_loss_formula_waits_for_the_device(setup, loss):
     targets = Targets(data.train.observed[index], index, clean, pseudo)
     logits = torch.randn(1, 8, data.num_classes, generator=torch.Generator().manual_seed(0),
                          requires_grad=True)
-    if fn.masked_pass:  # IGNORE: the masked pass's logits, and a strong view
+    if isinstance(fn, MaskedPassLoss):  # IGNORE: the masked pass's logits, and a strong view
         targets.masked = logits.detach() + 1.0
         targets.strong = 2.0 * logits
     fn.begin_epoch(2, 3, state)  # once per epoch, outside the step

@@ -26,7 +26,7 @@ from featcache.errors import OptionError
 from featcache.finetune.data import EpochBatches, SplitImages, strong_view
 from featcache.finetune.loop import ConfigResult
 from featcache.finetune.masked_pass import masked_pass_views
-from featcache.finetune.model import CamHead
+from featcache.heads import HeadKind
 from featcache.losses import Targets
 from featcache.protocol.handoff import load_head
 
@@ -56,7 +56,7 @@ def test_the_three_passes_are_the_authors_on_a_random_resnet(cache):
     trainer, data = config_trainer(cache, init="none", loss="ignore", weights="random",
                                    image_size=BIG)
     net = trainer.net
-    assert isinstance(net.head, CamHead) and net.spatial and trainer.sampler.strong
+    assert net.head.kind is HeadKind.CAM and net.spatial and trainer.sampler.strong
     batch = next(iter(trainer.train_loader))
     assert len(batch) == 4  # plain images, strong views, positions, ok
     images, strong, positions, _ = batch
@@ -64,11 +64,13 @@ def test_the_three_passes_are_the_authors_on_a_random_resnet(cache):
     assert not torch.equal(images, strong)
     targets = Targets(trainer.observed[positions], positions)
     x = trainer.to_input(images)
-    logits = masked_pass_views(trainer, x, strong, targets)
+    logits = masked_pass_views(trainer.model, trainer.masked_pass, trainer.autocast, x,
+                               trainer.to_input(strong), targets)
     with torch.no_grad():  # training mode: batch statistics, the same numbers again
         fmap = net.trunk.feature_map(x)
         assert fmap.shape[-2:] == (2, 2)
-        cam = net.head.cam(fmap)
+        cam, pooled = net.head.cam_and_logits(fmap)
+        torch.testing.assert_close(pooled, cam.mean(dim=(2, 3)))
         torch.testing.assert_close(logits, cam.mean(dim=(2, 3)))
         torch.testing.assert_close(logits, net(x), rtol=1e-5, atol=1e-6)
         masked_images = _authors_mask(x, cam, (targets.observed == 1).float(), 0.8)
@@ -128,7 +130,7 @@ def test_init_best_trains_the_linear_phase_on_the_spatial_file_and_loads_its_hea
     head = load_head(run)
     assert head["features_path"].endswith(SPATIAL) and head["head"]["kind"] == "linear"
     trainer, _ = config_trainer(cache, init="best", loss="ignore")
-    assert isinstance(trainer.net.head, CamHead)
+    assert trainer.net.head.kind is HeadKind.CAM
     assert torch.equal(trainer.net.head.weight.detach(), head["weight"])
     result = finetune(cache, "--loss", "ignore", "--epochs", "1", "--lr", "1e-3", "--bsize", "4",
                       "--run-id", "ft")

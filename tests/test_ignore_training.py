@@ -11,8 +11,9 @@ from linear_fixtures import spatial_features_file, synthetic_dataset
 
 from featcache import load_run
 from featcache.errors import InputError
+from featcache.heads import CamHeads, LinearHeads
 from featcache.linear.data import load_linear_data
-from featcache.linear.heads import StackedLinear, StackedSpatialLinear, create_heads
+from featcache.linear.heads import create_heads
 from featcache.linear.trainer import GroupTrainer
 from featcache.losses import create_loss
 from featcache.losses.ignore import Ignore
@@ -32,11 +33,10 @@ def spatial(cache_dir):
 
 def test_the_spatial_linear_head_is_the_linear_head_on_pooled_maps_and_masks_positions():
     generator = torch.Generator().manual_seed(0)
-    head = StackedSpatialLinear.create(3, 4, [torch.Generator().manual_seed(s) for s in (1, 2)],
-                                       positions=5)
+    head = CamHeads.create(3, 4, [torch.Generator().manual_seed(s) for s in (1, 2)], positions=5)
     maps = torch.randn(6, 5, 3, generator=generator, dtype=torch.float32)
     rows = maps.reshape(6, 15)
-    pooled = StackedLinear(head.weight.detach(), head.bias.detach(), trainable=False)
+    pooled = LinearHeads(head.weight.detach(), head.bias.detach())
     torch.testing.assert_close(head.forward(rows), pooled.forward(maps.mean(dim=1)))
     keep = (torch.rand(2, 6, 5, generator=generator) > 0.5).float()
     for h in range(2):  # each head's masked map, averaged over all 5 positions, through it
@@ -54,7 +54,7 @@ def test_a_training_step_hands_the_loss_the_masked_pass_of_each_head(spatial, mo
     data = load_linear_data(cache / "toy" / "labels.h5", path)
     grid = [GridPoint(1e-2, 16, params=(("cam_threshold", t),)) for t in (0.8, 0.3)]
     trainer = GroupTrainer(data, "ignore", grid, 1, "clean", "none", torch.device("cpu"))
-    assert isinstance(trainer.head, StackedSpatialLinear)
+    assert isinstance(trainer.head, CamHeads)
     seen = []
     original = Ignore.forward
 

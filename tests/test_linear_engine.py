@@ -12,8 +12,9 @@ import torch
 from linear_fixtures import assert_stacked_adam_matches, synthetic_dataset
 from sklearn.metrics import average_precision_score
 
+from featcache.heads import BoostLUHeads, LinearHeads, init_linear
 from featcache.linear.data import load_linear_data
-from featcache.linear.heads import StackedAdam, StackedBoostLU, StackedLinear, init_linear
+from featcache.linear.heads import StackedAdam
 from featcache.linear.search import SearchSpec, run_search, run_searches
 from featcache.linear.trainer import Evaluation, GroupTrainer, train_group
 from featcache.losses import loss_class
@@ -96,7 +97,7 @@ def test_stacked_adam_matches_torch_adam_for_each_head():
     x = torch.randn(32, 10, generator=generator)
     y = (torch.rand(32, 3, generator=generator) < 0.3).float()
     lrs = [1e-1, 1e-3]
-    heads = StackedLinear.create(10, 3, [torch.Generator().manual_seed(s) for s in (5, 6)])
+    heads = LinearHeads.create(10, 3, [torch.Generator().manual_seed(s) for s in (5, 6)])
     references = []
     for h, lr in enumerate(lrs):
         layer = torch.nn.Linear(10, 3)
@@ -297,11 +298,11 @@ def test_epochs_evaluated_together_give_each_epochs_numbers_bit_for_bit(toy):
 
 
 def test_the_kind_of_boostlu_heads_keeps_their_settings_and_scores_like_them():
-    heads = StackedBoostLU.create(6, 3, [torch.Generator().manual_seed(s) for s in (1, 2)],
-                                  positions=4, alpha=[1.0, 5.0])
+    heads = BoostLUHeads.create(6, 3, [torch.Generator().manual_seed(s) for s in (1, 2)],
+                                positions=4, params={"alpha": [1.0, 5.0]})
     kind = heads.without_weights()
-    assert isinstance(kind, StackedBoostLU) and kind.weight.numel() == 0
-    assert (kind.positions, kind.alpha) == (4, [1.0, 5.0])
+    assert isinstance(kind, BoostLUHeads) and kind.weight.numel() == 0
+    assert (kind.positions, kind.params) == (4, {"alpha": [1.0, 5.0]})
     x = torch.randn(5, 4 * 6, generator=torch.Generator().manual_seed(3))
     again = kind.frozen(heads.weight.detach(), heads.bias.detach())
     assert torch.equal(again.scores(x), heads.scores(x))

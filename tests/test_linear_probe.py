@@ -13,8 +13,9 @@ from linear_fixtures import assert_stacked_adam_matches, synthetic_dataset
 
 from featcache.api import load_run
 from featcache.errors import InputError, OptionError
+from featcache.heads import LinearHeads
 from featcache.linear.data import load_linear_data
-from featcache.linear.heads import StackedAdam, StackedLinear
+from featcache.linear.heads import StackedAdam
 from featcache.linear.probe import (
     PROBE_LEARNING_RATES,
     PROBE_WEIGHT_DECAYS,
@@ -37,7 +38,7 @@ def test_stacked_adam_with_weight_decay_is_torch_adamw_for_each_head(fused):
     x = torch.randn(32, 10, generator=generator)
     y = (torch.rand(32, 3, generator=generator) < 0.3).float()
     lrs, decays = [1e-1, 1e-2, 1e-2], [0.5, 0.0, 5.0]
-    heads = StackedLinear.create(10, 3, [torch.Generator().manual_seed(s) for s in (5, 6, 7)])
+    heads = LinearHeads.create(10, 3, [torch.Generator().manual_seed(s) for s in (5, 6, 7)])
     references = []
     for h, (lr, decay) in enumerate(zip(lrs, decays, strict=True)):
         layer = torch.nn.Linear(10, 3)

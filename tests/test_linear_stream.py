@@ -12,8 +12,8 @@ from featcache.data.featurefile import load_features, open_features
 from featcache.data.featurewrite import write_features
 from featcache.data.labelfile import load_labels
 from featcache.errors import InputError, OptionError
+from featcache.heads import LinearHeads
 from featcache.linear.data import load_linear_data, split_rows
-from featcache.linear.heads import StackedLinear
 from featcache.linear.memory import (
     MIN_BLOCK_ROWS,
     PROCESS_BYTES,
@@ -163,7 +163,7 @@ def test_streamed_epochs_are_seeded_and_differ_between_epochs(files):
 
 def test_streamed_scores_equal_in_memory_scores(files):
     rows, part, features = streamed_train(files)
-    head = StackedLinear.create(12, 5, [torch.Generator().manual_seed(s) for s in (1, 2)])
+    head = LinearHeads.create(12, 5, [torch.Generator().manual_seed(s) for s in (1, 2)])
     in_memory = torch.from_numpy(features.read("train")[part.rows]).float()
     torch.testing.assert_close(rows.scores(head), head.scores(in_memory), rtol=1e-5, atol=1e-6)
 

@@ -115,7 +115,7 @@ def test_epr_and_role_leave_k_to_the_data_even_for_protocol_datasets():
         assert loss_class(name).default_values(None)["k"] is None
         with pytest.raises(OptionError, match="k"):
             create_loss(name, 20, dataset="voc")
-    assert create_loss("role", 312, dataset="cub", params={"k": 31.4}).params["k"] == [31.4]
+    assert create_loss("role", 312, dataset="cub", params={"k": 31.4}).param_values["k"] == [31.4]
 
 
 def test_pr_sums_hinges_of_each_positive_against_the_unobserved():

@@ -46,7 +46,7 @@ def test_apl_dataset_defaults_are_the_reference_ones():
     expected = {"voc": (0.2, 0.02, 0.9, 5), "coco": (0.1, 0.9, 0.9, 5),
                 "nuswide": (0.1, 0.2, 0.9, 4), "cub": (0.01, 0.4, 0.9, 3)}
     for dataset, values in expected.items():
-        params = create_loss("em-apl", 3, dataset=dataset).params
+        params = create_loss("em-apl", 3, dataset=dataset).param_values
         assert tuple(params[k][0] for k in ("alpha", "beta", "theta", "warmup")) == values
 
 

@@ -118,7 +118,7 @@ def test_dataset_defaults_stacked_heads_and_refusals():
     expected = {"voc": (2.0, -2.0, 1.0, 0.7, 0.4, 0.05), "coco": (10.0, -8.0, 1.0, 0.7, 0.5, 0.001),
                 "nuswide": (10.0, -8.0, 1.0, 0.7, 0.5, 0.001), "cub": (10.0, -8.0, 1.5, 0.8, 0.2, 0.01)}
     for dataset, values in expected.items():
-        params = create_loss("gpr", 3, dataset=dataset, params={"k": 1.0}).params
+        params = create_loss("gpr", 3, dataset=dataset, params={"k": 1.0}).param_values
         keys = ("w_end", "b_end", "q3", "lambda1", "lambda2", "reg")
         assert tuple(params[key][0] for key in keys) == values
         assert (params["rho"][0], params["q2"][0], params["mu_end"][0]) == (0.9, 0.01, 0.8)

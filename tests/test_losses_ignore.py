@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from loss_math import nl, sig
 
 from featcache.errors import LossStateError
-from featcache.losses import DataFacts, Targets, create_loss, loss_class
+from featcache.losses import DataFacts, HeadKind, MaskedPassLoss, Targets, create_loss, loss_class
 from featcache.losses.ignore import image_keep_mask, position_keep_mask
 from featcache.protocol.loss_choice import choose_losses
 
@@ -283,7 +283,7 @@ def test_observed_negatives_count_as_negatives_and_are_never_rejected():
 # -------------------------------------------------------------------------- declarations
 def test_declarations_defaults_and_refusals():
     cls = loss_class("ignore")
-    assert cls.masked_pass and cls.reference == "Song et al. ECCV 2024" and cls.year == 2024
+    assert issubclass(cls, MaskedPassLoss) and cls.head is HeadKind.CAM and cls.reference == "Song et al. ECCV 2024" and cls.year == 2024
     assert cls.default_values("voc")["spbc_weight"] == 0.1
     assert cls.default_values("coco")["spbc_weight"] == 0.5
     assert cls.default_values("coco") == {

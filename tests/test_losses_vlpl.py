@@ -77,7 +77,7 @@ def test_heads_with_different_parameters_are_independent():
 
 def test_defaults_and_needs():
     for dataset, alpha in {"voc": 0.2, "coco": 0.1, "nuswide": 0.1, "cub": 0.01}.items():
-        params = create_loss("vlpl", 3, dataset=dataset).params
+        params = create_loss("vlpl", 3, dataset=dataset).param_values
         assert (params["alpha"][0], params["beta"][0], params["smoothing"][0]) == (alpha, 0.7, 0.9)
     assert [need.key for need in loss_class("vlpl").needs] == ["pseudo_labels"]
     loss = create_loss("vlpl", L)

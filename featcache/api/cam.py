@@ -31,6 +31,7 @@ from featcache.backbones import Preprocess, Uint8Normalize, resize_transform
 from featcache.data.images import DECODE_ERRORS, image_problem, load_rgb, require_strict_pil
 from featcache.errors import InputError, OptionError, unknown_name
 from featcache.fileio import atomic_output
+from featcache.heads import HeadModule, map_rows
 from featcache.runtime import pick_device
 
 #: the PNG "Software" text of a CAM figure (how `featcache report` tells it from other PNGs)
@@ -88,15 +89,17 @@ def logit_maps(run, image, device: torch.device) -> tuple[torch.Tensor, np.ndarr
     batch = resize_transform(run.image_size, preprocess)(image).unsqueeze(0).to(device)
     batch = Uint8Normalize(run.backbone, preprocess).to(device)(batch)
     weight, bias = run.head
+    head = HeadModule.create(run.head_kind, weight.shape[1], weight.shape[0], run.head_params,
+                             weight=weight, bias=bias)
     with torch.inference_mode():
-        spatial = trunk.feature_map(batch).float()[0].cpu()  # (D, h, w)
+        spatial = trunk.feature_map(batch).float()[:1].cpu()  # (1, D, h, w)
+        maps = head.cam_and_logits(spatial)[0][0]
+        if run.head_kind.spatial:  # BoostLU: the logit is the boosted mean of these maps
+            return maps, run.logits(map_rows(spatial)[0].numpy())[0]
         if getattr(trunk, "pooling", "avg") == "avg":
-            pooled = spatial.mean(dim=(1, 2), keepdim=False)[None].numpy()
+            pooled = spatial[0].mean(dim=(1, 2), keepdim=False)[None].numpy()
         else:
             pooled = trunk(batch).float().cpu().numpy()
-    maps = torch.einsum("dhw,ld->lhw", spatial, weight) + bias[:, None, None]
-    if run.boostlu_alpha is not None:  # BoostLU: the logit is the boosted mean of these maps
-        return maps, run.logits(spatial.permute(1, 2, 0).reshape(1, -1).numpy())[0]
     return maps, run.logits(pooled)[0]
 
 

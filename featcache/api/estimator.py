@@ -49,8 +49,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 from featcache.api.constraints import RegisteredNames, SpatialShape, loss_param_constraints
 from featcache.api.head_logits import (  # noqa: F401 - re-exported: the estimator's own
     SIGMOID_BLOCK,
-    boostlu_logits,
-    linear_logits,
+    head_logits,
     probabilities,
 )
 from featcache.api.scoring import protocol_map
@@ -59,7 +58,7 @@ from featcache.data.sampling import split_train_val
 from featcache.errors import FeatcacheWarning, LossNeedError, OptionError
 from featcache.linear.data import LinearData
 from featcache.linear.search import SearchSpec, run_search
-from featcache.losses import OBSERVED_NEGATIVES, SPATIAL_FEATURES, HeadKind, loss_class, loss_names
+from featcache.losses import OBSERVED_NEGATIVES, SPATIAL_FEATURES, loss_class, loss_names
 from featcache.protocol.selection import EARLY_STOP_RULES, LAST_EPOCH
 from featcache.runtime import pick_device
 
@@ -273,7 +272,7 @@ class SPMLClassifier(ClassifierMixin, BaseEstimator):
             variant = "clean" if full is not None else "observed"
         else:
             val, variant = train, LAST_EPOCH
-        attrs = {"backbone": "arrays"}
+        attrs: dict[str, object] = {"backbone": "arrays"}
         if self.spatial_shape is not None:
             shape = [int(v) for v in self.spatial_shape]
             if X.shape[1] != shape[0] * shape[1] * shape[2]:
@@ -305,7 +304,7 @@ class SPMLClassifier(ClassifierMixin, BaseEstimator):
                 raise LossNeedError(f"loss {self.loss!r} {reason} ({NEED_HINT})")
         given = set(self.loss_params or {})
         for key, param in cls.params.items():
-            decided = param.from_data is not None and param.from_data(facts) is not None
+            decided = param.decided_by(facts) is not None
             if param.default is None and key not in given and not decided:
                 raise LossNeedError(
                     f"loss {self.loss!r} needs {key} ({param.help}): pass "
@@ -323,14 +322,12 @@ class SPMLClassifier(ClassifierMixin, BaseEstimator):
         evaluates its heads."""
         check_is_fitted(self)
         X = validate_data(self, X, reset=False, dtype=np.float32)
-        if self.spatial_shape is None:
-            return linear_logits(X, self.coef_, self.intercept_, self._device())
-        height, width, _ = (int(v) for v in self.spatial_shape)
-        # IGNORE's heads on maps are linear heads: the mean of the map's CAM (alpha 1)
-        alpha = (self.loss_params_["alpha"] if loss_class(self.loss).head is HeadKind.BOOSTLU
-                 else 1.0)
-        return boostlu_logits(X, self.coef_, self.intercept_, height * width, alpha,
-                              self._device())
+        positions = 1
+        if self.spatial_shape is not None:
+            height, width, _ = (int(v) for v in self.spatial_shape)
+            positions = height * width
+        return head_logits(loss_class(self.loss).head, X, self.coef_, self.intercept_,
+                           positions, self.loss_params_, self._device())
 
     def decision_function(self, X) -> np.ndarray:
         """scikit-learn's decision function: the logits (n, n_classes); after class labels of

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from featcache.api.head_logits import boostlu_logits, linear_logits, probabilities
+from featcache.api.head_logits import head_logits, module_logits, probabilities
 from featcache.api.images import image_paths, run_on_images
 from featcache.api.predict import check_input, read_features_input
 from featcache.backbones import Preprocess, backbone_spec
@@ -35,7 +35,8 @@ from featcache.backbones.rebuild import (
 from featcache.backbones.transforms import preprocess_mode
 from featcache.errors import InputError, OptionError
 from featcache.finetune.search import BEST, MODEL_FORMAT, MODEL_FORMAT_VERSION
-from featcache.losses import HeadKind, loss_class
+from featcache.heads import HeadKind, map_rows
+from featcache.losses import loss_class
 from featcache.protocol.handoff import load_head, load_saved
 from featcache.protocol.runs import RESULTS, RunFolder
 from featcache.runtime import pick_device
@@ -156,19 +157,30 @@ class TrainedRun:
         return recorded_preprocess(self.about)
 
     @property
+    def head_kind(self) -> HeadKind:
+        """How the run's head predicts (its loss's kind of head as recorded,
+        :attr:`HeadKind.recorded`): a kind that reads maps (BoostLU's) takes rows of (h, w, D)
+        maps, the others pooled features."""
+        return loss_class(self.loss).head.recorded
+
+    @property
+    def head_params(self) -> dict[str, float]:
+        """The loss parameters the run's kind of head reads (BoostLU's ``alpha``)."""
+        params = self.about.get("params") or {}
+        return {key: float(params[key]) for key in self.head_kind.implementation.loss_params}
+
+    @property
     def boostlu_alpha(self) -> float | None:
         """BoostLU's alpha when the run's head is a BoostLU head (a ``+boostlu`` loss), else
         None: its logits are then the boosted mean over the positions of spatial maps."""
-        if loss_class(self.loss).head is not HeadKind.BOOSTLU:
-            return None
-        return float((self.about.get("params") or {})["alpha"])
+        return self.head_params.get("alpha")
 
     @property
     def feature_dim(self) -> int:
         """The width of an input row: D for a linear head; h w D (a spatial map in (h, w, D)
         order) for a stage-two BoostLU head, D per position for a fine-tuned one."""
         shape = (self.about.get("head") or {}).get("spatial_shape")
-        if self.boostlu_alpha is not None and shape:
+        if self.head_kind.spatial and shape:
             return int(np.prod(shape))
         return int(self.head[0].shape[1])
 
@@ -211,8 +223,8 @@ class TrainedRun:
         layout = (torch.channels_last if backbone_spec(self.backbone).channels_last
                   else torch.contiguous_format)
         trunk = self.trunk().to(where, memory_format=layout)
-        forward = trunk if self.boostlu_alpha is None else (
-            lambda x: trunk.feature_map(x).permute(0, 2, 3, 1).flatten(1))
+        forward = trunk if not self.head_kind.spatial else (
+            lambda x: map_rows(trunk.feature_map(x))[0])
         return run_on_images(image_paths(paths), forward, self.image_size, self.backbone, where,
                              batch_size=batch_size, workers=workers, precision=precision,
                              skip_bad=skip_bad, progress=progress, desc=f"predict {self.loss}",
@@ -234,10 +246,9 @@ class TrainedRun:
         if self.about.get("features_transform") == "l2-normalised":  # a --search probe head
             norms = np.linalg.norm(features, axis=1, keepdims=True)
             features = (features / np.maximum(norms, 1e-12)).astype(np.float32)
-        if self.boostlu_alpha is not None:
-            return boostlu_logits(features, weight.numpy(), bias.numpy(),
-                                  features.shape[1] // weight.shape[1], self.boostlu_alpha)
-        return linear_logits(features, weight.numpy(), bias.numpy())
+        positions = features.shape[1] // weight.shape[1] if self.head_kind.spatial else 1
+        return head_logits(self.head_kind, features, weight.numpy(), bias.numpy(), positions,
+                           self.head_params)
 
     def trunk(self) -> nn.Module:
         """The run's backbone trunk (built once, in eval mode): pooled features, and
@@ -257,7 +268,7 @@ class TrainedRun:
         array = np.asarray(features.cpu() if isinstance(features, Tensor) else features,
                            dtype=np.float32)
         channels = int(self.head[0].shape[1])
-        maps = (self.boostlu_alpha is not None and self.stage == "finetune" and array.ndim == 2
+        maps = (self.head_kind.spatial and self.stage == "finetune" and array.ndim == 2
                 and array.shape[1] % channels == 0)
         if array.ndim != 2 or (array.shape[1] != self.feature_dim and not maps):
             raise InputError(f"features of shape {array.shape} do not fit {self.path}: it takes "
@@ -335,7 +346,7 @@ class LinearRun(TrainedRun):
         head, so that ``predict_proba(image_paths)`` gives :meth:`predict_proba_images`'s
         numbers. ``weights`` names the weights file of a run made with one; ``options`` go to
         :class:`BackboneFeatures` (``batch_size``, ``device``, ``cache``, ``progress`` ...)."""
-        if self.boostlu_alpha is not None:
+        if self.head_kind.spatial:
             raise OptionError(f"{self.path} has a BoostLU head on spatial feature maps, not on "
                               "pooled features; use predict_proba_images")
         if self.image_size is None:
@@ -410,13 +421,11 @@ class FinetuneRun(TrainedRun):
                                 image_size=self.image_size)
 
     def logits(self, features: np.ndarray) -> np.ndarray:
-        """The fine-tuned head as the network applies it (``nn.Linear`` in float32; BoostLU's
-        on feature-map rows)."""
+        """The fine-tuned head as the network applies it (:class:`~featcache.heads.HeadModule`
+        in float32; BoostLU's on feature-map rows)."""
         weight, bias = self.head
-        if self.boostlu_alpha is not None:
-            return super().logits(features)
-        with torch.no_grad():
-            return torch.nn.functional.linear(torch.from_numpy(features), weight, bias).numpy()
+        positions = features.shape[1] // weight.shape[1] if self.head_kind.spatial else 1
+        return module_logits(self.head_kind, features, weight, bias, positions, self.head_params)
 
     def to_estimator(self) -> SPMLClassifier:
         raise OptionError(f"{self.path} is a fine-tuned run: its head sits on its own fine-tuned "

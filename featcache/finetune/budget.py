@@ -41,8 +41,9 @@ from featcache.backbones import Uint8Normalize, backbone_spec, resolve_preproces
 from featcache.errors import OptionError, plural
 from featcache.fileio import free_bytes, human_bytes, require_space
 from featcache.finetune.data import EpochBatches, FinetuneData, eval_batches, make_loader
-from featcache.finetune.model import build_net, linear_head
+from featcache.finetune.model import build_net
 from featcache.finetune.start import StartPoint
+from featcache.heads import HeadKind, HeadModule
 from featcache.losses import SPMLLoss, create_loss, loss_class
 from featcache.runtime import autocast
 
@@ -229,7 +230,7 @@ def _probe(start: StartPoint, data: FinetuneData, device: torch.device, precisio
     dim = backbone_spec(start.backbone).dim
     generator = torch.Generator().manual_seed(0)  # never the global generators: numbers unchanged
     net = build_net(copy.deepcopy(start.trunk),
-                    linear_head(dim, data.num_classes, generator=generator))
+                    HeadModule.create(HeadKind.LINEAR, dim, data.num_classes, generator=generator))
     layout = torch.channels_last if backbone_spec(start.backbone).channels_last else None
     net = net.to(device, memory_format=layout or torch.contiguous_format).train(train)
     optimizer = torch.optim.Adam(net.parameters(), lr=1e-12) if train else None

@@ -52,12 +52,13 @@ from featcache.finetune.distributed import (
     sync_state_rows,
 )
 from featcache.finetune.masked_pass import masked_pass_views
-from featcache.finetune.model import FinetuneNet, build_net, linear_head
+from featcache.finetune.model import FinetuneNet, build_net
 from featcache.finetune.readout import LossReadout
 from featcache.finetune.records import ConfigResult, EpochRecord
 from featcache.finetune.start import StartPoint
+from featcache.heads import HeadModule
 from featcache.interrupt import check_stop
-from featcache.losses import HeadKind, SPMLLoss, Targets, create_loss
+from featcache.losses import MaskedPassLoss, SPMLLoss, Targets, create_loss
 from featcache.metrics import average_precision, mean_average_precision
 from featcache.progress import progress, say
 from featcache.protocol.grid import GridPoint
@@ -120,23 +121,19 @@ class ConfigTrainer:
         dim = spec.dim
         self.loss: SPMLLoss = create_loss(settings.loss, num_classes, 1, params=settings.params,
                                           dataset=data.dataset)
-        alpha = self.loss.params["alpha"][0] if self.loss.head is HeadKind.BOOSTLU else None
-        # IGNORE: a linear head on the feature map (CamHead), whose class activation maps give
-        # the masked pass its mask, and strong views from the loader
-        masked_pass = self.loss.masked_pass
-        if masked_pass and job.world > 1:
+        # a masked-pass loss (IGNORE) trains one configuration in one process and gets strong
+        # views from the loader
+        self.masked_pass = self.loss if isinstance(self.loss, MaskedPassLoss) else None
+        if self.masked_pass is not None and job.world > 1:
             raise OptionError(f"loss {settings.loss!r} trains each configuration in one process "
                               "(its moving thresholds and the masks' normalisation are over the "
                               "whole batch): under torchrun pass --schedule per-gpu, or run "
                               "without torchrun")
-        if start.head_weight is not None:
-            head = linear_head(dim, num_classes, start.head_weight, start.head_bias,
-                               boostlu_alpha=alpha, on_map=masked_pass)
-        else:
-            generator = torch.Generator().manual_seed(
-                derive_seed(settings.seed, "finetune-head", config.name()))
-            head = linear_head(dim, num_classes, generator=generator, boostlu_alpha=alpha,
-                               on_map=masked_pass)
+        generator = None if start.head_weight is not None else torch.Generator().manual_seed(
+            derive_seed(settings.seed, "finetune-head", config.name()))
+        head = HeadModule.create(self.loss.head, dim, num_classes, self.loss.head_params(0),
+                                 weight=start.head_weight, bias=start.head_bias,
+                                 generator=generator)
         # channels_last: faster convolutions on GPUs (tensor cores) and on the CPU (oneDNN, ~10 %);
         # transformers gain nothing from it
         self.layout = torch.channels_last if spec.channels_last else torch.contiguous_format
@@ -162,7 +159,8 @@ class ConfigTrainer:
         self.optimizer = self._optimizer()
         self.scaler = torch.amp.GradScaler(device.type, enabled=settings.precision == "fp16")
         self.sampler = EpochBatches(len(train), config.batch_size, settings.seed, flip=True,
-                                    rank=job.rank, world=job.world, strong=masked_pass)
+                                    rank=job.rank, world=job.world,
+                                    strong=self.masked_pass is not None)
         self.normalize = Uint8Normalize(start.backbone, self.preprocess).to(device)
         self.train_loader = make_loader(data, train, self.image_size, self.sampler,
                                         settings.workers, device, config.batch_size // job.world,
@@ -216,8 +214,10 @@ class ConfigTrainer:
         targets = Targets(self.observed[index], index,
                           None if self.clean is None else self.clean[index],
                           None if self.pseudo is None else self.pseudo[index])
-        if self.loss.masked_pass:
-            logits = masked_pass_views(self, self.to_input(images), strong, targets)
+        if self.masked_pass is not None:
+            logits = masked_pass_views(self.model, self.masked_pass, self.autocast,
+                                       self.to_input(images),
+                                       None if strong is None else self.to_input(strong), targets)
         else:
             with self.autocast():
                 logits = self.model(self.to_input(images))
@@ -313,7 +313,7 @@ class ConfigTrainer:
         test_targets = test.clean if test.clean is not None else (test.observed == 1).float()
         test_ap = average_precision(self.predict(test), test_targets.to(self.device)).cpu()
         train_map = None
-        if running is not None:
+        if running is not None and self.clean is not None:
             seen = ~torch.isnan(running[:, 0])
             train_map = _map(running[seen], self.clean[seen])
         check_same({**self.state, "head": self.net.head.weight}, self.job)

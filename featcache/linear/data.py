@@ -11,6 +11,7 @@ import hashlib
 import logging
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any, Protocol, Self, TypeVar, cast
 
 import numpy as np
 import torch
@@ -32,6 +33,25 @@ SPLITS = ("train", "val", "test")
 ArraySplit = tuple[np.ndarray, np.ndarray, np.ndarray | None]
 
 
+class SplitData(Protocol):
+    """One split as the trainer reads it: its labels and rows (features: in memory,
+    :class:`SplitTensors`, or streamed from the file)."""
+
+    @property
+    def observed(self) -> Tensor: ...  # int8 from a labels file, float32 from arrays
+
+    @property
+    def clean(self) -> Tensor | None: ...
+
+    @property
+    def rows(self) -> np.ndarray: ...  # rows of the labels file's official split
+
+    @property
+    def pseudo(self) -> Tensor | None: ...  # (n, L) pseudo-labels 1 / 0 / -1, when attached
+
+    def __len__(self) -> int: ...
+
+
 @dataclass
 class SplitTensors:
     """Features and labels of one split, on the device."""
@@ -46,24 +66,98 @@ class SplitTensors:
         return self.features.shape[0]
 
 
-class TrainingSplits:
-    """What every form of stage-two data offers besides its features: classes, the facts a
-    loss asks about, observed negatives and pseudo-labels attached on demand. Subclasses are
-    dataclasses with the fields ``dataset, classes, train, val, test, k, labels, features,
-    notes, pseudo_choice, pseudo_labels``."""
-
-    classes: list[str]
-    labels: LabelSet
-    notes: list[str]
-    pseudo_choice: str | None
-    pseudo_labels: PseudoLabels | None
+class FeaturesIdentity(Protocol):
+    """What a run records of the features it trained on (a features file, or arrays)."""
 
     @property
-    def num_classes(self) -> int:
+    def path(self) -> Path | None: ...
+
+    @property
+    def sha256(self) -> str | None: ...
+
+    @property
+    def attrs(self) -> dict: ...
+
+    @property
+    def dim(self) -> int: ...
+
+    @property
+    def backbone(self) -> str: ...
+
+
+class TrainingSplits(Protocol):
+    """What every form of stage-two data offers: the splits, classes, the labels file and the
+    features' identity, the facts a loss asks about, observed negatives and pseudo-labels
+    attached on demand (:class:`LinearData` in memory, ``StreamedLinearData`` from the file;
+    both share :class:`SplitsMixin`'s methods)."""
+
+    @property
+    def dataset(self) -> str: ...
+
+    @property
+    def classes(self) -> list[str]: ...
+
+    @property
+    def train(self) -> SplitData: ...
+
+    @property
+    def val(self) -> SplitData: ...
+
+    @property
+    def test(self) -> SplitData: ...
+
+    @property
+    def k(self) -> float | None: ...
+
+    @property
+    def labels(self) -> LabelSet: ...
+
+    @property
+    def features(self) -> FeaturesIdentity: ...
+
+    @property
+    def notes(self) -> list[str]: ...
+
+    @property
+    def pseudo_choice(self) -> str | None: ...  # --pseudo-labels NAME
+
+    @property
+    def pseudo_labels(self) -> PseudoLabels | None: ...  # the set attached to train.pseudo
+
+    @property
+    def num_classes(self) -> int: ...
+
+    @property
+    def feature_dim(self) -> int: ...
+
+    @property
+    def spatial_shape(self) -> tuple[int, int, int] | None: ...
+
+    @property
+    def facts(self) -> DataFacts: ...
+
+    def evolve(self, **changes: Any) -> Self:
+        """A copy with ``changes`` (dataclass fields)."""
+        ...
+
+    def with_observed_negatives(self, num_neg: int) -> Self: ...
+
+    def with_pseudo_labels(self, name: str) -> Self: ...
+
+
+S = TypeVar("S", bound=TrainingSplits)
+
+
+class SplitsMixin:
+    """The methods every form of stage-two data shares, written once over the fields of
+    :class:`TrainingSplits`."""
+
+    @property
+    def num_classes(self: TrainingSplits) -> int:
         return len(self.classes)
 
     @property
-    def facts(self) -> DataFacts:
+    def facts(self: TrainingSplits) -> DataFacts:
         """What a loss may ask of the training split (full labels, negatives, k)."""
         facts = training_facts(self.labels, self.train.observed.cpu().numpy(),
                                self.train.clean is not None, self.pseudo_choice,
@@ -74,33 +168,41 @@ class TrainingSplits:
         return facts
 
     @property
-    def spatial_shape(self) -> tuple[int, int, int] | None:
-        """(h, w, D) when the features are spatial maps (BoostLU's heads), None when pooled."""
+    def spatial_shape(self: TrainingSplits) -> tuple[int, int, int] | None:
+        """(h, w, D) when the features are spatial maps (heads on maps), None when pooled."""
         return spatial_shape(self.features.path, self.features.attrs, self.features.dim)
 
-    def with_observed_negatives(self, num_neg: int):
+    def evolve(self, **changes: Any) -> Self:
+        """A copy with ``changes`` (the subclasses are dataclasses)."""
+        return replace(cast(Any, self), **changes)
+
+    def with_observed_negatives(self: S, num_neg: int) -> S:
         """A copy whose training observations also hold ``num_neg`` negatives per row
         (:func:`featcache.data.negatives.observed_with_negatives`)."""
         drawn, note = observed_with_negatives(self.labels, self.train.rows,
                                               self.train.observed.cpu().numpy(), num_neg)
         derived = torch.as_tensor(drawn, dtype=self.train.observed.dtype,
                                   device=self.train.observed.device)
-        return replace(self, train=replace(self.train, observed=derived), notes=self.notes + [note])
+        return self.evolve(train=replace(cast(Any, self.train), observed=derived),
+                           notes=self.notes + [note])
 
-    def with_pseudo_labels(self, name: str):
+    def with_pseudo_labels(self: S, name: str) -> S:
         """A copy whose training rows carry pseudo-label set ``name`` (``train.pseudo``)."""
         if self.pseudo_labels is not None and self.pseudo_labels.name == name:
             return self
+        if self.labels.path is None:
+            raise InputError(f"pseudo-labels {name!r} are read from beside a labels file, and "
+                             f"{self.labels.provenance.get('source', 'these labels')} have none")
         found = load_pseudo_labels(pseudo_labels_path(self.labels.path, name), self.labels)
         pseudo = torch.as_tensor(found.matrix[self.train.rows], dtype=torch.float32,
                                  device=self.train.observed.device)
         note = f"pseudo-labels {name!r} ({found.attrs.get('rule')} rule) from {found.path}"
-        return replace(self, train=replace(self.train, pseudo=pseudo), pseudo_labels=found,
-                       notes=self.notes + [note])
+        return self.evolve(train=replace(cast(Any, self.train), pseudo=pseudo),
+                           pseudo_labels=found, notes=self.notes + [note])
 
 
 @dataclass
-class LinearData(TrainingSplits):
+class LinearData(SplitsMixin):
     """Train / val / test tensors for one labels file and one features file."""
 
     dataset: str
@@ -141,19 +243,18 @@ class LinearData(TrainingSplits):
         parts = {"train": train, "val": val, "test": val if test is None else test}
         tensors: dict[int, Tensor] = {}  # an array given for several splits is copied once
 
-        def tensor(array) -> Tensor | None:
-            if array is None:
-                return None
+        def tensor(array: np.ndarray) -> Tensor:
             if id(array) not in tensors:
                 tensors[id(array)] = torch.as_tensor(np.asarray(array), dtype=torch.float32,
                                                      device=device)
             return tensors[id(array)]
 
         splits = {}
-        for name, (features, observed, clean) in parts.items():
+        for name, (rows, observed, clean) in parts.items():
             splits[name] = SplitTensors(
-                features=tensor(features), observed=tensor(observed), clean=tensor(clean),
-                rows=np.arange(len(features)) + (len(train[0]) if name == "val" else 0))
+                features=tensor(rows), observed=tensor(observed),
+                clean=None if clean is None else tensor(clean),
+                rows=np.arange(len(rows)) + (len(train[0]) if name == "val" else 0))
         num_classes = splits["train"].observed.shape[1]
         classes = list(classes) if classes is not None else [str(c) for c in range(num_classes)]
         labels = _array_labels(parts, splits, dataset, classes, source, k)

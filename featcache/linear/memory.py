@@ -19,6 +19,7 @@ import re
 import resource
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import NoReturn
 
 from featcache.errors import OptionError, plural
 from featcache.metrics import RANK_BLOCK, RANK_BYTES
@@ -317,7 +318,7 @@ def plan_placement(sizes: SplitSizes, itemsize: int, chunk_rows: int, group: Gro
     whole_chunks = [standard]
     while whole_chunks[-1] > chunk_rows:
         whole_chunks.append(max(chunk_rows, whole_chunks[-1] // 2 // chunk_rows * chunk_rows))
-    part_chunks = []
+    part_chunks: list[int] = []
     while (part_chunks or whole_chunks)[-1] > MIN_BLOCK_ROWS:
         part_chunks.append(max(MIN_BLOCK_ROWS, (part_chunks or whole_chunks)[-1] // 2))
     wide_enough = min(MIN_WINDOW_BLOCKS * standard, sizes.train)
@@ -396,7 +397,7 @@ def _streamed(sizes: SplitSizes, itemsize: int, block_rows: int, group: GroupSha
     return tuple(streamed), window, estimate
 
 
-def raise_budget(budget: int, needed: int) -> None:
+def raise_budget(budget: int, needed: int) -> NoReturn:
     raise OptionError(f"--max-memory {format_size(budget)} is too small for this search: it needs "
                       f"about {format_size(needed / (1 - HEADROOM))} even with the features "
                       f"streamed from the file in blocks of {plural(MIN_BLOCK_ROWS, 'row')} and one "

@@ -15,8 +15,8 @@ import torch
 
 from featcache.fileio import write_json_atomic, write_text_atomic
 from featcache.linear.data import TrainingSplits
+from featcache.linear.evaluation import HeadResult
 from featcache.linear.search import SearchResult
-from featcache.linear.trainer import HeadResult
 from featcache.losses import loss_class
 from featcache.protocol.coverage import evaluation_coverage, evaluation_notes
 from featcache.protocol.handoff import HEAD_FILE, save_head
@@ -149,12 +149,13 @@ def _layout(data: TrainingSplits) -> dict:
 
 
 def head_kind(loss: str, data: TrainingSplits) -> dict:
-    """What the run's heads are: ``linear`` on pooled features, or ``boostlu`` (a 1x1
-    convolution over spatial maps of ``spatial_shape`` (h, w, D), boosted by the ``alpha`` of
-    the loss parameters)."""
-    kind = loss_class(loss).head
+    """What the run's heads are, as recorded (:attr:`~featcache.heads.HeadKind.recorded`):
+    ``linear`` on pooled features (a CAM head's weights are a linear head's), or ``boostlu`` (a
+    1x1 convolution over spatial maps of ``spatial_shape`` (h, w, D), boosted by the ``alpha``
+    of the loss parameters)."""
+    kind = loss_class(loss).head.recorded
     return {"kind": kind.value, **({"spatial_shape": list(data.spatial_shape)}
-                                   if kind.spatial else {})}
+                                   if kind.spatial and data.spatial_shape else {})}
 
 
 def head_payload(result: SearchResult, data: TrainingSplits) -> dict:

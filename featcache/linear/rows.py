@@ -14,7 +14,8 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from featcache.linear.heads import SplitScorer, StackedLinear
+from featcache.heads import LinearHeads
+from featcache.linear.heads import SplitScorer
 
 
 class FeatureRows(Protocol):
@@ -27,7 +28,7 @@ class FeatureRows(Protocol):
         order drawn from ``order``; ``len(self) // batch_size`` batches."""
         ...
 
-    def scores(self, head: StackedLinear) -> Tensor:
+    def scores(self, head: LinearHeads) -> Tensor:
         """Probabilities of every head on every row, (H, N, L), rows in split order."""
         ...
 
@@ -48,10 +49,10 @@ class MemoryRows:
             index = perm[step * batch_size:(step + 1) * batch_size]
             yield index, self.features.index_select(0, index)
 
-    def scores(self, head: StackedLinear) -> Tensor:
+    def scores(self, head: LinearHeads) -> Tensor:
         return self.scorer(head)
 
-    def scores_of_epochs(self, heads: StackedLinear, epochs: int) -> Tensor:
+    def scores_of_epochs(self, heads: LinearHeads, epochs: int) -> Tensor:
         """:meth:`scores` of ``heads`` holding ``epochs`` epochs' heads one after the other,
         (epochs x H, N, L): one matmul for all of them where that gives exactly the numbers of
         scoring each epoch's heads alone (:class:`~featcache.linear.heads.SplitScorer`)."""

@@ -22,9 +22,9 @@ from featcache.data.featurefile import (
 from featcache.data.labelfile import load_labels
 from featcache.errors import FeatcacheWarning, Interrupted, plural
 from featcache.fileio import write_text_atomic
+from featcache.heads import CAM_BLOCK, CAM_BLOCK_TENSORS
 from featcache.linear.data import SplitRows, TrainingSplits, read_linear_data, split_rows
 from featcache.linear.featurefiles import FeatureFiles, feature_files, requested_losses
-from featcache.linear.heads import CAM_BLOCK, CAM_BLOCK_TENSORS
 from featcache.linear.lossrun import LinearOutcome, LossRun
 from featcache.linear.memory import (
     FLOAT32,

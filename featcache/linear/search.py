@@ -22,17 +22,11 @@ from typing import Any
 
 import torch
 
+from featcache.heads import LinearHeads
 from featcache.interrupt import check_stop
 from featcache.linear.data import TrainingSplits
-from featcache.linear.heads import StackedLinear
-from featcache.linear.trainer import (
-    EpochState,
-    Evaluation,
-    GroupTrainer,
-    HeadResult,
-    TrainedGroup,
-    evaluation_can_move,
-)
+from featcache.linear.evaluation import EpochState, Evaluation, HeadResult, TrainedGroup
+from featcache.linear.trainer import GroupTrainer, evaluation_can_move
 from featcache.linear.workers import map_groups
 from featcache.losses import DataFacts, ResolvedParams, loss_class
 from featcache.progress import progress as progress_bar
@@ -153,7 +147,7 @@ class _EvaluateEpochs:
 
     search: int
     group: tuple[int, int]
-    empty_heads: StackedLinear
+    empty_heads: LinearHeads
     epochs: list[EpochState]
 
 

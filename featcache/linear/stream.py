@@ -29,8 +29,8 @@ from torch import Tensor
 from featcache.data.featurefile import FeatureFile
 from featcache.data.labelfile import LabelSet
 from featcache.data.pseudofile import PseudoLabels
-from featcache.linear.data import SplitRows, SplitTensors, TrainingSplits, split_rows
-from featcache.linear.heads import StackedLinear
+from featcache.heads import LinearHeads
+from featcache.linear.data import SplitRows, SplitsMixin, SplitTensors, split_rows
 from featcache.linear.memory import Placement
 
 
@@ -73,10 +73,11 @@ class StreamedRows:
 
     def epoch(self, order: torch.Generator, batch_size: int) -> Iterator[tuple[Tensor, Tensor]]:
         block_order = torch.randperm(len(self.blocks), generator=order).tolist()
-        carry_x = carry_index = None
+        carry_x: Tensor | None = None
+        carry_index: Tensor | None = None
         for first in range(0, len(block_order), self.window_blocks):
             x, index = self.read(block_order[first:first + self.window_blocks])
-            if carry_x is not None:
+            if carry_x is not None and carry_index is not None:
                 x, index = torch.cat([carry_x, x]), torch.cat([carry_index, index])
             perm = torch.randperm(len(index), generator=order).to(self.device)
             full = len(index) // batch_size
@@ -86,7 +87,7 @@ class StreamedRows:
             rest = perm[full * batch_size:]
             carry_x, carry_index = x.index_select(0, rest), index[rest]
 
-    def scores(self, head: StackedLinear) -> Tensor:
+    def scores(self, head: LinearHeads) -> Tensor:
         heads, _, classes = head.weight.shape
         out = torch.empty(heads, self.num_rows, classes, device=head.weight.device)
         for b in range(len(self.blocks)):
@@ -110,7 +111,7 @@ class StreamedSplit:
 
 
 @dataclass
-class StreamedLinearData(TrainingSplits):
+class StreamedLinearData(SplitsMixin):
     """:class:`~featcache.linear.data.LinearData`'s counterpart for features that do not fit in
     memory: the same fields, but streamed splits are :class:`StreamedSplit` (validation and
     test may still be in memory), and ``placement`` says how the file is read."""
@@ -146,7 +147,7 @@ def load_streamed_data(labels: LabelSet, features: FeatureFile, placement: Place
         placement = replace(placement, train_rows=len(splits["train"].rows))
     for official in ("train", "test"):
         features.check_finite(official, block_rows=placement.block_rows)
-    parts = {}
+    parts: dict[str, StreamedSplit | SplitTensors] = {}
     for name, part in splits.items():
         observed, clean = part.label_tensors(device)
         rows = StreamedRows(features, part, placement.block_rows, placement.window_blocks, device)
@@ -159,7 +160,10 @@ def load_streamed_data(labels: LabelSet, features: FeatureFile, placement: Place
                 tensor[block[2]] = x.float()
             parts[name] = SplitTensors(tensor, observed, clean, part.rows)
     features.close()  # workers open their own handle (HDF5 handles do not survive fork)
+    train = parts["train"]
+    if not isinstance(train, StreamedSplit):
+        raise ValueError("a streamed placement streams the training split")
     return StreamedLinearData(
-        dataset=labels.dataset, classes=list(labels.classes), train=parts["train"],
+        dataset=labels.dataset, classes=list(labels.classes), train=train,
         val=parts["val"], test=parts["test"], k=labels.k, labels=labels, features=features,
         placement=placement, notes=notes + [placement.describe()], pseudo_choice=pseudo_choice)

@@ -88,7 +88,7 @@ def map_groups(run: Callable[[G], R], groups: Sequence[G], costs: Sequence[float
             strict=True))
         everyone: list[dict[int, R] | None] = [None] * job.world
         dist.all_gather_object(everyone, local)
-        merged = {index: result for part in everyone for index, result in part.items()}
+        merged = {index: result for part in everyone for index, result in (part or {}).items()}
         results = [merged[i] for i in range(len(groups))]
         for index, result in enumerate(results):
             if on_result is not None and on_result(index, groups[index], result):
@@ -100,7 +100,7 @@ def map_groups(run: Callable[[G], R], groups: Sequence[G], costs: Sequence[float
 def _run_local(run: Callable[[G], R], groups: Sequence[G], device: torch.device, jobs: int,
                on_result: Callable[[int | None, G, R], Sequence[G] | None] | None = None,
                ) -> list[R]:
-    results: list[R | None] = [None] * len(groups)
+    results: dict[int, R] = {}
 
     def keep(index: int | None, task: G, result: R) -> Sequence[G]:
         if index is not None:
@@ -115,8 +115,8 @@ def _run_local(run: Callable[[G], R], groups: Sequence[G], device: torch.device,
                 index, task = waiting.popleft()
                 waiting.extendleft((None, t) for t in reversed(keep(index, task, run(task))))
         elif "fork" not in multiprocessing.get_all_start_methods():  # pragma: no cover - Windows
-            with ThreadPoolExecutor(max_workers=jobs) as pool:
-                _schedule(pool, lambda task: pool.submit(run, task), groups, jobs, keep)
+            with ThreadPoolExecutor(max_workers=jobs) as threads:
+                _schedule(threads, lambda task: threads.submit(run, task), groups, jobs, keep)
         else:
             key = id(run)
             _TASKS[key] = run
@@ -127,7 +127,7 @@ def _run_local(run: Callable[[G], R], groups: Sequence[G], device: torch.device,
                               keep)
             finally:
                 del _TASKS[key]
-    return results
+    return [results[index] for index in range(len(groups))]
 
 
 def _schedule(pool, submit: Callable[[G], Future], groups: Sequence[G], jobs: int,

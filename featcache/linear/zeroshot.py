@@ -103,7 +103,7 @@ def evaluate_zero_shot(labels: LabelSet, features: FeatureFile, texts: Tensor,
     scores = {official: split_scores(features, texts, official) for official in ("train", "test")}
     maps: dict[str, float | None] = {}
     covered = {}
-    test_ap = None
+    test_ap = torch.zeros(len(labels.classes))
     for name in SPLITS:
         part = parts[name]
         found = torch.from_numpy(scores[part.official][part.rows])
@@ -136,7 +136,7 @@ def zero_shot_document(labels: LabelSet, features: FeatureFile, result: ZeroShot
     per_class = {c: float(a) * 100 for c, a in zip(labels.classes, result.test_ap.tolist(),
                                                     strict=True)}
     val_cover, test_cover = result.coverage["val"], result.coverage["test"]
-    chosen = {"seed": 0, "lr": None, "batch_size": None, "params": {}, "val_map": maps["val_map"],
+    chosen: dict[str, object] = {"seed": 0, "lr": None, "batch_size": None, "params": {}, "val_map": maps["val_map"],
               "val_map_observed": maps["val_map_observed"], "test_map": maps["test_map"],
               "train_map": maps["train_map"]}
     settings = zero_shot_settings(labels, features, val_variant)

@@ -20,10 +20,17 @@ Each loss class declares, in one place, everything the stages ask of it:
   ``dataset_defaults`` overrides defaults per protocol dataset (the reference code's values);
 - ``learned_state``: per-example state the optimizer trains beside the head, with the parameter
   that holds its learning-rate multiplier (ROLE: phi at ``lr_mult`` times the head's rate);
-- ``handoff_state``: the state a linear run hands to fine-tuning (ROLE's phi).
+- ``handoff_state``: the state a linear run hands to fine-tuning (ROLE's phi);
+- ``head``: the kind of head its logits come from (:class:`~featcache.heads.HeadKind`).
+
+What a loss needs of a trainer beyond the logits is a capability it declares by its base
+class, with real methods the trainers call (and the type checker checks):
+:class:`MaskedPassLoss` (IGNORE) asks for a second forward pass on the input masked to the
+single positive's class activation map.
 
 :meth:`SPMLLoss.resolve` turns what a user gave into every parameter's value (defaults
-included), which is what runs record. Per-example state (ROLE's label estimates, APL's
+included), which is what runs record; an instance holds them per head in
+:attr:`SPMLLoss.param_values` (the class's ``params`` are the declarations). Per-example state (ROLE's label estimates, APL's
 pseudo-labels, LL-Cp's corrected labels, OPML-SP's corrections) lives in a dict of tensors of
 shape (H, N, L) that the loss creates in :meth:`SPMLLoss.init_state`; rows are indexed by
 ``Targets.index`` (rows of the training split).
@@ -31,7 +38,8 @@ shape (H, N, L) that the loss creates in :meth:`SPMLLoss.init_state`; rows are i
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping
+import abc
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import ClassVar
 
 import torch
@@ -39,7 +47,7 @@ from torch import Tensor
 
 from featcache.data.kestimate import EstimateRequest
 from featcache.errors import LossNeedError, LossStateError, OptionError, did_you_mean, plural
-from featcache.losses.heads import HeadKind
+from featcache.heads import HeadKind
 from featcache.losses.needs import D, DataFacts, Need
 from featcache.losses.params import Param, ParamValue, ResolvedParams
 from featcache.losses.targets import Targets
@@ -76,15 +84,10 @@ class SPMLLoss:
     learned_state: ClassVar[Mapping[str, str]] = {}
     #: state a linear run hands to fine-tuning (ROLE's label estimates ``phi``)
     handoff_state: ClassVar[tuple[str, ...]] = ()
-    #: the kind of head whose logits the loss receives (:class:`~featcache.losses.heads.HeadKind`:
-    #: linear on pooled features, or BoostLU's over spatial maps; a loss also declares its
-    #: head's ``needs``)
+    #: the kind of head whose logits the loss receives (:class:`~featcache.heads.HeadKind`:
+    #: linear on pooled features, or a head on spatial maps: BoostLU's, or a CAM head; a loss
+    #: whose head reads maps declares the spatial-features need too)
     head: ClassVar[HeadKind] = HeadKind.LINEAR
-    #: whether the loss compares the logits with those of a second forward pass on the input
-    #: masked to the single positive's class activation map (IGNORE, Song et al. 2024): the
-    #: stages compute the CAM, ask the loss for the mask (``position_mask`` on cached feature
-    #: maps, ``image_mask`` on images) and pass the masked pass's logits as ``Targets.masked``
-    masked_pass: ClassVar[bool] = False
 
     def __init__(self, num_classes: int, num_heads: int = 1,
                  params: Mapping[str, ParamValue] | None = None,
@@ -92,14 +95,16 @@ class SPMLLoss:
         self.num_classes = int(num_classes)
         self.num_heads = int(num_heads)
         resolved = self.resolve(params or {}, facts=facts, dataset=dataset)
-        self.params: dict[str, list[float]] = {}
+        #: each parameter's value for every head (resolved: defaults included); the class's
+        #: ``params`` declares them
+        self.param_values: dict[str, list[float]] = {}
         for key, values in resolved.values.items():
             if len(values) == 1:
                 values = values * self.num_heads
             if len(values) != self.num_heads:
                 raise OptionError(f"loss {self.name!r} parameter {key!r} has {plural(len(values), 'value')} "
                                   f"for {plural(self.num_heads, 'head')}")
-            self.params[key] = values
+            self.param_values[key] = values
 
     # ----------------------------------------------------------------- needs
     @classmethod
@@ -114,7 +119,7 @@ class SPMLLoss:
         for key, param in cls.params.items():
             if (param.default is None and key not in given
                     and key not in cls.dataset_defaults.get(facts.dataset, {})
-                    and (param.from_data is None or param.from_data(facts) is None)):
+                    and param.decided_by(facts) is None):
                 return f"needs {key} ({param.help}); " + (param.missing or f"pass --param {key}=VALUE")
         return None
 
@@ -154,28 +159,35 @@ class SPMLLoss:
         by_dataset = cls.dataset_defaults.get(dataset or "", {})
         resolved = ResolvedParams()
         for key, param in cls.params.items():
+            value: ParamValue
             if key in given:
                 value, source = given[key], "given"
             elif key in by_dataset:
                 value, source = by_dataset[key], "dataset"
-            elif param.from_data is not None and facts is not None and param.from_data(facts) is not None:
-                value, source = param.from_data(facts), "data"
+            elif (decided := param.decided_by(facts)) is not None:
+                value, source = decided, "data"
             elif param.default is not None:
                 value, source = param.default, "default"
             else:
                 raise OptionError(f"loss {cls.name!r} needs parameter {key!r} ({param.help}); "
                                   + (param.missing or f"pass --param {key}=VALUE"))
-            items = list(value) if isinstance(value, (list, tuple)) else [value]
+            items: list[float | EstimateRequest] = (
+                [value] if isinstance(value, (int, float, EstimateRequest)) else list(value))
             if not items:
                 raise OptionError(f"loss {cls.name!r} parameter {key!r} has no value")
-            if any(isinstance(item, EstimateRequest) for item in items):
-                records = [cls._estimate(key, param, item, facts) if
-                           isinstance(item, EstimateRequest) else None for item in items]
-                items = [record["value"] if record else item
-                         for record, item in zip(records, items, strict=True)]
+            values: list[float] = []
+            records: list[dict | None] = []
+            for item in items:
+                if isinstance(item, EstimateRequest):
+                    record = cls._estimate(key, param, item, facts)
+                    records.append(record)
+                    values.append(float(record["value"]))
+                else:
+                    records.append(None)
+                    values.append(float(item))
+            if any(record is not None for record in records):
                 resolved.estimates[key] = records
                 source = "estimate"
-            values = [float(v) for v in items]
             for number in values:
                 if not param.accepts(number):
                     raise OptionError(
@@ -201,7 +213,7 @@ class SPMLLoss:
 
     def value(self, name: str, like: Tensor | None = None) -> float | Tensor:
         """Parameter ``name``: a float when all heads share it, else an (H, 1, 1) tensor."""
-        values = self.params[name]
+        values = self.param_values[name]
         if all(v == values[0] for v in values):
             return values[0]
         device = like.device if like is not None else None
@@ -210,7 +222,7 @@ class SPMLLoss:
 
     def head_params(self, head: int) -> dict[str, float]:
         """The parameter values of one head."""
-        return {key: values[head] for key, values in self.params.items()}
+        return {key: values[head] for key, values in self.param_values.items()}
 
     # ----------------------------------------------------------------- state
     def init_state(self, observed: Tensor, clean: Tensor | None = None,
@@ -226,7 +238,7 @@ class SPMLLoss:
 
     def learned_state_lr_mults(self) -> dict[str, list[float]]:
         """State tensors the optimizer trains beside the head, with each head's lr multiplier."""
-        return {name: list(self.params[param]) for name, param in self.learned_state.items()}
+        return {name: list(self.param_values[param]) for name, param in self.learned_state.items()}
 
     def state_tensor(self, state: Mapping[str, Tensor], key: str) -> Tensor:
         """``state[key]``, or a clear error when the caller did not pass :meth:`init_state`'s dict."""
@@ -264,14 +276,40 @@ class SPMLLoss:
         """
 
     def end_epoch(self, epoch: int, num_epochs: int, probs: Callable[[], Tensor],
-                  state: dict[str, Tensor]) -> dict[str, float]:
+                  state: dict[str, Tensor]) -> dict[str, float | Sequence[float]]:
         """Once per epoch, after its training steps: update per-example state.
 
         ``probs()`` returns the current predictions on the whole training split, shape
-        (H, N, L) (computed only when called). Returns numbers worth logging.
+        (H, N, L) (computed only when called). Returns numbers worth logging: one for every
+        head, or a sequence of one per head.
         """
         return {}
 
     def __repr__(self) -> str:
-        shown = {k: (v[0] if len(set(v)) == 1 else v) for k, v in self.params.items()}
+        shown = {k: (v[0] if len(set(v)) == 1 else v) for k, v in self.param_values.items()}
         return f"{type(self).__name__}(name={self.name!r}, params={shown})"
+
+
+class MaskedPassLoss(SPMLLoss, abc.ABC):
+    """A loss that compares the logits with those of a second forward pass on the input masked
+    to the single positive's class activation map (IGNORE, Song et al. 2024).
+
+    Its head is one that gives class activation maps (a kind whose heads read spatial maps).
+    The trainers compute the maps, ask the loss for the mask (:meth:`position_mask` on cached
+    feature maps in stage two, :meth:`image_mask` on images in stage three), run the masked
+    pass and hand its logits to the loss as ``Targets.masked``; stage three also gives it a
+    strongly augmented view (``Targets.strong``). Its statistics are over a whole batch, so a
+    configuration trains in one process.
+    """
+
+    head = HeadKind.CAM
+
+    @abc.abstractmethod
+    def position_mask(self, cam: Tensor, observed: Tensor) -> Tensor:
+        """Stage two's mask of feature-map positions (H, B, P), 1 kept and 0 zeroed, from the
+        class activation maps ``cam`` (H, B, P, L) and the observed labels (B, L)."""
+
+    @abc.abstractmethod
+    def image_mask(self, cam: Tensor, observed: Tensor, size: tuple[int, int]) -> Tensor:
+        """Stage three's mask (B, 1, H, W) that multiplies the normalised images of ``size``,
+        from the class activation maps ``cam`` (B, L, h, w) of one head."""

@@ -15,6 +15,9 @@ from featcache.losses.params import Param, non_negative
 from featcache.losses.registry import register_loss
 from featcache.losses.terms import assume_negative, matrix_mean, neglog, where_mask
 
+#: where these losses stand in ``featcache losses`` and ``--loss all`` (featcache.losses.registry)
+CATALOG_ORDER = 50
+
 BASELINE = "baseline in Zhou et al. ECCV 2022 / Li et al."
 BASELINE_PAPER = ("no paper of its own: a baseline of Zhou et al., 'Acknowledging the Unknown for "
                   "Multi-label Learning with Single Positive Labels'")

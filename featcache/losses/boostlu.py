@@ -1,6 +1,5 @@
 """BoostLU (Kim et al. CVPR 2023, "Bridging the gap between model explanations in partially
-annotated multi-label classification"): the head, shared by both training stages, and the
-losses the authors train it with.
+annotated multi-label classification"): the losses the authors train their head with.
 
 **The head.** A 1x1 convolution over the last feature map F (h x w positions of D channels)
 gives the class activation map CAM = W F(u, v) + bias (the linear head applied at every
@@ -9,9 +8,8 @@ for x > 0, else x) and the logit is the mean over the positions of B(CAM). Equiv
 ``g = (W GAP(F) + bias) + (alpha - 1) mean relu(CAM)``, so alpha = 1 is the ordinary linear head
 on pooled features. Boosting is part of the forward pass in training and evaluation alike (the
 authors' ``ImageClassifier.forward`` has no train/eval switch); alpha = 5 (their default, for
-every dataset). :func:`boost`, :func:`boost_slope` and :func:`boostlu_pool` are the only
-definitions: stage two's stacked heads (:class:`featcache.linear.heads.StackedBoostLU`) and
-stage three's head (:class:`featcache.finetune.model.BoostLUHead`) call them.
+every dataset). The head is :class:`featcache.heads.BoostLUHeads` (``HeadKind.BOOSTLU``), the
+one implementation both training stages and the API use.
 
 **The losses** (authors' code youngwk/BridgeGapExplanationPAMC ``losses.py``, ``train.py``,
 ``config.py``): ``binary_cross_entropy_with_logits`` on the boosted logits with the observed
@@ -37,23 +35,25 @@ masked loss is 0, in a batch where the k-th value is 0).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from typing import ClassVar
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from featcache.heads import HeadKind
 from featcache.losses.base import SPMLLoss
-from featcache.losses.heads import HeadKind
 from featcache.losses.large_loss import (
     LargeLossCorrectPermanent,
     LargeLossCorrectTemporary,
     LargeLossReject,
 )
+from featcache.losses.needs import SPATIAL_FEATURES
 from featcache.losses.params import Param
 from featcache.losses.registry import register_loss
-from featcache.losses.terms import device_constant, matrix_mean
+from featcache.losses.terms import matrix_mean
+
+#: where these losses stand in ``featcache losses`` and ``--loss all`` (featcache.losses.registry)
+CATALOG_ORDER = 100
 
 BOOSTLU = "Kim et al. CVPR 2023"
 BOOSTLU_PAPER = ("Bridging the Gap between Model Explanations in Partially Annotated Multi-label "
@@ -64,36 +64,12 @@ ALPHA = Param(5.0, "BoostLU: factor on the positive class-activation-map entries
                    "(Kim 2023: 5; 1 = the linear head on pooled features)", low=1.0)
 
 
-# ------------------------------------------------------------------------------------ the head
-def boost(cam: Tensor, alpha: float | Tensor) -> Tensor:
-    """B(x) = alpha x where x > 0 (strictly), else x."""
-    return torch.where(cam > 0, cam * alpha, cam)
-
-
-def boost_slope(cam: Tensor, alpha: float | Tensor) -> Tensor:
-    """dB/dx: alpha where x > 0, else 1 (what autograd gives for :func:`boost`)."""
-    one = torch.ones((), dtype=cam.dtype, device=cam.device)
-    return torch.where(cam > 0, alpha * one, one)
-
-
-def boostlu_pool(cam: Tensor, alpha: float | Tensor, dims: int | Sequence[int]) -> Tensor:
-    """BoostLU's logits: the mean over the position dimension(s) ``dims`` of B(cam)."""
-    return boost(cam, alpha).mean(dim=dims)
-
-
-def alpha_value(alphas: Sequence[float], like: Tensor, shape: Sequence[int]) -> float | Tensor:
-    """One alpha for every head (a float), or a per-head tensor of ``shape``."""
-    if all(a == alphas[0] for a in alphas):
-        return float(alphas[0])
-    return device_constant(alphas, like.device, like.dtype).view(*shape)
-
-
 # ---------------------------------------------------------------------------------- the losses
 class BoostLULoss(SPMLLoss):
     """What every BoostLU loss declares: its head, the spatial features it needs, ``alpha``."""
 
     head = HeadKind.BOOSTLU
-    needs = HeadKind.BOOSTLU.needs
+    needs = (SPATIAL_FEATURES,)
     reference = BOOSTLU
     paper = BOOSTLU_PAPER
     year = 2023
@@ -133,6 +109,8 @@ class ReferenceLargeLoss:
 
     #: LL-Cp flips entries whose loss is >= the k-th largest ("ge", the authors') or > ("gt")
     flip_ties: ClassVar[str] = "ge"
+    #: whether corrections are permanent (LL-Cp): the LL class this is mixed into says
+    permanent: ClassVar[bool]
 
     def num_large(self, entries: int, epoch: int, delta_rel: float) -> int:
         if reference_rate(epoch, delta_rel) == 0.0:  # clean_rate == 1: the loss is unmodified

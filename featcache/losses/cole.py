@@ -33,6 +33,9 @@ from featcache.losses.terms import (
     where_mask,
 )
 
+#: where these losses stand in ``featcache losses`` and ``--loss all`` (featcache.losses.registry)
+CATALOG_ORDER = 10
+
 COLE = "Cole et al. CVPR 2021"
 COLE_PAPER = "Multi-Label Learning from Single Positive Labels"
 

@@ -7,7 +7,7 @@ Observed negatives (z=-1, only with --num-neg) are known negatives: neglog(1-f).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 from torch import Tensor
@@ -23,6 +23,9 @@ from featcache.losses.terms import (
     soft_bce,
     where_mask,
 )
+
+#: where these losses stand in ``featcache losses`` and ``--loss all`` (featcache.losses.registry)
+CATALOG_ORDER = 20
 
 ZHOU = "Zhou et al. ECCV 2022"
 ZHOU_PAPER = "Acknowledging the Unknown for Multi-label Learning with Single Positive Labels"
@@ -113,18 +116,18 @@ class EntropyMaximizationAPL(SPMLLoss):
         return matrix_mean(matrix)
 
     def end_epoch(self, epoch: int, num_epochs: int, probs: Callable[[], Tensor],
-                  state: dict[str, Tensor]) -> dict[str, float]:
+                  state: dict[str, Tensor]) -> dict[str, float | Sequence[float]]:
         pseudo = self.state_tensor(state, "pseudo")
         unobserved = state["unobserved"]
         added = [0] * self.num_heads
         current = None
         for head in range(self.num_heads):
-            warmup = int(self.params["warmup"][head])
+            warmup = int(self.param_values["warmup"][head])
             if epoch + 1 < warmup or num_epochs - warmup <= 0:
                 continue
             if current is None:
                 current = probs()
-            theta = self.params["theta"][head]
+            theta = self.param_values["theta"][head]
             counts = [int(theta * u / (num_epochs - warmup))
                       for u in unobserved[head].sum(dim=0).tolist()]
             available = unobserved[head] & torch.isnan(pseudo[head])

@@ -38,6 +38,9 @@ from featcache.losses.params import K_PARAM, non_negative, unit_interval
 from featcache.losses.registry import register_loss
 from featcache.losses.terms import expected_positive_regularizer, matrix_mean, require_pseudo
 
+#: where these losses stand in ``featcache losses`` and ``--loss all`` (featcache.losses.registry)
+CATALOG_ORDER = 90
+
 TRAN = "Tran et al. ICCV 2025 (AEVLP)"
 TRAN_PAPER = ("More Reliable Pseudo-labels, Better Performance: A Generalized Approach to Single "
               "Positive Multi-label Learning (arXiv 2508.20381)")
@@ -78,7 +81,7 @@ class GeneralizedPseudoLabelRobust(GeneralizedRobust):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        for head, (upper, lower) in enumerate(zip(self.params["lambda1"], self.params["lambda2"],
+        for head, (upper, lower) in enumerate(zip(self.param_values["lambda1"], self.param_values["lambda2"],
                                                   strict=True)):
             if lower > upper:
                 raise OptionError(f"loss 'gpr': lambda2={lower:g} > lambda1={upper:g} (head "

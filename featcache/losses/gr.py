@@ -38,6 +38,9 @@ from featcache.losses.params import Param, epoch_count, positive
 from featcache.losses.registry import register_loss
 from featcache.losses.terms import head_floats, matrix_mean
 
+#: where these losses stand in ``featcache losses`` and ``--loss all`` (featcache.losses.registry)
+CATALOG_ORDER = 60
+
 CHEN = "Chen et al. IJCAI 2024 (GR loss)"
 CHEN_PAPER = ("Boosting Single Positive Multi-label Classification with Generalized Robust Loss "
               "(arXiv 2405.03501)")
@@ -167,7 +170,7 @@ class GeneralizedRobust(SPMLLoss):
         """T of each head: ``schedule_epochs``, or the run's epochs when it is 0."""
         run = self.run_epochs
         lengths = []
-        for value in self.params["schedule_epochs"]:
+        for value in self.param_values["schedule_epochs"]:
             if value > 0:
                 lengths.append(int(value))
             elif run is None:
@@ -180,7 +183,7 @@ class GeneralizedRobust(SPMLLoss):
 
     def schedule(self, epoch: int, like: Tensor) -> GRSchedule:
         """w, b, mu, sigma of ``epoch`` for every head."""
-        return gr_schedule(self.params, epoch, self.schedule_length(), like)
+        return gr_schedule(self.param_values, epoch, self.schedule_length(), like)
 
     def forward(self, logits, targets, state, epoch):
         probs = torch.sigmoid(logits)

@@ -26,6 +26,9 @@ from featcache.losses.params import epoch_count, non_negative, switch, unit_inte
 from featcache.losses.registry import register_loss
 from featcache.losses.terms import head_floats, matrix_mean
 
+#: where these losses stand in ``featcache losses`` and ``--loss all`` (featcache.losses.registry)
+CATALOG_ORDER = 70
+
 ZHANG = "Zhang et al. arXiv 2021"
 ZHANG_PAPER = ("Simple and Robust Loss Design for Multi-Label Learning with Missing Labels "
                "(arXiv 2112.07368)")
@@ -38,7 +41,7 @@ SUM = switch(1.0, "reduction: 1 the sum over the B x L matrix (the code's defaul
 def reduce_matrix(loss: SPMLLoss, matrix: Tensor) -> Tensor:
     """Per head: the matrix's sum where the head's ``sum`` switch is 1, else its B * L mean."""
     totals = matrix.sum(dim=(-2, -1))
-    flags = loss.params["sum"]
+    flags = loss.param_values["sum"]
     if all(flags):
         return totals
     if not any(flags):
@@ -101,7 +104,7 @@ class SelfPacedCorrection(SPMLLoss):
         positive = observed == 1
         shifted = torch.where(positive, logits - self.value("margin", logits), logits)
         p = torch.sigmoid(shifted)
-        active = head_floats(self.params["change_epoch"], logits) <= epoch
+        active = head_floats(self.param_values["change_epoch"], logits) <= epoch
         corrected = (observed == 0) & active & (p > self.value("tau", logits))
         target = positive | corrected
         gamma = self.value("gamma", logits)

@@ -43,11 +43,14 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from featcache.errors import LossStateError
-from featcache.losses.base import SPMLLoss
+from featcache.losses.base import MaskedPassLoss
 from featcache.losses.needs import SPATIAL_FEATURES
 from featcache.losses.params import Param, epoch_count, non_negative, switch, unit_interval
 from featcache.losses.registry import register_loss
 from featcache.losses.terms import neglog
+
+#: where these losses stand in ``featcache losses`` and ``--loss all`` (featcache.losses.registry)
+CATALOG_ORDER = 110
 
 SONG = "Song et al. ECCV 2024"
 SONG_PAPER = ("IGNORE: Information Gap-based False Negative Loss Rejection for Single Positive "
@@ -107,7 +110,7 @@ def _weight(name: str, default: float, what: str) -> Param:
 
 
 @register_loss
-class Ignore(SPMLLoss):
+class Ignore(MaskedPassLoss):
     """``ignore``: SPBC + AN with false-negative rejection by the masked pass's logit gap
     + consistency between the strong and the plain view (Song et al. 2024; the authors' code
     gyeong-ryeol-song/SPML-IGNORE: losses.py, functions.py, train_resnet.py).
@@ -130,7 +133,6 @@ class Ignore(SPMLLoss):
     paper = SONG_PAPER
     year = 2024
     needs = (SPATIAL_FEATURES,)
-    masked_pass = True
     params = {
         "spbc_weight": _weight("spbc_weight", 0.5, "the single-positive BCE term"),
         "ignore_weight": _weight("ignore_weight", 1.0, "the AN term with false negatives rejected"),
@@ -161,7 +163,7 @@ class Ignore(SPMLLoss):
 
     def image_mask(self, cam: Tensor, observed: Tensor, size: tuple[int, int]) -> Tensor:
         """Stage three's image mask (B, 1, H, W) from ``cam`` (B, L, h, w) (one head)."""
-        return image_keep_mask(cam, observed, self.params["cam_threshold"][0], size)
+        return image_keep_mask(cam, observed, self.param_values["cam_threshold"][0], size)
 
     @torch.no_grad()
     def update_thresholds(self, logits: Tensor, gap: Tensor, positive: Tensor,

@@ -35,6 +35,9 @@ from featcache.losses.terms import (
     per_head_labels,
 )
 
+#: where these losses stand in ``featcache losses`` and ``--loss all`` (featcache.losses.registry)
+CATALOG_ORDER = 30
+
 KIM = "Kim et al. CVPR 2022"
 KIM_PAPER = "Large Loss Matters in Weakly Supervised Multi-Label Classification"
 KIM_ABS = "Kim et al. CVPR 2022, supplement B"
@@ -109,7 +112,7 @@ class RelativeLargeLoss(LargeLoss):
     def select(self, loss, unobserved, epoch):
         heads = loss.shape[0]
         masked = torch.where(unobserved, loss, torch.zeros_like(loss)).reshape(heads, -1)
-        ks = [self.num_large(masked.shape[1], epoch, d) for d in self.params["delta_rel"]]
+        ks = [self.num_large(masked.shape[1], epoch, d) for d in self.param_values["delta_rel"]]
         nothing = torch.zeros_like(unobserved)
         if max(ks) == 0:
             return nothing, nothing
@@ -135,8 +138,8 @@ class AbsoluteLargeLoss(LargeLoss):
     params = ABSOLUTE_PARAMS
 
     def select(self, loss, unobserved, epoch):
-        r0 = head_floats(self.params["r0"], loss)
-        delta = head_floats(self.params["delta_abs"], loss)
+        r0 = head_floats(self.param_values["r0"], loss)
+        delta = head_floats(self.param_values["delta_abs"], loss)
         large = unobserved & (loss > r0 - epoch * delta)
         return large, large
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import Protocol, Self, TypeVar
 
 
 @dataclass(frozen=True)
@@ -47,12 +47,18 @@ class TrainingData(Protocol):
     @property
     def facts(self) -> DataFacts: ...
 
-    def with_observed_negatives(self, num_neg: int) -> TrainingData: ...
+    def with_observed_negatives(self, num_neg: int) -> Self: ...
 
-    def with_pseudo_labels(self, name: str) -> TrainingData: ...
+    def with_pseudo_labels(self, name: str) -> Self: ...
 
 
 D = TypeVar("D", bound=TrainingData)
+
+
+class Adapt(Protocol):
+    """Completes data that can be completed: the same kind of data, with what a need adds."""
+
+    def __call__(self, data: D, /) -> D: ...
 
 
 @dataclass(frozen=True)
@@ -66,7 +72,7 @@ class Need:
     key: str
     description: str
     unmet: Callable[[DataFacts], str | None]
-    adapt: Callable[[TrainingData], TrainingData] | None = None
+    adapt: Adapt | None = None
 
 
 def _needs_full_labels(facts: DataFacts) -> str | None:
@@ -82,7 +88,7 @@ def _needs_negatives(facts: DataFacts) -> str | None:
     return "needs observed negatives; prepare the labels with --num-neg 1"
 
 
-def _draw_negatives(data: TrainingData) -> TrainingData:
+def _draw_negatives(data: D) -> D:
     return data if data.facts.has_observed_negatives else data.with_observed_negatives(num_neg=1)
 
 
@@ -102,7 +108,7 @@ def pseudo_labels(rule: str) -> Need:
                 f"file with `featcache pseudo-label --dataset {facts.dataset} --rule {rule}`"
                 + (f" --name {name}" if name != rule else ""))
 
-    def adapt(data: TrainingData) -> TrainingData:
+    def adapt(data: D) -> D:
         return data.with_pseudo_labels(data.facts.pseudo_choice or rule)
 
     return Need("pseudo_labels", f"pseudo-labels (`featcache pseudo-label --rule {rule}`)",

@@ -13,7 +13,7 @@ every other label. ZLPR is a = b = 1.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 from torch import Tensor
@@ -29,6 +29,9 @@ from featcache.losses.terms import (
     select_per_class,
 )
 from featcache.metrics import average_precision
+
+#: where these losses stand in ``featcache losses`` and ``--loss all`` (featcache.losses.registry)
+CATALOG_ORDER = 40
 
 LI = "Li et al. (OPML), reconstruction"
 LI_PAPER = ("Pushing One Pair of Labels Apart Each Time in Multi-Label Learning: From Single "
@@ -54,8 +57,8 @@ class PairLoss(SPMLLoss):
     """OPML's bounded pair loss with hard labels; ``a`` and ``b`` from the parameters."""
 
     def constants(self, logits: Tensor) -> tuple[Tensor, Tensor]:
-        a = head_floats(self.params.get("a", [1.0] * self.num_heads), logits)
-        b = head_floats(self.params.get("b", [1.0] * self.num_heads), logits)
+        a = head_floats(self.param_values.get("a", [1.0] * self.num_heads), logits)
+        b = head_floats(self.param_values.get("b", [1.0] * self.num_heads), logits)
         return a, b
 
     def forward(self, logits, targets, state, epoch):
@@ -138,21 +141,21 @@ class OPMLSinglePositive(PairLoss):
         f = torch.sigmoid(logits)
         positive = (labels == 1).to(logits.dtype)
         unobserved = (labels == 0).to(logits.dtype)
-        smooth = head_floats(self.params["smooth"], logits)
+        smooth = head_floats(self.param_values["smooth"], logits)
         ap = self.state_tensor(state, "train_ap").to(logits.dtype)
-        power = head_floats(self.params["smooth_power"], logits)
+        power = head_floats(self.param_values["smooth_power"], logits)
         eps = smooth * unobserved * (ap * f.detach()) ** power
         a, b = self.constants(logits)
         loss = pair_loss(logits, positive + eps, 1.0 - positive - eps, a, b).mean(dim=-1)
-        if any(self.params["rank"]):
+        if any(self.param_values["rank"]):
             singular = torch.linalg.svdvals(f)
             rank_term = -torch.log(singular + LOG_EPSILON).sum(dim=-1)
-            weight = head_floats(self.params["lam"], logits, (-1,))
-            loss = loss + head_floats(self.params["rank"], logits, (-1,)) * weight * rank_term
+            weight = head_floats(self.param_values["lam"], logits, (-1,))
+            loss = loss + head_floats(self.param_values["rank"], logits, (-1,)) * weight * rank_term
         return loss
 
     def end_epoch(self, epoch: int, num_epochs: int, probs: Callable[[], Tensor],
-                  state: dict[str, Tensor]) -> dict[str, float]:
+                  state: dict[str, Tensor]) -> dict[str, float | Sequence[float]]:
         labels, corrected = state["observed"], state["corrected"]
         current = probs()
         original_positive = (labels == 1) & ~corrected

@@ -37,6 +37,10 @@ class Param:
     #: images: (facts, request) -> the record kept in results.json, its ``value`` the estimate
     estimate: Callable[[DataFacts, EstimateRequest], dict] | None = None
 
+    def decided_by(self, facts: DataFacts | None) -> float | None:
+        """What the data decides for this parameter (None: nothing, or no facts)."""
+        return None if self.from_data is None or facts is None else self.from_data(facts)
+
     def range_text(self) -> str:
         """The valid range in interval notation, e.g. ``[0, 1]`` or ``(0, inf)``."""
         def bound(value: float) -> str:

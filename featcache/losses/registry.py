@@ -1,19 +1,32 @@
-"""One registry of losses: ``create_loss(name, ...)`` builds any of them (cf. timm's ``create_model``)."""
+"""One registry of losses: ``create_loss(name, ...)`` builds any of them (cf. timm's ``create_model``).
+
+Losses are discovered, not listed: :func:`discover_losses` imports every module of this package,
+and each loss class registers itself with ``@register_loss``. A module places its losses in
+``featcache losses`` and ``--loss all`` with a module-level ``CATALOG_ORDER`` (smaller first;
+a module without one comes after those that have one, by module name); within a module, losses
+keep the order of their classes.
+"""
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
+import sys
 from collections.abc import Mapping
 
 from featcache.errors import OptionError, unknown_name
-from featcache.losses.base import SPMLLoss
-from featcache.losses.needs import DataFacts
+from featcache.losses.base import MaskedPassLoss, SPMLLoss
+from featcache.losses.needs import SPATIAL_FEATURES, DataFacts
 from featcache.losses.params import ParamValue
 
 _REGISTRY: dict[str, type[SPMLLoss]] = {}
+#: where a module without ``CATALOG_ORDER`` stands
+UNORDERED = 1_000_000
 
 
 def register_loss(cls: type[SPMLLoss]) -> type[SPMLLoss]:
-    """Class decorator: make ``cls`` available under ``cls.name``."""
+    """Class decorator: make ``cls`` available under ``cls.name``, after checking that its
+    declarations agree with one another."""
     if not cls.name:
         raise ValueError(f"{cls.__name__} has no name")
     if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:
@@ -21,13 +34,36 @@ def register_loss(cls: type[SPMLLoss]) -> type[SPMLLoss]:
     referred = {key for values in cls.dataset_defaults.values() for key in values}
     if (referred | set(cls.learned_state.values())) - set(cls.params):
         raise ValueError(f"{cls.__name__} refers to undeclared parameters")
+    if cls.head.spatial != (SPATIAL_FEATURES in cls.needs):
+        raise ValueError(f"{cls.__name__}: a loss whose head reads spatial maps declares the "
+                         "spatial-features need, and only such a loss does")
+    if issubclass(cls, MaskedPassLoss) and not cls.head.spatial:
+        raise ValueError(f"{cls.__name__}: a masked-pass loss needs a head with class "
+                         "activation maps")
+    missing = [key for key in cls.head.implementation.loss_params if key not in cls.params]
+    if missing:
+        raise ValueError(f"{cls.__name__}: its {cls.head} head reads the parameters {missing}")
     _REGISTRY[cls.name] = cls
     return cls
 
 
+def discover_losses(package: str = "featcache.losses") -> None:
+    """Import every module of ``package`` (each registers the losses it defines)."""
+    root = sys.modules[package]
+    for module in pkgutil.iter_modules(root.__path__, prefix=f"{package}."):
+        importlib.import_module(module.name)
+
+
+def _listing_key(item: tuple[int, type[SPMLLoss]]) -> tuple[int, str, int]:
+    index, cls = item
+    module = sys.modules.get(cls.__module__)
+    return (int(getattr(module, "CATALOG_ORDER", UNORDERED)), cls.__module__, index)
+
+
 def loss_names() -> list[str]:
-    """Every registered loss name, in registration order."""
-    return list(_REGISTRY)
+    """Every registered loss name, in catalog order (``featcache losses``, ``--loss all``)."""
+    ordered = sorted(enumerate(_REGISTRY.values()), key=_listing_key)
+    return [cls.name for _, cls in ordered]
 
 
 def loss_class(name: str) -> type[SPMLLoss]:

@@ -9,43 +9,24 @@ Everything works on stacked heads: probabilities and logits are (H, B, L); label
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 
 import torch
 from torch import Tensor
 
+from featcache.constants import cached_constant, device_constant  # noqa: F401
 from featcache.errors import InputError, LossStateError
 from featcache.losses.targets import Targets
 
 LOG_EPSILON = 1e-5
-
-_CONSTANTS: dict[tuple, Tensor] = {}
-
-
-def device_constant(values: Sequence[float], device: torch.device | str | None,
-                    dtype: torch.dtype) -> Tensor:
-    """``values`` as a 1-D tensor on ``device``, built once per values, device and dtype.
-
-    Losses call this at every step: ``torch.tensor(values, device=cuda)`` would copy from the
-    host each time and make the host wait for the device. Treat the result as read-only.
-    """
-    key = (tuple(values), torch.device(device or "cpu"), dtype)
-    tensor = _CONSTANTS.get(key)
-    if tensor is None:
-        tensor = _CONSTANTS[key] = torch.tensor(list(values), dtype=dtype, device=key[1])
-    return tensor
 
 
 def unit_gradient(like: Tensor, count: int, sign: float = 1.0) -> Tensor:
     """``sign / count`` as autograd's backward of ``total / count`` computes it (``1 / count``
     on ``like``'s dtype and device; negation is exact), as a 0-d tensor built once per count,
     sign, device and dtype: the seed of a hand-written gradient. Treat it as read-only."""
-    key = ("unit", count, sign, like.device, like.dtype)
-    tensor = _CONSTANTS.get(key)
-    if tensor is None:
-        tensor = _CONSTANTS[key] = sign * (torch.ones((), dtype=like.dtype, device=like.device)
-                                           / count)
-    return tensor
+    return cached_constant(("unit", count, sign, like.device, like.dtype),
+                           lambda: sign * (torch.ones((), dtype=like.dtype, device=like.device)
+                                           / count))
 
 
 def neglog(x: Tensor) -> Tensor:

@@ -31,6 +31,9 @@ from featcache.losses.params import epoch_count, non_negative, unit_interval
 from featcache.losses.registry import register_loss
 from featcache.losses.terms import device_constant, matrix_mean, require_pseudo, soft_bce
 
+#: where these losses stand in ``featcache losses`` and ``--loss all`` (featcache.losses.registry)
+CATALOG_ORDER = 80
+
 VLPL_REFERENCE = "Xing et al. CVPRW 2024"
 
 
@@ -58,7 +61,7 @@ class VisionLanguagePseudoLabels(SPMLLoss):
         f = torch.sigmoid(logits)
         z, pseudo = targets.observed, require_pseudo(self, targets)
         matrix = entropy_matrix(f, z, -self.value("alpha", logits))
-        active = [float(epoch + 1 > w) for w in self.params["warmup"]]
+        active = [float(epoch + 1 > w) for w in self.param_values["warmup"]]
         if not any(active):
             pseudo = torch.zeros_like(pseudo)
         elif not all(active):  # heads with different warm-ups: a per-head mask, built once

@@ -4,16 +4,20 @@ losses and backbones, without importing torch.
 The losses declare their metadata (reference, parameters, per-dataset defaults, needs) on
 classes that live beside their torch code, and the backbones are specs built next to
 torchvision, timm and open_clip: importing them costs seconds (torch alone about 2 s on 2
-cores, timm and open_clip more), only to print a list. ``catalog.json`` beside this module is
-a snapshot of that metadata, stamped with a fingerprint of the sources it came from (every file
-under ``featcache/losses`` and ``featcache/backbones``). :func:`catalog` reads the snapshot when
-the fingerprint matches the sources installed, and otherwise (an edited loss, a new backbone)
-builds the same data from the classes, as slowly as before but never stale. :func:`loss_names`
-reads the registry itself when the losses are already imported (a loss registered at run
-time included).
+cores, timm and open_clip more), only to print a list. A snapshot of that metadata, stamped
+with a fingerprint of the sources it came from (every file under ``featcache/losses`` and
+``featcache/backbones``, Python files without their comment lines and blank lines), answers
+instead. :func:`catalog` reads ``catalog.json`` beside this module when its fingerprint matches
+the sources installed; otherwise (a new or edited loss, a new backbone) the snapshot built from
+the classes the last time these sources were seen, kept in the user's cache folder
+(``$XDG_CACHE_HOME/featcache``, else ``~/.cache/featcache``); otherwise it builds the data from
+the classes (as slowly as importing them) and keeps it there for the next call. A listing is
+never stale, and a new loss module needs no other file. :func:`loss_names` reads the registry
+itself when the losses are already imported (a loss registered at run time included).
 
-``python -m featcache.protocol.catalog`` (``make catalog``) rewrites the snapshot; a test fails
-while it is out of date.
+``python -m featcache.protocol.catalog`` (``make catalog``) rewrites the shipped snapshot (a
+fresh clone then lists without importing torch even once); a test checks that every entry it
+holds is what the classes declare.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from featcache.errors import OptionError, unknown_name
+from featcache.fileio import write_text_atomic
 
 SNAPSHOT = Path(__file__).with_name("catalog.json")
 PACKAGE = Path(__file__).resolve().parents[1]
@@ -140,31 +145,81 @@ class Catalog:
 
 
 def source_fingerprint(package: Path = PACKAGE) -> str:
-    """sha256 over the path and bytes of every file the metadata comes from."""
+    """sha256 over the path and content of every file the metadata comes from; a Python file's
+    comment lines, blank lines and trailing spaces do not count."""
     digest = hashlib.sha256()
     for source in SOURCES:
         root = package / source
         for path in sorted(p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
             digest.update(str(path.relative_to(package)).encode() + b"\0")
-            digest.update(path.read_bytes() + b"\0")
+            digest.update(_declared_content(path) + b"\0")
     return digest.hexdigest()
 
 
+def _declared_content(path: Path) -> bytes:
+    """A source file's bytes, for a Python file without comment lines, blank lines and
+    trailing spaces."""
+    data = path.read_bytes()
+    if path.suffix != ".py":
+        return data
+    lines = (line.rstrip() for line in data.split(b"\n"))
+    return b"\n".join(line for line in lines if line and not line.lstrip().startswith(b"#"))
+
+
+def user_cache_dir() -> Path:
+    """Where snapshots built from the classes are kept: ``$XDG_CACHE_HOME/featcache``, else
+    ``~/.cache/featcache``."""
+    root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(root).expanduser() / "featcache"
+
+
+def user_snapshot(fingerprint: str) -> Path:
+    return user_cache_dir() / f"catalog-{fingerprint[:32]}.json"
+
+
+#: snapshots kept in the user's cache folder (other checkouts and versions may share it)
+KEPT_SNAPSHOTS = 8
+
+
 def catalog() -> Catalog:
-    """The losses and backbones: the snapshot when it matches the sources, else built from the
-    classes (imported now)."""
+    """The losses and backbones: a snapshot matching the sources (shipped, or kept in the
+    user's cache folder), else built from the classes (imported now) and kept there."""
     return _snapshot_or_build()
 
 
 @functools.lru_cache(maxsize=1)
 def _snapshot_or_build() -> Catalog:
+    fingerprint = source_fingerprint()
+    for path in (SNAPSHOT, user_snapshot(fingerprint)):
+        data = _read_json(path)
+        if data.get("fingerprint") == fingerprint:
+            return Catalog.from_json(data)
+    built = build_catalog()
+    _keep_in_user_cache(built, fingerprint)
+    return built
+
+
+def _read_json(path: Path) -> dict:
     try:
-        data = json.loads(SNAPSHOT.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        data = {}
-    if data.get("fingerprint") == source_fingerprint():
-        return Catalog.from_json(data)
-    return build_catalog()
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _keep_in_user_cache(built: Catalog, fingerprint: str) -> None:
+    """Write ``built`` to the user's cache folder (best effort: a read-only home only costs
+    the next listing the same import), keeping the newest :data:`KEPT_SNAPSHOTS`."""
+    target = user_snapshot(fingerprint)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(target, json.dumps(built.to_json(fingerprint), indent=1) + "\n")
+        kept = sorted(target.parent.glob("catalog-*.json"), key=lambda p: p.stat().st_mtime,
+                      reverse=True)
+        for old in kept[KEPT_SNAPSHOTS:]:
+            old.unlink(missing_ok=True)
+    except OSError:
+        pass
 
 
 def loss_names() -> list[str]:
@@ -230,8 +285,6 @@ def _default_weights_file(spec) -> dict:
 
 def write_snapshot(path: Path = SNAPSHOT) -> Path:
     """Rewrite the snapshot from the classes (``make catalog``)."""
-    from featcache.fileio import write_text_atomic
-
     document = build_catalog().to_json(source_fingerprint())
     return write_text_atomic(path, json.dumps(document, indent=1) + "\n")
 

@@ -10,12 +10,12 @@ import datetime as _dt
 import platform
 import sys
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 
 from featcache import __version__
 from featcache.data.labelfile import LabelSet
-from featcache.losses import SPMLLoss
 
 
 @dataclass
@@ -41,7 +41,17 @@ class EpochRecord:
                 | ({"extra": self.extra} if self.extra else {}))
 
 
-def document_header(stage: str, loss: type[SPMLLoss], labels: LabelSet) -> dict:
+class NamedLoss(Protocol):
+    """What a results document names of its loss (a loss class, or the zero-shot row)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def reference(self) -> str: ...
+
+
+def document_header(stage: str, loss: NamedLoss, labels: LabelSet) -> dict:
     """The first keys of a run's results.json: version, time, command, stage, data, loss."""
     return {
         "featcache_version": __version__,
