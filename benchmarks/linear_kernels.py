@@ -34,6 +34,7 @@ import torch
 from benchmarks._common import describe, machine, save
 from benchmarks.linear import synthetic_dataset
 from featcache.linear.data import load_linear_data
+from featcache.linear.member import Member
 from featcache.linear.search import SearchSpec
 from featcache.linear.trainer import GroupTrainer
 from featcache.losses import loss_class
@@ -141,8 +142,8 @@ def group_training(data, batch: int, loss: str = "an") -> list[dict]:
     data = loss_class(loss).fit_data(data)
     spec = spec.resolved(data.facts)
     configs = [c for c in spec.configs(spec.seeds[0]) if c.batch_size == batch]
-    trainer = GroupTrainer(data, loss, configs, spec.epochs, spec.val_variant, spec.early_stop,
-                           torch.device("cpu"))
+    trainer = GroupTrainer(data, [Member(loss, tuple(configs))], spec.epochs, spec.val_variant,
+                           spec.early_stop, torch.device("cpu"))
     started = time.perf_counter()
     trainer.train_only(progress=False, position=0)
     seconds = time.perf_counter() - started

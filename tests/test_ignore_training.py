@@ -14,6 +14,7 @@ from featcache.errors import InputError
 from featcache.heads import CamHeads, LinearHeads
 from featcache.linear.data import load_linear_data
 from featcache.linear.heads import create_heads
+from featcache.linear.member import Member
 from featcache.linear.trainer import GroupTrainer
 from featcache.losses import create_loss
 from featcache.losses.ignore import Ignore
@@ -53,7 +54,9 @@ def test_a_training_step_hands_the_loss_the_masked_pass_of_each_head(spatial, mo
     cache, path = spatial
     data = load_linear_data(cache / "toy" / "labels.h5", path)
     grid = [GridPoint(1e-2, 16, params=(("cam_threshold", t),)) for t in (0.8, 0.3)]
-    trainer = GroupTrainer(data, "ignore", grid, 1, "clean", "none", torch.device("cpu"))
+    trainer = GroupTrainer(data, [Member("ignore", tuple(grid))], 1, "clean", "none",
+                           torch.device("cpu"))
+    member = trainer.members[0]
     assert isinstance(trainer.head, CamHeads)
     seen = []
     original = Ignore.forward
@@ -85,11 +88,11 @@ def test_a_training_step_hands_the_loss_the_masked_pass_of_each_head(spatial, mo
         torch.testing.assert_close(logits[h], maps.mean(dim=1) @ weight[h] + bias[h])
     assert not torch.equal(masked[0], masked[1])  # the two thresholds mask differently
     assert before["gap_threshold"].eq(0).all()
-    assert trainer.state["gap_threshold"].gt(0).all()  # the step moved the threshold
+    assert member.state["gap_threshold"].gt(0).all()  # the step moved the threshold
     # after the warm-up (3 epochs by default) the same batch has assumed negatives rejected
-    state = {k: v.clone() for k, v in trainer.state.items()}
-    assert not trainer.loss.rejected(logits, masked, observed, dict(state), 2).any()
-    assert trainer.loss.rejected(logits, masked, observed, state, 3).any()
+    state = {k: v.clone() for k, v in member.state.items()}
+    assert not member.loss.rejected(logits, masked, observed, dict(state), 2).any()
+    assert member.loss.rejected(logits, masked, observed, state, 3).any()
 
 
 def test_train_linear_ignore_on_a_spatial_file_records_a_linear_head(spatial):

@@ -15,6 +15,7 @@ from sklearn.metrics import average_precision_score
 from featcache.heads import BoostLUHeads, LinearHeads, init_linear
 from featcache.linear.data import load_linear_data
 from featcache.linear.heads import StackedAdam
+from featcache.linear.member import Member
 from featcache.linear.search import SearchSpec, run_search, run_searches
 from featcache.linear.trainer import Evaluation, GroupTrainer, train_group
 from featcache.losses import loss_class
@@ -262,9 +263,11 @@ def _same_heads(ours, theirs) -> None:
 
 def test_a_group_trained_first_and_evaluated_afterwards_gives_the_same_results(toy):
     grid = [GridPoint(lr, 8) for lr in (1e-2, 1e-3)]
-    in_place = GroupTrainer(toy, "an-ls", grid, 3, "clean", "none", torch.device("cpu"))
-    expected = in_place.run(progress=False, position=0)
-    trainer = GroupTrainer(toy, "an-ls", grid, 3, "clean", "none", torch.device("cpu"))
+    in_place = GroupTrainer(toy, [Member("an-ls", tuple(grid))], 3, "clean", "none",
+                            torch.device("cpu"))
+    expected = in_place.run(progress=False, position=0)[0]
+    trainer = GroupTrainer(toy, [Member("an-ls", tuple(grid))], 3, "clean", "none",
+                            torch.device("cpu"))
     assert trainer.can_defer
     trained = trainer.train_only(progress=False, position=0)
     assert [done.epoch for done in trained.epochs] == [0, 1, 2]
@@ -273,7 +276,7 @@ def test_a_group_trained_first_and_evaluated_afterwards_gives_the_same_results(t
     # each epoch keeps its own heads: evaluating them in any order gives the same numbers
     for done in reversed(trained.epochs):
         evaluation.evaluate(trained.empty_heads, done)
-    _same_heads(trained.finish(trained.epochs), expected)
+    _same_heads(trained.finish(trained.epochs)[0], expected)
 
     # what each evaluation piece ships besides its epochs: the kind of heads, not their weights
     assert trained.empty_heads.weight.numel() == 0 and len(pickle.dumps(trained.empty_heads)) < 2_000
@@ -281,7 +284,8 @@ def test_a_group_trained_first_and_evaluated_afterwards_gives_the_same_results(t
 
 def test_epochs_evaluated_together_give_each_epochs_numbers_bit_for_bit(toy):
     grid = [GridPoint(lr, 8) for lr in (1e-2, 1e-3, 1e-4)]
-    trainer = GroupTrainer(toy, "an", grid, 5, "clean", "none", torch.device("cpu"))
+    trainer = GroupTrainer(toy, [Member("an", tuple(grid))], 5, "clean", "none",
+                           torch.device("cpu"))
     trained = trainer.train_only(progress=False, position=0)
     alone = Evaluation(toy)
     expected = [alone.evaluate(trained.empty_heads, copy.copy(done)) for done in trained.epochs]
@@ -310,7 +314,7 @@ def test_the_kind_of_boostlu_heads_keeps_their_settings_and_scores_like_them():
 
 @pytest.mark.parametrize(("loss", "early_stop"), [("role", "none"), ("an", "zhou")])
 def test_a_group_that_reads_its_evaluation_is_not_trained_apart_from_it(toy, loss, early_stop):
-    trainer = GroupTrainer(toy, loss, [GridPoint(1e-2, 8)], 2, "clean", early_stop,
+    trainer = GroupTrainer(toy, [Member(loss, (GridPoint(1e-2, 8),))], 2, "clean", early_stop,
                            torch.device("cpu"))
     assert not trainer.can_defer
     with pytest.raises(ValueError, match="reads its evaluation"):

@@ -43,15 +43,23 @@ class LinearHeads:
 
     ``trainable`` makes the weight and bias leaves that require gradients (stage two's heads);
     otherwise they are used as given (a frozen copy, or views of a module's parameters).
+    ``blocks`` partitions the heads into consecutive blocks (the losses of a stacked group,
+    :mod:`featcache.linear.trainer`): elementwise functions such as the sigmoid run on each
+    block alone, so a block's numbers are bit for bit those of its heads without the others
+    (a vectorised function rounds the last elements of each call on another path).
     """
 
     #: the loss parameters this kind of head reads (BoostLU's ``alpha``)
     loss_params: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, weight: Tensor, bias: Tensor, *, positions: int = 1,
-                 params: HeadParams | None = None, trainable: bool = False):
+                 params: HeadParams | None = None, trainable: bool = False,
+                 blocks: Sequence[int] | None = None):
         if weight.dim() != 3 or bias.dim() != 3:
             raise ValueError("weight must be (H, D, L) and bias (H, 1, L)")
+        self.blocks = tuple(int(b) for b in blocks) if blocks else (weight.shape[0],)
+        if sum(self.blocks) != weight.shape[0]:
+            raise ValueError(f"blocks {self.blocks} do not add up to {weight.shape[0]} heads")
         self.weight = weight.detach().requires_grad_(True) if trainable else weight
         self.bias = bias.detach().requires_grad_(True) if trainable else bias
         self.positions = int(positions)
@@ -92,10 +100,14 @@ class LinearHeads:
         return torch.bmm(x.expand(self.num_heads, -1, -1), self.weight).add_(self.bias)
 
     @torch.no_grad()
-    def grads(self, x: Tensor, grad_logits: Tensor) -> tuple[Tensor, Tensor]:
-        """Gradients of the weight and bias from the gradient of the logits (H, B, L)."""
-        weight = torch.bmm(x.expand(self.num_heads, -1, -1).transpose(1, 2), grad_logits)
-        return weight, grad_logits.sum(dim=1, keepdim=True)
+    def grads(self, x: Tensor, grad_logits: Tensor,
+              out: Sequence[Tensor] | None = None) -> tuple[Tensor, Tensor]:
+        """Gradients of the weight and bias from the gradient of the logits (H, B, L) (written
+        into ``out``, two tensors shaped like the weight and bias, when given)."""
+        weight, bias = out if out is not None else (None, None)
+        weight = torch.bmm(x.expand(self.num_heads, -1, -1).transpose(1, 2), grad_logits,
+                           out=weight)
+        return weight, torch.sum(grad_logits, dim=1, keepdim=True, out=bias)
 
     @torch.no_grad()
     def logits(self, features: Tensor) -> Tensor:
@@ -106,7 +118,18 @@ class LinearHeads:
     def scores(self, features: Tensor) -> Tensor:
         """Probabilities of every head on ``features`` (N, D): (H, N, L), one matmul per head
         (the kernel training runs, so these are the numbers the protocol reports)."""
-        return torch.sigmoid(self.logits(features))
+        return self.sigmoid_(self.logits(features))
+
+    def block_slices(self) -> list[slice]:
+        """The heads of each block, in order."""
+        ends = [sum(self.blocks[:i + 1]) for i in range(len(self.blocks))]
+        return [slice(end - size, end) for size, end in zip(self.blocks, ends, strict=True)]
+
+    def sigmoid_(self, logits: Tensor) -> Tensor:
+        """``sigmoid`` of logits (H, ..., L) in place, one call per block of heads."""
+        for block in self.block_slices():
+            torch.sigmoid_(logits[block])
+        return logits
 
     @torch.no_grad()
     def scores_wide(self, features: Tensor, rows: int | None = None) -> Tensor:
@@ -122,7 +145,7 @@ class LinearHeads:
         for start in range(0, total, step):
             chunk = features[start:start + step].to(device=wide.device, dtype=wide.dtype)
             logits = (chunk @ wide).view(-1, heads, classes).transpose(0, 1).contiguous()
-            probs = torch.sigmoid_(logits.add_(self.bias.detach()))
+            probs = self.sigmoid_(logits.add_(self.bias.detach()))
             if step >= total:
                 return probs
             out[:, start:start + step] = probs
@@ -134,7 +157,24 @@ class LinearHeads:
 
     def frozen(self, weight: Tensor, bias: Tensor) -> Self:
         """Heads of this kind with other (not trained) weights: what evaluation scores."""
-        return type(self)(weight, bias, positions=self.positions, params=self.params)
+        return type(self)(weight, bias, positions=self.positions, params=self.params,
+                          blocks=self.blocks if weight.shape[0] == self.num_heads else None)
+
+    def repeated(self, weight: Tensor, bias: Tensor, times: int) -> Self:
+        """Heads of this kind holding ``times`` copies of these heads' settings one after the
+        other (several epochs of one group, scored at once), each copy keeping the blocks."""
+        params = {key: values * times for key, values in self.params.items()}
+        return type(self)(weight, bias, positions=self.positions, params=params,
+                          blocks=self.blocks * times)
+
+    def part(self, heads: slice) -> Self:
+        """The heads ``heads`` (one loss of a stacked group, one epoch of several) as heads of
+        their own (views), with the blocks they cover."""
+        start, stop, _ = heads.indices(self.num_heads)
+        blocks = [min(b.stop, stop) - max(b.start, start) for b in self.block_slices()]
+        params = {key: values[heads] for key, values in self.params.items()}
+        return type(self)(self.weight[heads], self.bias[heads], positions=self.positions,
+                          params=params, blocks=[size for size in blocks if size > 0])
 
     def without_weights(self) -> Self:
         """These heads without their weights (empty tensors): all :meth:`frozen` needs,

@@ -12,6 +12,8 @@ backward pass of the map and the pooling (d logit / d CAM = slope / P).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor
 
@@ -52,8 +54,10 @@ class MapHeads(LinearHeads):
     """
 
     def __init__(self, weight: Tensor, bias: Tensor, *, positions: int = 1,
-                 params: HeadParams | None = None, trainable: bool = False):
-        super().__init__(weight, bias, positions=positions, params=params, trainable=trainable)
+                 params: HeadParams | None = None, trainable: bool = False,
+                 blocks: Sequence[int] | None = None):
+        super().__init__(weight, bias, positions=positions, params=params, trainable=trainable,
+                         blocks=blocks)
         self._cam: tuple[Tensor, Tensor] | None = None  # (batch, its CAM) of the last forward
 
     def pool(self, cam: Tensor) -> Tensor:
@@ -89,7 +93,8 @@ class MapHeads(LinearHeads):
         return self._cam[1] if self._cam is not None and self._cam[0] is x else self.cam(x)
 
     @torch.no_grad()
-    def grads(self, x: Tensor, grad_logits: Tensor) -> tuple[Tensor, Tensor]:
+    def grads(self, x: Tensor, grad_logits: Tensor,
+              out: Sequence[Tensor] | None = None) -> tuple[Tensor, Tensor]:
         cam = self.last_cam(x)
         self._cam = None
         slope = self.slope(cam)
@@ -98,8 +103,9 @@ class MapHeads(LinearHeads):
         heads, rows, positions, classes = grad_cam.shape
         grad_cam = grad_cam.reshape(heads, rows * positions, classes)
         flat = x.reshape(rows * positions, -1)
-        weight = torch.matmul(flat.t(), grad_cam)
-        return weight, grad_cam.sum(dim=1, keepdim=True)
+        weight, bias = out if out is not None else (None, None)
+        weight = torch.matmul(flat.t(), grad_cam, out=weight)
+        return weight, torch.sum(grad_cam, dim=1, keepdim=True, out=bias)
 
     @torch.no_grad()
     def masked_logits(self, x: Tensor, keep: Tensor) -> Tensor:
@@ -128,7 +134,7 @@ class MapHeads(LinearHeads):
     @torch.no_grad()
     def scores(self, features: Tensor) -> Tensor:
         """Probabilities (H, N, L) of rows ``features`` (N, P * D)."""
-        return torch.sigmoid_(self.logits(features))
+        return self.sigmoid_(self.logits(features))
 
     def scores_wide(self, features: Tensor, rows: int | None = None) -> Tensor:
         """:meth:`scores` (heads on maps have no faster all-heads form)."""

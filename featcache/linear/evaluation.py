@@ -95,8 +95,8 @@ class Evaluation:
                 or not isinstance(self.test_rows, MemoryRows)
                 or rows * width * FLOAT32 > STACKED_SCORES_BYTES):
             return [self.evaluate(heads, done) for done in epochs]
-        stacked = heads.frozen(torch.cat([done.weight for done in epochs]),
-                               torch.cat([done.bias for done in epochs]))
+        stacked = heads.repeated(torch.cat([done.weight for done in epochs]),
+                                 torch.cat([done.bias for done in epochs]), len(epochs))
         per_epoch = (len(epochs), -1, self.data.num_classes)
         observed, clean, test = self._aps(
             self.val_rows.scores_of_epochs(stacked, len(epochs)),
@@ -126,7 +126,7 @@ class GroupRecord:
         self.stopped_at: list[int | None] = [None] * heads
         self.history: list[list[EpochRecord]] = [[] for _ in configs]
 
-    def record(self, done: EpochState) -> list[int]:
+    def record(self, done: LossEpoch) -> list[int]:
         """Keep one evaluated epoch (epochs arrive in order); the heads early stopping stops
         now (they keep their best weights)."""
         epoch = done.epoch
@@ -155,7 +155,7 @@ class GroupRecord:
             self.stopped_at[h] = epoch
         return stopped
 
-    def keep_best(self, improved: Tensor, selection: Tensor, done: EpochState,
+    def keep_best(self, improved: Tensor, selection: Tensor, done: LossEpoch,
                   test_ap: Tensor) -> None:
         mask = improved.to(self.best_weight.device).view(-1, 1, 1)
         self.best_val = torch.where(improved, selection, self.best_val)
@@ -183,24 +183,68 @@ class TrainedGroup:
 
     empty_heads: LinearHeads  # the group's heads without weights, which evaluation scores with
     epochs: list[EpochState]
-    book: GroupRecord
+    books: list[tuple[int, GroupRecord]]  # each loss's number of heads and its record
     seconds: float
 
     def chunks(self, size: int) -> list[list[EpochState]]:
         """The epochs in consecutive runs of ``size`` (the units handed to evaluators)."""
         return [self.epochs[i:i + size] for i in range(0, len(self.epochs), max(1, size))]
 
-    def finish(self, evaluated: Sequence[EpochState], seconds: float = 0.0) -> list[HeadResult]:
-        """Each head's result from every epoch evaluated (in order), ``seconds`` of evaluation
-        added to the training's."""
+    def finish(self, evaluated: Sequence[EpochState], seconds: float = 0.0
+               ) -> list[list[HeadResult]]:
+        """Each loss's heads' results from every epoch evaluated (in order), ``seconds`` of
+        evaluation added to the training's (shared out by heads)."""
+        sizes = [heads for heads, _ in self.books]
         for done in evaluated:
-            self.book.record(done)
-        return self.book.results(self.seconds + seconds)
+            for (_, book), part in zip(self.books, done.parts(sizes), strict=True):
+                book.record(part)
+        total = sum(sizes)
+        return [book.results((self.seconds + seconds) * heads / total)
+                for heads, book in self.books]
 
 
 @dataclass
 class EpochState:
-    """One finished epoch of a group: what its evaluation reads, then what it found."""
+    """One finished epoch of a group: what its evaluation reads, then what it found.
+
+    Tensors hold every head of the group; ``extra`` (what each loss's ``end_epoch`` reported)
+    and ``state`` (learned state, keyed by (loss, name)) are per loss, in the group's order.
+    """
+
+    epoch: int
+    loss_sum: Tensor
+    extra: list[dict]
+    weight: Tensor
+    bias: Tensor
+    state: dict[tuple[int, str], Tensor]
+    val_map: Tensor | None = None
+    val_map_observed: Tensor | None = None
+    test_ap: Tensor | None = None
+    train_map: Tensor | None = None
+
+    def parts(self, sizes: Sequence[int]) -> list[LossEpoch]:
+        """This epoch of each loss of the group (``sizes``: their numbers of heads, in order),
+        as it would be for the loss alone (views)."""
+        parts, start = [], 0
+        for index, size in enumerate(sizes):
+            heads = slice(start, start + size)
+            start += size
+
+            def cut(value: Tensor | None, heads: slice = heads) -> Tensor | None:
+                return None if value is None else value[heads]
+
+            parts.append(LossEpoch(
+                self.epoch, self.loss_sum[heads], self.extra[index] if self.extra else {},
+                self.weight[heads], self.bias[heads],
+                {name: value for (owner, name), value in self.state.items() if owner == index},
+                cut(self.val_map), cut(self.val_map_observed), cut(self.test_ap),
+                cut(self.train_map)))
+        return parts
+
+
+@dataclass
+class LossEpoch:
+    """One epoch of one loss of a group, evaluated: what its record keeps."""
 
     epoch: int
     loss_sum: Tensor
@@ -208,14 +252,14 @@ class EpochState:
     weight: Tensor
     bias: Tensor
     state: dict[str, Tensor]
-    val_map: Tensor | None = None
-    val_map_observed: Tensor | None = None
-    test_ap: Tensor | None = None
-    train_map: Tensor | None = None
+    val_map: Tensor | None
+    val_map_observed: Tensor | None
+    test_ap: Tensor | None
+    train_map: Tensor | None
 
     def evaluated(self) -> tuple[Tensor | None, Tensor, Tensor]:
         """(validation mAP against full labels or None, against observed labels, per-class test
-        AP) of this epoch, once evaluated."""
+        AP), refused when the epoch was not evaluated."""
         if self.val_map_observed is None or self.test_ap is None:
             raise ValueError(f"epoch {self.epoch} has not been evaluated")
         return self.val_map, self.val_map_observed, self.test_ap
@@ -233,10 +277,12 @@ class TrainingPredictions:
         self.probs = torch.empty(heads, rows, classes, device=device)
         self.index = torch.empty(rows, dtype=torch.int64, device=device)
 
-    def put(self, start: int, index: Tensor, logits: Tensor) -> None:
-        stop = start + index.shape[0]
-        self.probs[:, start:stop] = torch.sigmoid(logits)
-        self.index[start:stop] = index
+    def put(self, slot: Tensor, index: Tensor, logits: Tensor, heads: LinearHeads) -> None:
+        """The probabilities of a batch's logits (H, B, L) at positions ``slot`` (B,) of the
+        epoch, one sigmoid per block of ``heads``."""
+        for block in heads.block_slices():
+            self.probs[block].index_copy_(1, slot, torch.sigmoid(logits[block]))
+        self.index.index_copy_(0, slot, index)
 
     def mean_average_precision(self, clean: Tensor) -> Tensor:
         """mAP in percent per head. The rows stay in the order they were trained in (a column's

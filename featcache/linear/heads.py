@@ -50,24 +50,35 @@ class StackedAdam:
     Each head gets exactly ``torch.optim.Adam``'s update (no weight decay, no amsgrad), or with
     ``weight_decays`` (per parameter, per head; the linear-probe search's) ``torch.optim.AdamW``'s
     (decoupled weight decay). Where PyTorch's fused kernels are available they update each
-    head's slices in one pass (the update ``torch.optim.Adam(fused=True)`` / ``AdamW`` makes);
-    otherwise the same formula runs as vectorised tensor operations over all heads at once.
+    head's slices in one pass (the update ``torch.optim.Adam(fused=True)`` / ``AdamW`` makes),
+    one kernel call per distinct (learning rate, weight decay) over every head that has it (the
+    kernel updates each tensor of its lists on its own, so a head's numbers do not depend on
+    the others); otherwise the same formula runs as vectorised tensor operations over all heads.
+
+    The gradients go into :attr:`grads`, buffers shaped like the parameters (the trainer writes
+    them in place), so that every call reads the same tensors (what a CUDA graph replays).
+    ``heads`` names, for each parameter, the group head each of its first-dimension slices
+    belongs to (default: slice h is head h); :meth:`set_lr` freezes a head in every parameter.
     """
 
     def __init__(self, params: Sequence[Tensor], lrs: Sequence[Sequence[float]] | Sequence[float],
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
                  fused: bool | None = None,
-                 weight_decays: Sequence[Sequence[float]] | None = None):
+                 weight_decays: Sequence[Sequence[float]] | None = None,
+                 heads: Sequence[Sequence[int]] | None = None):
         self.params = [p.detach() for p in params]
         self.head_lrs = _per_param(lrs, len(self.params))
         self.head_decays = ([[0.0] * len(values) for values in self.head_lrs]
                             if weight_decays is None
                             else [[float(v) for v in values] for values in weight_decays])
+        self.heads = ([list(range(p.shape[0])) for p in self.params] if heads is None
+                      else [list(ids) for ids in heads])
         self.beta1, self.beta2 = betas
         self.eps = eps
         self.step_count = 0
         self.exp_avg = [torch.zeros_like(p) for p in self.params]
         self.exp_avg_sq = [torch.zeros_like(p) for p in self.params]
+        self.grads = [torch.zeros_like(p) for p in self.params]
         self.fused = _fused_adam_available(self.params) if fused is None else fused
         # One step counter for every tensor (all advance together); the kernel reads it.
         self._step = torch.zeros((), dtype=torch.float32, device=self.params[0].device)
@@ -81,49 +92,50 @@ class StackedAdam:
     def set_lr(self, head: int, lr: float, param: int | None = None) -> None:
         """Set head ``head``'s learning rate (of every parameter, or of ``param`` only); 0
         freezes the head."""
-        for index, lrs in enumerate(self.head_lrs):
+        for index, (lrs, ids) in enumerate(zip(self.head_lrs, self.heads, strict=True)):
             if param is None or param == index:
-                lrs[head] = float(lr)
+                for slot, owner in enumerate(ids):
+                    if owner == head:
+                        lrs[slot] = float(lr)
         self._calls = self._plan_fused_calls()
 
-    def _plan_fused_calls(self) -> list[tuple[tuple[float, float], list[tuple[int, int]],
-                                              list[Tensor], list[Tensor], list[Tensor]]]:
-        """Per head, one kernel call per distinct (learning rate, weight decay) (the head's
-        weight and bias share one): the parameter indices and the (fixed) views of params and
-        moments."""
-        calls: list[tuple[tuple[float, float], list[tuple[int, int]], list[Tensor],
-                          list[Tensor], list[Tensor]]] = []
-        for head in range(self.params[0].shape[0]):
-            groups: dict[tuple[float, float], list[int]] = {}
-            for index, (lrs, decays) in enumerate(zip(self.head_lrs, self.head_decays,
-                                                      strict=True)):
-                groups.setdefault((lrs[head], decays[head]), []).append(index)
-            for (lr, decay), members in groups.items():
-                if lr == 0.0:
-                    continue  # a frozen head: Adam with lr 0 leaves the parameter as it is
-                calls.append(((lr, decay), [(i, head) for i in members],
-                              [self.params[i][head] for i in members],
-                              [self.exp_avg[i][head] for i in members],
-                              [self.exp_avg_sq[i][head] for i in members]))
-        return calls
+    def _plan_fused_calls(self) -> list[tuple[float, float, list[Tensor], list[Tensor],
+                                              list[Tensor], list[Tensor]]]:
+        """One kernel call per distinct (learning rate, weight decay): the (fixed) views of the
+        parameters, gradients and moments of every head slice that has it."""
+        groups: dict[tuple[float, float], list[tuple[int, int]]] = {}
+        for index, (lrs, decays) in enumerate(zip(self.head_lrs, self.head_decays, strict=True)):
+            for slot, (lr, decay) in enumerate(zip(lrs, decays, strict=True)):
+                if lr != 0.0:  # a frozen head: Adam with lr 0 leaves the parameter as it is
+                    groups.setdefault((lr, decay), []).append((index, slot))
+        return [(lr, decay, [self.params[i][h] for i, h in slots],
+                 [self.grads[i][h] for i, h in slots], [self.exp_avg[i][h] for i, h in slots],
+                 [self.exp_avg_sq[i][h] for i, h in slots])
+                for (lr, decay), slots in groups.items()]
 
     @torch.no_grad()
-    def step(self, grads: Sequence[Tensor]) -> None:
-        """Apply one update from ``grads`` (same order and shapes as the params)."""
+    def step(self, grads: Sequence[Tensor] | None = None) -> None:
+        """Apply one update from :attr:`grads`, after copying ``grads`` into them when given
+        (same order and shapes as the params)."""
+        if grads is not None:
+            for buffer, grad in zip(self.grads, grads, strict=True):
+                if grad is not buffer:
+                    buffer.copy_(grad)
         self.step_count += 1
         if self.fused:
-            self._fused_step(grads)
+            self._step.add_(1.0)  # on the device: the same count a replayed graph reaches
+            for lr, decay, params, grads_, exp_avg, exp_avg_sq in self._calls:
+                kernel = torch._fused_adamw_ if decay else torch._fused_adam_
+                kernel(params, grads_, exp_avg, exp_avg_sq, [], [self._step] * len(params),
+                       lr=lr, beta1=self.beta1, beta2=self.beta2, weight_decay=decay,
+                       eps=self.eps, amsgrad=False, maximize=False)
         else:
-            self._vectorised_step(grads)
+            self._vectorised_step(self.grads)
 
-    def _fused_step(self, grads: Sequence[Tensor]) -> None:
-        self._step.fill_(float(self.step_count))
-        per_head = [grad.unbind(0) for grad in grads]
-        for (lr, decay), slots, params, exp_avg, exp_avg_sq in self._calls:
-            kernel = torch._fused_adamw_ if decay else torch._fused_adam_
-            kernel(params, [per_head[i][head] for i, head in slots], exp_avg, exp_avg_sq, [],
-                   [self._step] * len(params), lr=lr, beta1=self.beta1, beta2=self.beta2,
-                   weight_decay=decay, eps=self.eps, amsgrad=False, maximize=False)
+    def count_step(self) -> None:
+        """Count a step the device made without this object (a replayed CUDA graph: its
+        counter on the device advanced in the graph)."""
+        self.step_count += 1
 
     def _vectorised_step(self, grads: Sequence[Tensor]) -> None:
         bias_correction1 = 1 - self.beta1**self.step_count
@@ -176,8 +188,9 @@ class SplitScorer:
         size = heads.num_heads
         if self.stacked.get(size):
             return heads.scores_wide(self.features)
-        per_epoch = torch.cat([self(heads.frozen(weight, bias)) for weight, bias in zip(
-            heads.weight.chunk(epochs), heads.bias.chunk(epochs), strict=True)])
+        each = size // epochs
+        per_epoch = torch.cat([self(heads.part(slice(e * each, (e + 1) * each)))
+                               for e in range(epochs)])
         if size not in self.stacked:
             self.stacked[size] = torch.equal(per_epoch, heads.scores_wide(self.features))
         return per_epoch

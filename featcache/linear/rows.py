@@ -44,10 +44,19 @@ class MemoryRows:
         return self.features.shape[0]
 
     def epoch(self, order: torch.Generator, batch_size: int) -> Iterator[tuple[Tensor, Tensor]]:
+        for index in self.indices(order, batch_size):
+            yield index, self.gather(index)
+
+    def indices(self, order: torch.Generator, batch_size: int) -> Iterator[Tensor]:
+        """One epoch's batches of rows: one seeded permutation of every row (drawn on the host,
+        sent to the device once), cut into batches, the last partial batch dropped."""
         perm = torch.randperm(len(self), generator=order).to(self.features.device)
         for step in range(len(self) // batch_size):
-            index = perm[step * batch_size:(step + 1) * batch_size]
-            yield index, self.features.index_select(0, index)
+            yield perm[step * batch_size:(step + 1) * batch_size]
+
+    def gather(self, index: Tensor) -> Tensor:
+        """The features of rows ``index``."""
+        return self.features.index_select(0, index)
 
     def scores(self, head: LinearHeads) -> Tensor:
         return self.scorer(head)

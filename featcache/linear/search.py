@@ -26,7 +26,8 @@ from featcache.heads import LinearHeads
 from featcache.interrupt import check_stop
 from featcache.linear.data import TrainingSplits
 from featcache.linear.evaluation import EpochState, Evaluation, HeadResult, TrainedGroup
-from featcache.linear.trainer import GroupTrainer, evaluation_can_move
+from featcache.linear.member import Member, evaluation_can_move
+from featcache.linear.trainer import GroupTrainer
 from featcache.linear.workers import map_groups
 from featcache.losses import DataFacts, ResolvedParams, loss_class
 from featcache.progress import progress as progress_bar
@@ -167,7 +168,7 @@ class _PendingEvaluation:
             done.val_map, done.val_map_observed, done.test_ap = val_map, val_map_observed, test_ap
         self.pieces -= 1
         self.seconds += seconds
-        return None if self.pieces else self.trained.finish(self.trained.epochs, self.seconds)
+        return None if self.pieces else self.trained.finish(self.trained.epochs, self.seconds)[0]
 
 
 @dataclass
@@ -282,12 +283,13 @@ class _SharedWorkers:
             return found, started, time.time()  # the weights stay where they are
         seed, batch_size = task.group
         configs = [c for c in search.spec.configs(seed) if c.batch_size == batch_size]
-        trainer = GroupTrainer(search.data, search.spec.loss, configs, search.spec.epochs,
+        trainer = GroupTrainer(search.data, [Member(search.spec.loss, tuple(configs))],
+                               search.spec.epochs,
                                search.spec.val_variant, search.spec.early_stop, self.device)
         position = self.tasks.index(task) % self.workers
         outcome = (trainer.train_only(self.show, position)
                    if self.evaluate_elsewhere and trainer.can_defer
-                   else trainer.run(self.show, position))
+                   else trainer.run(self.show, position)[0])
         return outcome, started, time.time()
 
     def finished(self, index: int | None, task: _TrainGroup | _EvaluateEpochs,
@@ -309,7 +311,7 @@ class _SharedWorkers:
                 self.evaluated.refresh()
                 return [_EvaluateEpochs(task.search, task.group, value.empty_heads, epochs)
                         for epochs in pieces]
-            value = value.finish([])  # no epoch to evaluate
+            value = value.finish([])[0]  # no epoch to evaluate
         search.done[task.group] = value
         if len(search.done) == len(search.groups):
             number = task.search

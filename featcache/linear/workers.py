@@ -10,7 +10,11 @@ from the group, and no reduction crosses groups. So the groups can go anywhere:
   forked, so they share the features already in memory instead of copying them;
 - under ``torchrun`` every rank (one per GPU, or CPU processes with gloo) takes its share of
   the groups, balanced by their cost, and every rank receives every group's results;
-- otherwise (one GPU, or ``jobs=1``) the groups train one after the other.
+- otherwise (one GPU, or ``jobs=1``) the groups train one after the other. So do they on the
+  CPU in a process that has used CUDA (or another accelerator): autograd's device threads and
+  CUDA's state do not survive ``fork`` (a forked worker's first backward pass would fail with
+  "Unable to handle autograd's threading in combination with fork-based multiprocessing"), so
+  there the groups train in the process itself, one after the other (:func:`fork_is_safe`).
 
 A finished task may bring follow-up tasks (``on_result`` returns them: a trained group's
 evaluation, in pieces). Locally at most ``jobs`` tasks are in flight, follow-ups first, so
@@ -107,7 +111,7 @@ def _run_local(run: Callable[[G], R], groups: Sequence[G], device: torch.device,
             results[index] = result
         return (on_result(index, task, result) if on_result is not None else None) or ()
 
-    jobs = max(1, jobs) if device.type == "cpu" else 1
+    jobs = max(1, jobs) if device.type == "cpu" and fork_is_safe() else 1
     with intraop_threads(1) if device.type == "cpu" else nullcontext():
         if jobs == 1:
             waiting: deque[tuple[int | None, G]] = deque(enumerate(groups))
@@ -152,6 +156,17 @@ def _schedule(pool, submit: Callable[[G], Future], groups: Sequence[G], jobs: in
     except BaseException:
         pool.shutdown(wait=True, cancel_futures=True)
         raise
+
+
+def fork_is_safe() -> bool:
+    """Whether worker processes may be forked from this process: not once CUDA (or another
+    accelerator PyTorch starts autograd threads for) has been initialised here."""
+    for name in ("cuda", "xpu"):
+        backend = getattr(torch, name, None)
+        initialised = getattr(backend, "is_initialized", None)
+        if initialised is not None and initialised():
+            return False
+    return True
 
 
 def _start_worker() -> None:

@@ -1,0 +1,137 @@
+"""One loss in a stacked group: its loss object, its block of the group's heads, its
+per-example state, its share of a training step and its bookkeeping.
+
+A stacked group (:class:`~featcache.linear.trainer.GroupTrainer`) trains the heads of several
+losses that share a features file, a seed and a batch size as one set of heads: one gather of
+the batch, one batched matmul for all heads, one optimizer update over all parameters. Each
+loss computes its own terms on its own block of the logits (a contiguous slice, the shape it
+would have alone), so every number of a loss is bit for bit what it would be trained alone on
+the CPU: the batched matmuls compute each head on its own, and elementwise functions run on
+each block alone (:attr:`featcache.heads.LinearHeads.blocks`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from featcache.heads import LinearHeads, MapHeads
+from featcache.linear.data import TrainingSplits
+from featcache.linear.evaluation import GroupRecord
+from featcache.losses import MaskedPassLoss, SPMLLoss, Targets, create_loss
+from featcache.protocol.grid import GridPoint
+from featcache.protocol.seeds import derive_seed
+
+
+@dataclass(frozen=True)
+class Member:
+    """One loss's share of a stacked group: its configurations (one seed, one batch size)."""
+
+    loss: str
+    configs: tuple[GridPoint, ...]
+
+    @property
+    def heads(self) -> int:
+        return len(self.configs)
+
+
+def float_labels(loss: SPMLLoss, observed: Tensor, clean: Tensor | None
+                 ) -> tuple[Tensor, Tensor | None]:
+    """The training split's labels as float32 for the loss's ``init_state``: copies of the
+    compact labels only for a loss that keeps per-example state (the others would build and
+    drop two (N, L) float matrices, the largest allocation of a one-configuration run)."""
+    if type(loss).init_state is SPMLLoss.init_state:
+        return observed, clean
+    return observed.float(), None if clean is None else clean.float()
+
+
+def evaluation_can_move(loss: type[SPMLLoss], early_stop: str) -> bool:
+    """Whether groups of ``loss`` train without ever reading their evaluation (no early
+    stopping, no state trained beside the heads), so that others may evaluate their epochs
+    (:meth:`~featcache.linear.trainer.GroupTrainer.train_only`)."""
+    return early_stop == "none" and not loss.learned_state
+
+
+class LossMember:
+    """One loss of a group: heads ``block`` of the group's heads."""
+
+    def __init__(self, member: Member, data: TrainingSplits, block: slice, seed: int,
+                 batch_size: int, device: torch.device):
+        self.member, self.block = member, block
+        configs = member.configs
+        params = {k: [c.param_dict[k] for c in configs] for k in configs[0].param_dict}
+        self.loss = create_loss(member.loss, data.num_classes, member.heads, params=params,
+                                facts=data.facts)
+        state = self.loss.init_state(
+            *float_labels(self.loss, data.train.observed, data.train.clean),
+            generator=torch.Generator().manual_seed(derive_seed(seed, "state", batch_size)))
+        self.state = {k: v.detach().to(device) for k, v in state.items()}
+        self.learned = self.loss.learned_state_lr_mults()
+        for name in self.learned:
+            self.state[name].requires_grad_(True)
+        self.learned_tensors = [self.state[name] for name in self.learned]
+        # a hand-written loss gradient, until the loss says it has none (state it trains keeps
+        # autograd)
+        self.by_hand = not self.learned
+        self.book: GroupRecord | None = None
+
+    def generators(self) -> list[torch.Generator]:
+        """One seeded generator per configuration: its fresh head's draw (the same alone and
+        stacked)."""
+        return [torch.Generator().manual_seed(derive_seed(c.seed, "head", c.key()))
+                for c in self.member.configs]
+
+    def start_book(self, heads: LinearHeads, steps: int, val_variant: str,
+                   early_stop: str) -> None:
+        """The per-head record of this loss's heads, from their first weights."""
+        self.book = GroupRecord(list(self.member.configs), steps, val_variant, early_stop,
+                                heads.weight.detach()[self.block].clone(),
+                                heads.bias.detach()[self.block].clone(),
+                                {name: self.state[name].detach().clone() for name in self.learned})
+
+    def record(self) -> GroupRecord:
+        if self.book is None:
+            raise ValueError(f"the group of loss {self.member.loss!r} has not started")
+        return self.book
+
+    def adam_lrs(self) -> list[list[float]]:
+        """The learning rates of each learned state tensor, per head."""
+        lrs = [c.lr for c in self.member.configs]
+        return [[lr * m for lr, m in zip(lrs, self.learned[name], strict=True)]
+                for name in self.learned]
+
+    def can_defer(self, early_stop: str) -> bool:
+        return evaluation_can_move(type(self.loss), early_stop)
+
+    def step(self, heads: LinearHeads, x: Tensor, logits: Tensor, targets: Targets,
+             epoch: int) -> tuple[Tensor, Tensor, Sequence[Tensor]]:
+        """This loss's share of a training step on its block of the group's ``logits``: (its
+        per-head loss, the gradient of their sum with respect to its logits, the gradients of
+        its learned state). The gradient is the loss's hand-written one where it has one
+        (:meth:`~featcache.losses.SPMLLoss.loss_and_grad`), else autograd through the loss."""
+        mine = logits[self.block]
+        targets = Targets(targets.observed, targets.index, targets.clean, targets.pseudo)
+        if isinstance(self.loss, MaskedPassLoss):  # IGNORE: a second pass on masked maps
+            targets.masked = masked_logits(self.loss, heads, self.block, x, targets.observed)
+        if self.by_hand:
+            by_hand = self.loss.loss_and_grad(mine, targets, self.state, epoch)
+            if by_hand is not None:
+                return by_hand[0], by_hand[1], ()
+            self.by_hand = False
+        mine = mine.detach().requires_grad_(True)
+        per_head = self.loss.forward(mine, targets, self.state, epoch)
+        grads = torch.autograd.grad(per_head.sum(), [mine, *self.learned_tensors])
+        return per_head.detach(), grads[0], grads[1:]
+
+
+def masked_logits(loss: MaskedPassLoss, heads: LinearHeads, block: slice, x: Tensor,
+                  observed: Tensor) -> Tensor:
+    """The logits of the masked second pass of ``loss``'s heads ``block``: the positions of
+    each row's map kept by the loss's mask of the class activation maps just computed."""
+    if not isinstance(heads, MapHeads):
+        raise TypeError(f"loss {loss.name!r} needs heads with class activation maps")
+    keep = loss.position_mask(heads.last_cam(x)[block], observed)
+    return heads.part(block).masked_logits(x, keep)

@@ -1,0 +1,120 @@
+"""Which losses of a run train together: the stacked groups of stage two.
+
+Losses whose training reads the same inputs (the same features and training labels, after
+what their needs add: observed negatives, a pseudo-label set), the same kind of head, seed and
+batch size train as one group (:class:`~featcache.linear.trainer.GroupTrainer`): one gather of
+the batch, one batched matmul for all their heads, one optimizer update. Losses with other
+inputs (spatial maps, pseudo-labels, observed negatives, another features file) form groups
+of their own. Every number of a loss is the one it gets alone (bit for bit on the CPU), so a
+group may be cut into smaller groups at will: :func:`split_group` cuts the groups of a run
+into about as many pieces as there are workers to keep busy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from featcache.heads import HeadKind
+from featcache.linear.data import TrainingSplits
+from featcache.linear.member import Member, evaluation_can_move
+from featcache.losses import SPMLLoss
+
+
+@dataclass(frozen=True)
+class Stackable:
+    """One search of a run as the groups see it: its loss, its data fitted to the loss, its
+    settings."""
+
+    loss: type[SPMLLoss]
+    data: TrainingSplits
+    epochs: int
+    val_variant: str
+    early_stop: str
+
+
+@dataclass(frozen=True)
+class StackedGroup:
+    """Losses that train together: their shared data and settings, and each loss's share
+    (``members``: (search index, its configurations of this seed and batch size))."""
+
+    data: TrainingSplits
+    kind: HeadKind
+    seed: int
+    batch_size: int
+    epochs: int
+    val_variant: str
+    early_stop: str
+    can_defer: bool
+    members: tuple[tuple[int, Member], ...]
+
+    @property
+    def heads(self) -> int:
+        return sum(member.heads for _, member in self.members)
+
+    def cost(self) -> float:
+        """About how much work the group is: its training steps times its heads, plus a
+        hundred steps' worth of evaluation per loss (what the scheduler balances)."""
+        steps = len(self.data.train) // self.batch_size
+        return (steps + 100) * self.heads
+
+
+def fit_all(data: TrainingSplits, losses: Sequence[type[SPMLLoss]]) -> list[TrainingSplits]:
+    """Each loss's data (:meth:`~featcache.losses.SPMLLoss.fit_data`), fitted once per kind of
+    completion (the needs that add to the data: observed negatives, a pseudo-label set), so
+    that losses fitted alike share one object (and so a group)."""
+    fitted: dict[tuple, TrainingSplits] = {}
+    out = []
+    for loss in losses:
+        key = tuple((need.key, need.description) for need in loss.needs if need.adapt)
+        # data completed once is left as it is by the next loss that needs the same
+        fitted[key] = loss.fit_data(fitted.get(key, data))
+        out.append(fitted[key])
+    return out
+
+
+def stacked_groups(searches: Sequence[Stackable],
+                   configs: Sequence[Sequence[Member]]) -> list[StackedGroup]:
+    """The groups of a run's searches: for each search, ``configs[i]`` holds one
+    :class:`Member` per (seed, batch size) of its grid. Losses join a group when they share
+    its data (the same object: fitted alike), kind of head, seed, batch size, settings and
+    whether their evaluation may leave the worker; groups keep the order of first appearance,
+    members the order of the searches."""
+    groups: dict[tuple, list[tuple[int, Member]]] = {}
+    shared: dict[tuple, tuple[TrainingSplits, HeadKind, bool]] = {}
+    for index, (search, members) in enumerate(zip(searches, configs, strict=True)):
+        defer = evaluation_can_move(search.loss, search.early_stop)
+        for member in members:
+            seed, batch_size = member.configs[0].seed, member.configs[0].batch_size
+            key = (id(search.data), search.loss.head, seed, batch_size, search.epochs,
+                   search.val_variant, search.early_stop, defer)
+            groups.setdefault(key, []).append((index, member))
+            shared[key] = (search.data, search.loss.head, defer)
+    return [StackedGroup(shared[key][0], shared[key][1], key[2], key[3], key[4], key[5],
+                         key[6], shared[key][2], tuple(members))
+            for key, members in groups.items()]
+
+
+def split_group(groups: Sequence[StackedGroup], pieces: int) -> list[StackedGroup]:
+    """``groups`` cut into smaller groups of whole losses so that there are about ``pieces``
+    of comparable cost (the costliest cut first); a group of one loss stays whole."""
+    out = list(groups)
+    while len(out) < pieces:
+        largest = max(range(len(out)), key=lambda i: (out[i].cost(), -i))
+        group = out[largest]
+        if len(group.members) < 2:
+            break
+        half = _halfway(group)
+        out[largest:largest + 1] = [replace(group, members=group.members[:half]),
+                                    replace(group, members=group.members[half:])]
+    return out
+
+
+def _halfway(group: StackedGroup) -> int:
+    """Where to cut a group's members into two of about equal heads (at least one each)."""
+    total, running = group.heads, 0
+    for index, (_, member) in enumerate(group.members):
+        running += member.heads
+        if running * 2 >= total:
+            return max(1, min(index + 1, len(group.members) - 1))
+    return len(group.members) // 2

@@ -1,0 +1,134 @@
+"""Every loss in one pass: losses stacked in one group train exactly as each alone (bit for bit
+on the CPU), however the groups are cut."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from linear_fixtures import pseudo_label_sets, spatial_features_file, synthetic_dataset
+
+from featcache.linear.data import load_linear_data
+from featcache.linear.member import Member
+from featcache.linear.search import SearchSpec
+from featcache.linear.stacking import Stackable, fit_all, split_group, stacked_groups
+from featcache.linear.trainer import GroupTrainer
+from featcache.losses import loss_class, loss_names
+from featcache.protocol.grid import GridPoint
+
+EPOCHS = 3
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("stacked")
+    labels, features = synthetic_dataset(root, n_train=96, n_test=40, classes=4, dim=8)
+    pseudo_label_sets(labels)
+    spatial = spatial_features_file(labels, shape=(2, 2, 4))
+    return load_linear_data(labels, features), load_linear_data(labels, spatial)
+
+
+def _members(name: str, data, seed: int = 0, batch_size: int = 16) -> Member:
+    spec = SearchSpec(loss=name, learning_rates=(1e-2, 1e-3), batch_sizes=(batch_size,),
+                      epochs=EPOCHS).resolved(data.facts)
+    return Member(name, tuple(spec.configs(seed)))
+
+
+def _same(ours, theirs, name: str) -> None:
+    assert len(ours) == len(theirs), name
+    for a, b in zip(ours, theirs, strict=True):
+        assert a.config == b.config and a.best_epoch == b.best_epoch, name
+        assert a.epochs == b.epochs, name  # every epoch's record, train and test mAP included
+        assert torch.equal(a.weight, b.weight) and torch.equal(a.bias, b.bias), name
+        assert torch.equal(a.test_ap, b.test_ap) and a.best_val == b.best_val, name
+        assert a.state.keys() == b.state.keys(), name
+        for key in a.state:
+            assert torch.equal(a.state[key], b.state[key]), (name, key)
+
+
+def _groups(data):
+    pooled, spatial = data
+    names = loss_names()
+    searches = [Stackable(loss_class(n), spatial if loss_class(n).head.spatial else pooled,
+                          EPOCHS, "clean", "none") for n in names]
+    fitted = fit_all(pooled, [s.loss for s in searches if not s.loss.head.spatial])
+    fitted += fit_all(spatial, [s.loss for s in searches if s.loss.head.spatial])
+    order = [s for s in searches if not s.loss.head.spatial] + [s for s in searches
+                                                                if s.loss.head.spatial]
+    searches = [Stackable(s.loss, f, s.epochs, s.val_variant, s.early_stop)
+                for s, f in zip(order, fitted, strict=True)]
+    members = [[_members(s.loss.name, s.data)] for s in searches]
+    return searches, stacked_groups(searches, members)
+
+
+def test_every_loss_trained_in_a_stacked_group_equals_the_loss_alone(data):
+    searches, groups = _groups(data)
+    assert {g.kind for g in groups} >= {"linear", "boostlu", "cam"}
+    assert max(len(g.members) for g in groups) >= 20  # most losses share one group
+    for group in groups:
+        members = [member for _, member in group.members]
+        stacked = GroupTrainer(group.data, members, EPOCHS, "clean", "none", CPU)
+        together = stacked.run(progress=False, position=0)
+        for (index, member), results in zip(group.members, together, strict=True):
+            alone = GroupTrainer(group.data, [member], EPOCHS, "clean", "none", CPU)
+            _same(results, alone.run(progress=False, position=0)[0], member.loss)
+
+
+def test_groups_keep_losses_with_other_inputs_apart(data):
+    searches, groups = _groups(data)
+    by_loss = {searches[i].loss.name: g for g in groups for i, _ in g.members}
+    assert by_loss["an"] is by_loss["bce"] is by_loss["gr"]  # same features and labels
+    # role trains phi beside its heads: its evaluation stays with its training, so it does
+    # not share a group whose evaluation may go to other workers (but it shares the data)
+    assert by_loss["role"] is not by_loss["an"] and by_loss["role"].data is by_loss["an"].data
+    assert by_loss["iu"] is not by_loss["an"]  # observed negatives drawn for it
+    assert by_loss["vlpl"] is not by_loss["an"] and by_loss["vlpl"] is not by_loss["gpr"]
+    assert by_loss["an+boostlu"] is by_loss["ll-r+boostlu"]  # one spatial file, one kind
+    assert by_loss["ignore"] is not by_loss["an+boostlu"]  # CAM heads, not BoostLU's
+    for group in groups:  # one seed, one batch size, one kind of head per group
+        assert len({m.configs[0].batch_size for _, m in group.members}) == 1
+
+
+def test_a_group_cut_into_pieces_keeps_every_loss_and_its_order(data):
+    _, groups = _groups(data)
+    pieces = split_group(groups, len(groups) + 3)
+    assert len(pieces) == len(groups) + 3
+    assert [m for g in pieces for m in g.members] == [m for g in groups for m in g.members]
+    costs = sorted(p.cost() for p in pieces)
+    assert costs[-1] <= 3 * costs[len(costs) // 2]
+
+
+def test_a_stopped_head_of_one_loss_freezes_only_that_head(data):
+    pooled, _ = data
+    grid = tuple(GridPoint(lr, 16) for lr in (1e-1, 1e-2))
+    members = [Member("an", grid), Member("role", grid)]
+    stacked = GroupTrainer(pooled, members, 6, "clean", "zhou", CPU)
+    together = stacked.run(progress=False, position=0)
+    for member, results in zip(members, together, strict=True):
+        alone = GroupTrainer(pooled, [member], 6, "clean", "zhou", CPU).run(False, 0)[0]
+        _same(results, alone, member.loss)
+
+
+def test_steps_through_fixed_buffers_give_the_plain_loops_numbers(data, monkeypatch):
+    """What a CUDA graph replays (the step on fixed buffers, the rows gathered inside it) is,
+    run as it is on the CPU, the plain loop's step: the same numbers."""
+    import featcache.linear.graphs as graphs
+    import featcache.linear.trainer as trainer_module
+
+    pooled, _ = data
+    member = _members("role", pooled)
+    plain = GroupTrainer(pooled, [member], EPOCHS, "clean", "none", CPU).run(False, 0)[0]
+
+    class OnBuffers:  # GraphedEpoch without CUDA: every step through the buffers
+        def __init__(self, buffers, describe, after_replay):
+            self.buffers = buffers
+
+        def __call__(self, index, x, slot):
+            self.buffers.load(index, x, slot)
+            self.buffers.run()
+
+    monkeypatch.setattr(trainer_module, "graphs_enabled", lambda device: True)
+    monkeypatch.setattr(trainer_module, "GraphedEpoch", OnBuffers)
+    buffered = GroupTrainer(pooled, [member], EPOCHS, "clean", "none", CPU).run(False, 0)[0]
+    _same(buffered, plain, "role")
+    assert graphs.graphs_enabled(torch.device("cpu")) is False
