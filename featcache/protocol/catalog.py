@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import importlib.util
 import json
 import os
 import sys
@@ -89,7 +88,9 @@ class BackboneInfo:
 
     def library_installed(self) -> bool:
         """Whether the backbone's library can be imported here (looked up, not imported)."""
-        return self.library == "torchvision" or importlib.util.find_spec(self.library) is not None
+        from featcache.backbones.hub import library_installed
+
+        return library_installed(self.library)
 
     def weights_cached(self) -> bool | None:
         """Whether the default weights are in their cache (never downloaded); None when that is
