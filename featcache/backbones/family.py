@@ -164,6 +164,12 @@ class BackboneFamily(ABC):
         """The trunk of ``spec`` for ``image_size`` inputs: random weights from the global
         generator (``source`` None) or the located ``source``'s file."""
 
+    @abstractmethod
+    def cache_entry(self, source: WeightsSource) -> dict:
+        """Where the cache keeps a named source's file, for ``featcache backbones`` to look
+        without importing torch (``BackboneInfo.weights_cached``): ``{"torch_hub": file name}``
+        or ``{"hub_repo": repo, "hub_files": [...]}``."""
+
     def empty_trunk(self, spec: BackboneSpec, image_size: int) -> Trunk:
         """A trunk of the right shape whose weights are about to be overwritten (a fine-tuned
         run's): built from seed 0, the global generator untouched."""

@@ -87,6 +87,9 @@ class HubFamily(BackboneFamily):
                              seed=source.seed, repo=source.repo, files=source.files,
                              library=source.library)
 
+    def cache_entry(self, source: WeightsSource) -> dict:
+        return {"hub_repo": source.repo, "hub_files": list(source.files)}
+
     def provenance(self, spec: BackboneSpec, preprocess: str) -> dict:
         return {
             "library": self.name, "library_model": spec.model,

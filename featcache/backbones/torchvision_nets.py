@@ -145,6 +145,9 @@ class TorchvisionFamily(BackboneFamily):
         return WeightsSource(source.kind, source.name, source.tag, path=target, url=source.url,
                              sha256=digest, seed=source.seed, library=source.library)
 
+    def cache_entry(self, source: WeightsSource) -> dict:
+        return {"torch_hub": url_file_name(source.url)}
+
     def build(self, spec: BackboneSpec, image_size: int, source: WeightsSource | None) -> Trunk:
         """The trunk of ``spec``'s network (``image_size`` does not matter to a ResNet)."""
         net = cast(Callable[[], nn.Module], spec.build)()  # every torchvision entry has one

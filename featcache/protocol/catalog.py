@@ -215,7 +215,7 @@ def backbone_info(spec) -> BackboneInfo:
 
 
 def _default_weights_file(spec) -> dict:
-    from featcache.backbones.weights import describe_weights, url_file_name
+    from featcache.backbones.weights import describe_weights
     from featcache.errors import FeatcacheError
 
     if spec.default_weights == "random":
@@ -224,9 +224,7 @@ def _default_weights_file(spec) -> dict:
         source = describe_weights(spec)
     except FeatcacheError:  # the library is not installed: nothing to look up either
         return {}
-    if source.kind == "hub":
-        return {"hub_repo": source.repo, "hub_files": list(source.files)}
-    return {"torch_hub": url_file_name(source.url)}
+    return spec.family.cache_entry(source)
 
 
 def write_snapshot(path: Path = SNAPSHOT) -> Path:
