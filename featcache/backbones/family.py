@@ -12,6 +12,7 @@ A family imports its optional library only when it needs it (``hub.require``).
 
 from __future__ import annotations
 
+import functools
 import importlib
 import pkgutil
 from abc import ABC, abstractmethod
@@ -189,12 +190,11 @@ class BackboneFamily(ABC):
 
 
 _FAMILIES: dict[str, BackboneFamily] = {}
-_DISCOVERED: list[bool] = []
 
 
 def register_family(family: BackboneFamily) -> BackboneFamily:
-    """Add (or replace) a family; its specs are registered with
-    :func:`~featcache.backbones.registry.register_backbone`. Returns ``family``."""
+    """Add (or replace) a family defined outside this package (register its specs with
+    :func:`~featcache.backbones.registry.register_backbone`); returns ``family``."""
     _FAMILIES[family.name] = family
     return family
 
@@ -202,21 +202,24 @@ def register_family(family: BackboneFamily) -> BackboneFamily:
 def families() -> list[BackboneFamily]:
     """Every family: the ``FAMILY`` of each ``*_nets`` module of this package (imported the
     first time; the optional libraries themselves are not), and any registered since."""
-    if not _DISCOVERED:
-        package = importlib.import_module(__package__ or "featcache.backbones")
-        for module in pkgutil.iter_modules(package.__path__):
-            if module.name.endswith(FAMILY_SUFFIX):
-                found = importlib.import_module(f"{package.__name__}.{module.name}").FAMILY
-                _FAMILIES.setdefault(found.name, found)
-        _DISCOVERED.append(True)
+    _discover()
     return list(_FAMILIES.values())
+
+
+@functools.cache
+def _discover() -> None:
+    package = importlib.import_module(__package__ or "featcache.backbones")
+    for module in pkgutil.iter_modules(package.__path__):
+        if module.name.endswith(FAMILY_SUFFIX):
+            found = importlib.import_module(f"{package.__name__}.{module.name}").FAMILY
+            _FAMILIES.setdefault(found.name, found)
 
 
 def family_named(library: str) -> BackboneFamily:
     """The family of ``library``; an OptionError names the known ones."""
-    for family in families():
-        if family.name == library:
-            return family
-    known = ", ".join(family.name for family in families())
+    _discover()
+    if library in _FAMILIES:
+        return _FAMILIES[library]
+    known = ", ".join(_FAMILIES)
     raise OptionError(f"no backbone family for library {library!r} (known: {known}); add "
                       f"featcache/backbones/<library>{FAMILY_SUFFIX}.py defining FAMILY")
