@@ -20,7 +20,6 @@ from featcache.backbones import (
     resolve_preprocess,
     transform_description,
 )
-from featcache.backbones.hub import library_version
 from featcache.backbones.weights import WeightsSource, locate_weights
 from featcache.data.images import image_root
 from featcache.data.labelfile import LabelSet
@@ -172,14 +171,7 @@ class Extraction(FinishedFile, Assembly, ImageBatches):
             "torchvision_version": str(torchvision.__version__),
             "pillow_version": str(PIL.__version__),
         }
-        if self.spec.library != "torchvision":
-            out.update({
-                "library": self.spec.library, "library_model": self.spec.model,
-                "library_version": library_version(self.spec.library),
-                "preprocess": self.options.preprocess, "pooling": self.spec.pooling,
-                "attention": "torch.nn.functional.scaled_dot_product_attention"
-                             if self.spec.patch_size else "none (convolutional)",
-            })
+        out.update(self.spec.family.provenance(self.spec, self.options.preprocess))
         return out
 
     def compute(self, model: torch.nn.Module, store: ChunkStore, todo: list[int], root: Path) -> int:
