@@ -67,8 +67,8 @@ def plot_series(curves: Sequence[Curve], selected: tuple[int, float], path: Path
                 title: str = "", start: tuple[float | None, float | None] | None = None,
                 start_label: str = "start") -> Path:
     """Save :func:`series_figure` as a PNG (atomically), in the drawing process where one
-    runs (:mod:`featcache.protocol.plot_process`)."""
-    if plot_process.draw("plot_series", curves, selected, path, title, start, start_label):
+    runs (:mod:`featcache.protocol.plot_process`; there this same call draws in place)."""
+    if plot_process.draw(plot_series, curves, selected, path, title, start, start_label):
         return path
     import matplotlib.pyplot as plt
 
