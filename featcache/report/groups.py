@@ -20,7 +20,8 @@ from featcache.report.runs import Run
 
 #: settings that differ between the losses of one table (each loss's own) or between seeds
 _PER_LOSS = {"loss", "params", "seeds", "seed", "init", "pseudo_labels_sha256"}
-
+#: the loss every other loss's per-class AP is compared with (Cole et al.'s baseline)
+REFERENCE_LOSS = "an"
 
 
 def protocol_key(run: Run) -> str:

@@ -12,11 +12,9 @@ from html import escape
 
 from featcache.errors import plural
 from featcache.protocol.results_table import STAGES
-from featcache.report.groups import TableGroup
+from featcache.report.groups import REFERENCE_LOSS, TableGroup
 from featcache.report.html import STAGE_TITLES, esc
 
-#: the loss every other loss's per-class AP is compared with (Cole et al.'s baseline)
-REFERENCE_LOSS = "an"
 #: smallest per-class AP difference (points) highlighted against the reference loss
 MIN_HIGHLIGHT = 1.0
 
