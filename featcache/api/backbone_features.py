@@ -43,6 +43,7 @@ from featcache.api.constraints import RegisteredNames
 from featcache.api.images import run_on_images
 from featcache.backbones import (
     PROTOCOL,
+    Trunk,
     backbone_names,
     backbone_spec,
     create_backbone,
@@ -108,7 +109,7 @@ class BackboneFeatures(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEs
 
     Attributes
     ----------
-    trunk_ : torch.nn.Module
+    trunk_ : Trunk
         The backbone, in eval mode on the CPU.
     identity_ : dict
         What a features file records of its network: backbone, weights, weights_sha256
@@ -168,7 +169,7 @@ class BackboneFeatures(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEs
         return self._set_trunk(create_backbone(spec.name, source, seed=source.seed,
                                                image_size=size), tag=source.tag)
 
-    def _set_trunk(self, trunk: torch.nn.Module, tag: str | None) -> BackboneFeatures:
+    def _set_trunk(self, trunk: Trunk, tag: str | None) -> BackboneFeatures:
         """Take ``trunk`` (built for this estimator's parameters) as the fitted network."""
         spec = backbone_spec(self.backbone)
         size = int(self.image_size or spec.default_image_size)

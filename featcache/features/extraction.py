@@ -14,6 +14,7 @@ import torch
 import torchvision
 
 from featcache.backbones import (
+    Trunk,
     Uint8Normalize,
     backbone_spec,
     create_backbone,
@@ -133,7 +134,7 @@ class Extraction(FinishedFile, Assembly, ImageBatches):
             resumed_chunks=resumed, bad=bad,
         )
 
-    def chunk_store(self, model: torch.nn.Module) -> tuple[dict, ChunkStore]:
+    def chunk_store(self, model: Trunk) -> tuple[dict, ChunkStore]:
         """The file's attributes, and the chunk shards keyed by everything their rows depend on."""
         width = self.row_width(model)
         attrs = self.attributes(model)
@@ -150,14 +151,14 @@ class Extraction(FinishedFile, Assembly, ImageBatches):
                                  extras=extras)
 
     # -- hooks of the spatial extraction (featcache.features.spatial; write_options: Assembly) -
-    def row_width(self, model: torch.nn.Module) -> int:
+    def row_width(self, model: Trunk) -> int:
         """Values per stored row: the pooled width here (a feature map for ``--spatial``)."""
         return self.spec.dim
 
     def store_extras(self, identity: dict, extras: dict[str, Extra]) -> None:
         """Add run identity and per-chunk arrays beside the rows (none here)."""
 
-    def attributes(self, model: torch.nn.Module) -> dict:
+    def attributes(self, model: Trunk) -> dict:
         """Provenance recorded in the features file (and, with the labels sha256, the manifest)."""
         out = {
             "backbone": self.options.backbone,
@@ -176,7 +177,7 @@ class Extraction(FinishedFile, Assembly, ImageBatches):
         out.update(self.spec.family.provenance(self.spec, self.options.preprocess))
         return out
 
-    def compute(self, model: torch.nn.Module, store: ChunkStore, todo: list[int], root: Path) -> int:
+    def compute(self, model: Trunk, store: ChunkStore, todo: list[int], root: Path) -> int:
         """Compute and save the chunks ``todo``; returns the number of images processed."""
         if not todo:
             return 0
@@ -208,11 +209,11 @@ class Extraction(FinishedFile, Assembly, ImageBatches):
                     filling, parts, oks, crops = filling + 1, [], [], []
         return len(rows)
 
-    def forward(self, model: torch.nn.Module, images: torch.Tensor) -> torch.Tensor:
+    def forward(self, model: Trunk, images: torch.Tensor) -> torch.Tensor:
         with autocast(self.device, self.precision):
             return model(images).float()
 
-    def forward_views(self, model: torch.nn.Module, views: torch.Tensor) -> torch.Tensor:
+    def forward_views(self, model: Trunk, views: torch.Tensor) -> torch.Tensor:
         """Tile embeddings (n * G * G, D), ``view_batch`` tiles per forward pass."""
         if not len(views):
             return views.new_zeros(0, self.spec.dim)

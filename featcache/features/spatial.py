@@ -28,6 +28,7 @@ import h5py
 import numpy as np
 import torch
 
+from featcache.backbones import Trunk
 from featcache.data.featurefile import SPATIAL
 from featcache.data.featurewrite import (
     chunk_rows,
@@ -85,7 +86,7 @@ class SpatialExtraction(Extraction):
         self.ratio: float | None = None
 
     # -- layout -----------------------------------------------------------------------------
-    def row_width(self, model: torch.nn.Module) -> int:
+    def row_width(self, model: Trunk) -> int:
         """Run one blank image through the trunk for the map's shape; choose the shard size."""
         size = self.image_size
         with torch.inference_mode():
@@ -108,7 +109,7 @@ class SpatialExtraction(Extraction):
     def wanted(self, source) -> dict:
         return dict(super().wanted(source), layout=SPATIAL, compression=self.options.compression)
 
-    def attributes(self, model: torch.nn.Module) -> dict:
+    def attributes(self, model: Trunk) -> dict:
         out = super().attributes(model)
         assert self.map_shape is not None  # measured by row_width, which chunk_store calls first
         height, cols, depth = self.map_shape
@@ -158,7 +159,7 @@ class SpatialExtraction(Extraction):
         return ratio
 
     # -- compute ----------------------------------------------------------------------------
-    def forward(self, model: torch.nn.Module, images: torch.Tensor) -> torch.Tensor:
+    def forward(self, model: Trunk, images: torch.Tensor) -> torch.Tensor:
         """(B, H*W*D) maps as float32, the pooled features appended when ``with_pooled``."""
         with autocast(self.device, self.precision):
             fmap = model.feature_map(images)
