@@ -38,6 +38,7 @@ from featcache.finetune.search import BEST, MODEL_FORMAT, MODEL_FORMAT_VERSION
 from featcache.losses import HeadKind, loss_class
 from featcache.protocol.handoff import load_head, load_saved
 from featcache.protocol.runs import RESULTS, RunFolder
+from featcache.protocol.search_modes import SearchMode, recorded_search_mode
 from featcache.runtime import pick_device
 
 if TYPE_CHECKING:  # scikit-learn is imported by the methods that build its objects
@@ -127,6 +128,11 @@ class TrainedRun:
     @property
     def seed(self) -> int:
         raise NotImplementedError
+
+    @property
+    def search_mode(self) -> SearchMode:
+        """The search mode the run recorded (a fine-tuning run records none: the default)."""
+        return recorded_search_mode(self.document, str(self.path))
 
     @property
     def about(self) -> dict:
@@ -231,9 +237,7 @@ class TrainedRun:
 
     def logits(self, features: np.ndarray) -> np.ndarray:
         weight, bias = self.head
-        if self.about.get("features_transform") == "l2-normalised":  # a --search probe head
-            norms = np.linalg.norm(features, axis=1, keepdims=True)
-            features = (features / np.maximum(norms, 1e-12)).astype(np.float32)
+        features = self.search_mode.head_rows(features)  # e.g. a --search probe head's rows
         if self.boostlu_alpha is not None:
             return boostlu_logits(features, weight.numpy(), bias.numpy(),
                                   features.shape[1] // weight.shape[1], self.boostlu_alpha)
@@ -300,11 +304,9 @@ class LinearRun(TrainedRun):
     def to_estimator(self) -> SPMLClassifier:
         """This run's selected head as a fitted :class:`SPMLClassifier` (its parameters are the
         selected configuration, so ``clone(...).fit`` trains it again)."""
-        if self._head.get("features_transform"):
-            raise InputError(f"{self.path} is a --search probe run: its head scores "
-                             f"{self._head['features_transform']} rows and was refit with AdamW "
-                             "weight decay, which SPMLClassifier does not do; predict with the "
-                             "run itself (run.predict_proba)")
+        refusal = self.search_mode.estimator_refusal(str(self.path))
+        if refusal is not None:
+            raise InputError(refusal)
         from featcache.api.estimator import SPMLClassifier  # scikit-learn: only when asked
         from featcache.api.targets import MATRIX
 

@@ -187,7 +187,7 @@ def head_payload(result: SearchResult, data: TrainingSplits) -> dict:
         "transform": data.features.attrs.get("transform"),
         "feature_dim": data.feature_dim,
         "head": head_kind(result.spec.loss, data),
-        # a probe run's head scores L2-normalised rows (featcache.linear.probe)
+        # a probe run's head scores L2-normalised rows (featcache.linear.search_modes.probe)
         **({"features_transform": result.probe["features"]} if result.probe else {}),
     }
 
