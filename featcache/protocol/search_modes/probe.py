@@ -45,8 +45,9 @@ class ProbeSearch(SearchMode):
                 f"run of the protocol's search (--search {default_search_mode().name})")
 
     def estimator_refusal(self, where: str) -> str | None:
+        # !s: the transform's name before "rows", not a count
         return (f"{where} is a --search {self.name} run: its head scores "
-                f"{self.features_transform} rows and was refit with AdamW weight decay, which "
+                f"{self.features_transform!s} rows and was refit with AdamW weight decay, which "
                 "SPMLClassifier does not do; predict with the run itself (run.predict_proba)")
 
 
