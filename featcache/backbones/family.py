@@ -13,8 +13,6 @@ A family imports its optional library only when it needs it (``hub.require``).
 from __future__ import annotations
 
 import functools
-import importlib
-import pkgutil
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -26,6 +24,7 @@ from torch import Tensor, nn
 from featcache.backbones import hub
 from featcache.backbones.preprocess import PROTOCOL, Preprocess
 from featcache.backbones.weightsource import WeightsSource
+from featcache.discovery import import_modules_of
 from featcache.errors import OptionError
 
 DEFAULT_IMAGE_SIZE = 448
@@ -208,11 +207,8 @@ def families() -> list[BackboneFamily]:
 
 @functools.cache
 def _discover() -> None:
-    package = importlib.import_module(__package__ or "featcache.backbones")
-    for module in pkgutil.iter_modules(package.__path__):
-        if module.name.endswith(FAMILY_SUFFIX):
-            found = importlib.import_module(f"{package.__name__}.{module.name}").FAMILY
-            _FAMILIES.setdefault(found.name, found)
+    for module in import_modules_of(__package__ or "featcache.backbones", FAMILY_SUFFIX):
+        _FAMILIES.setdefault(module.FAMILY.name, module.FAMILY)
 
 
 def family_named(library: str) -> BackboneFamily:

@@ -115,8 +115,10 @@ def results_document(result: SearchResult, data: TrainingSplits, device: str) ->
             **({} if placement is None else {"memory": placement.record()}),
         },
         "grid": {"lr": list(spec.learning_rates), "batch_size": list(spec.batch_sizes),
-                 "params": spec.params.values, "params_source": spec.params.sources,
-                 **({"params_estimates": spec.params.estimates} if spec.params.estimates else {}),
+                 "params": spec.resolved_params.values,
+                 "params_source": spec.resolved_params.sources,
+                 **({"params_estimates": spec.resolved_params.estimates}
+                    if spec.resolved_params.estimates else {}),
                  "seeds": list(spec.seeds)},
         "selection": _selection_record(selected, data.classes, val_cover, test_cover, val_key,
                                        probe),
@@ -188,7 +190,7 @@ def head_payload(result: SearchResult, data: TrainingSplits) -> dict:
         "transform": data.features.attrs.get("transform"),
         "feature_dim": data.feature_dim,
         "head": head_kind(result.spec.loss, data),
-        # a probe run's head scores L2-normalised rows (featcache.linear.probe)
+        # a probe run's head scores L2-normalised rows (featcache.linear.search_modes.probe)
         **({"features_transform": result.probe["features"]} if result.probe else {}),
     }
 
