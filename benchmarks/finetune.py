@@ -44,9 +44,10 @@ from featcache.backbones import create_backbone, image_transform
 from featcache.backbones.inputs import loader_prefetch, uint8_batch_bytes
 from featcache.data.synthetic import write_image_labels
 from featcache.finetune.data import load_finetune_data
-from featcache.finetune.loop import ConfigTrainer, Settings
+from featcache.finetune.loop import ConfigTrainer
 from featcache.finetune.model import FinetuneNet
 from featcache.finetune.options import FinetuneOptions
+from featcache.finetune.plan import FinetunePlan
 from featcache.finetune.start import fresh_start
 from featcache.heads import HeadKind, HeadModule
 from featcache.losses import Targets, create_loss
@@ -81,7 +82,7 @@ def make_trainer(labels_path: Path, args, device: torch.device, bsize: int) -> C
     data = load_finetune_data(labels_path)
     start = fresh_start(FinetuneOptions(init="none", loss="an", dataset=str(labels_path.parent),
                                         weights="random", image_size=args.image_size))
-    settings = Settings(loss="an", params={}, epochs=1, precision=args.resolved_precision,
+    settings = FinetunePlan(loss="an", params={}, epochs=1, precision=args.resolved_precision,
                         compile=args.compile, workers=args.workers, progress=False)
     settings.validate(device)
     trainer = ConfigTrainer(GridPoint(1e-4, bsize), settings, start, data, single_process(device))

@@ -336,8 +336,9 @@ class GpuCheck:
 
     def linearinit_first_eval(self) -> tuple[str, dict]:
         from featcache.finetune.data import load_finetune_data
-        from featcache.finetune.loop import ConfigTrainer, Settings
+        from featcache.finetune.loop import ConfigTrainer
         from featcache.finetune.options import FinetuneOptions
+        from featcache.finetune.plan import FinetunePlan
         from featcache.finetune.run import loss_params
         from featcache.finetune.start import resolve_start
         from featcache.metrics import mean_average_precision
@@ -348,7 +349,7 @@ class GpuCheck:
         data = load_finetune_data(self.cache / "shapes" / "labels.h5")
         start = resolve_start(FinetuneOptions(dataset="shapes", loss="role", init="best",
                                               cache=str(self.cache)), data, job)
-        settings = Settings(loss="role", params=loss_params("role", start.params, data), epochs=1,
+        settings = FinetunePlan(loss="role", params=loss_params("role", start.params, data), epochs=1,
                             precision="fp32", workers=self.sizes.workers, progress=False,
                             eval_batch_size=self.sizes.batch_size)
         trainer = ConfigTrainer(GridPoint(1e-4, self.sizes.finetune_batch), settings, start, data,

@@ -1,7 +1,7 @@
 """Does ``--search probe`` change the ranking of the losses? Both searches on the same features.
 
 For each dataset, ``train-linear`` trains the chosen losses with the protocol's search and with
-``--search probe`` (:mod:`featcache.linear.probe`) under two run ids (finished runs are reused,
+``--search probe`` (:mod:`featcache.linear.search_modes.probe`) under two run ids (finished runs are reused,
 so an interrupted study resumes), then writes one Markdown table per dataset: each loss's test
 mAP and rank under either search, and Spearman's rank correlation between the two rankings
 (ties share their mean rank). Not part of ``make bench``: it is a study, not a speed figure.
@@ -19,9 +19,10 @@ from collections.abc import Sequence
 
 from benchmarks._common import describe, machine
 from featcache.fileio import write_text_atomic
-from featcache.linear.probe import PROBE_LEARNING_RATES, PROBE_WEIGHT_DECAYS
 from featcache.linear.run import LinearOptions, run_linear
 from featcache.protocol.grid import LEARNING_RATES
+from featcache.protocol.search_modes import search_mode
+from featcache.protocol.search_modes.probe import PROBE_LEARNING_RATES, PROBE_WEIGHT_DECAYS
 from featcache.tables import Table
 
 SEARCHES = {"protocol": "probe-study-protocol", "probe": "probe-study-probe"}
@@ -61,7 +62,7 @@ def study(dataset: str, losses: Sequence[str], cache: str | None, jobs: int | No
         options = LinearOptions(
             dataset=dataset, losses=list(losses), run_id=run_id, cache=cache, jobs=jobs,
             epochs=epochs, progress=False, plots=False, device="cpu", search=search,
-            learning_rates=PROBE_LEARNING_RATES if search == "probe" else LEARNING_RATES)
+            learning_rates=search_mode(search).learning_rates or LEARNING_RATES)
         began = time.perf_counter()
         outcome = run_linear(options, say=lambda line: print(line, file=sys.stderr))
         seconds[search] = time.perf_counter() - began

@@ -73,9 +73,10 @@ SOURCES = {
 
 def _table() -> dict[tuple[str, str], dict[str, float]]:
     table: dict[tuple[str, str], dict[str, float]] = {}
-    for loss, row in _COLE_TABLE1.items():
-        table[("linear", loss)] = dict(zip(PROTOCOL_DATASETS, row[:4], strict=True))
-        table[("finetune", loss)] = dict(zip(PROTOCOL_DATASETS, row[4:], strict=True))
+    for loss, linear_then_finetune in _COLE_TABLE1.items():
+        linear, finetune = linear_then_finetune[:4], linear_then_finetune[4:]
+        table[("linear", loss)] = dict(zip(PROTOCOL_DATASETS, linear, strict=True))
+        table[("finetune", loss)] = dict(zip(PROTOCOL_DATASETS, finetune, strict=True))
     for loss, row in _COLE_LINEARINIT.items():
         table[("linearinit", loss)] = dict(zip(PROTOCOL_DATASETS, row, strict=True))
     for loss, row in _COLE_TABLE2.items():

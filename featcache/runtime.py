@@ -18,6 +18,7 @@ import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
@@ -187,13 +188,23 @@ def _has_precision_api() -> bool:
             and hasattr(torch.backends.cuda.matmul, "fp32_precision"))
 
 
+class _Fp32Switch(Protocol):
+    fp32_precision: str
+
+
+def _cudnn_conv() -> _Fp32Switch:
+    """``torch.backends.cudnn.conv``: the convolutions' switch of the ``fp32_precision`` API,
+    which exists at run time but is missing from torch's own type annotations."""
+    return getattr(torch.backends.cudnn, "conv")  # noqa: B009 - see the docstring
+
+
 def fp32_modes() -> tuple[str, str]:
     """(convolutions, matmuls): ``ieee`` or ``tf32`` (``none``: PyTorch's default), read
     through the ``fp32_precision`` API, or from the legacy ``allow_tf32`` flags on a PyTorch
     that predates it (the two APIs are never mixed)."""
     cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
     if _has_precision_api():
-        return cudnn.conv.fp32_precision, matmul.fp32_precision
+        return _cudnn_conv().fp32_precision, matmul.fp32_precision
     return ("tf32" if cudnn.allow_tf32 else "ieee"), ("tf32" if matmul.allow_tf32 else "ieee")
 
 
@@ -201,7 +212,8 @@ def set_fp32_modes(modes: tuple[str, str]) -> None:
     """Undo :func:`fp32_modes` (or force :data:`IEEE`)."""
     cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
     if _has_precision_api():
-        cudnn.conv.fp32_precision, matmul.fp32_precision = modes
+        conv = _cudnn_conv()
+        conv.fp32_precision, matmul.fp32_precision = modes
     else:
         cudnn.allow_tf32, matmul.allow_tf32 = (mode == "tf32" for mode in modes)
 

@@ -63,8 +63,9 @@ def config_trainer(cache: Path, init: str = "best", loss: str = "role", **start_
     import torch
 
     from featcache.finetune.data import load_finetune_data
-    from featcache.finetune.loop import ConfigTrainer, Settings
+    from featcache.finetune.loop import ConfigTrainer
     from featcache.finetune.options import FinetuneOptions
+    from featcache.finetune.plan import FinetunePlan
     from featcache.finetune.run import loss_params
     from featcache.finetune.start import resolve_start
     from featcache.protocol.grid import GridPoint
@@ -74,7 +75,7 @@ def config_trainer(cache: Path, init: str = "best", loss: str = "role", **start_
     data = load_finetune_data(cache / NAME / "labels.h5")
     start = resolve_start(FinetuneOptions(init=init, loss=loss, dataset=NAME, cache=str(cache),
                                           progress=False, **start_kw), data, cpu)
-    settings = Settings(loss=loss, params=loss_params(loss, start.params, data), epochs=1,
+    settings = FinetunePlan(loss=loss, params=loss_params(loss, start.params, data), epochs=1,
                         progress=False, eval_batch_size=8)
     return ConfigTrainer(GridPoint(1e-3, 4), settings, start, data, cpu), data
 
@@ -166,8 +167,9 @@ def ddp_worker(rank: int, world: int, port: int, cache: str, out: str) -> None:
                        "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"})
     torch.set_num_threads(1)
     from featcache.finetune.data import load_finetune_data
-    from featcache.finetune.loop import ConfigTrainer, Settings
+    from featcache.finetune.loop import ConfigTrainer
     from featcache.finetune.options import FinetuneOptions
+    from featcache.finetune.plan import FinetunePlan
     from featcache.finetune.run import loss_params, run_finetune
     from featcache.finetune.start import resolve_start
     from featcache.protocol.grid import GridPoint
@@ -181,7 +183,7 @@ def ddp_worker(rank: int, world: int, port: int, cache: str, out: str) -> None:
             start = resolve_start(FinetuneOptions(init=init, loss=loss, dataset=NAME, cache=cache,
                                                weights=None if init == "best" else "random",
                                                image_size=SIZE, progress=False), data, job)
-            settings = Settings(loss=loss, params=loss_params(loss, {**start.params, **given}, data),
+            settings = FinetunePlan(loss=loss, params=loss_params(loss, {**start.params, **given}, data),
                                 epochs=2, progress=False, eval_batch_size=8)
             trainer = ConfigTrainer(GridPoint(1e-3, 4), settings, start, data, job)
             records = [trainer.run_epoch(epoch)[0] for epoch in epochs]

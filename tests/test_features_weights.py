@@ -13,10 +13,10 @@ from torchvision.models.resnet import BasicBlock, ResNet
 
 from featcache.backbones import registry as backbones
 from featcache.backbones.registry import BackboneSpec, backbone_spec, create_backbone
+from featcache.backbones.torchvision_nets import hub_checkpoint_dir
 from featcache.backbones.weights import (
     OFFLINE_ENV,
     describe_weights,
-    hub_checkpoint_dir,
     locate_weights,
     resolve_weights,
 )

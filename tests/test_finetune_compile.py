@@ -8,8 +8,9 @@ from torch._dynamo.utils import counters
 
 from featcache.finetune import loop
 from featcache.finetune.data import load_finetune_data
-from featcache.finetune.loop import ConfigTrainer, Settings
+from featcache.finetune.loop import ConfigTrainer
 from featcache.finetune.options import FinetuneOptions
+from featcache.finetune.plan import FinetunePlan
 from featcache.finetune.start import resolve_start
 from featcache.protocol.grid import GridPoint
 from featcache.runtime import Ranks
@@ -27,7 +28,7 @@ def test_a_second_configuration_compiles_nothing_new(tmp_path_factory, monkeypat
     data = load_finetune_data(cache / NAME / "labels.h5")
     start = resolve_start(FinetuneOptions(init="none", loss="an", dataset=NAME, weights="random",
                                           backbone="resnet18", image_size=SIZE), data, CPU)
-    settings = Settings(loss="an", params={}, epochs=1, compile=True, progress=False,
+    settings = FinetunePlan(loss="an", params={}, epochs=1, compile=True, progress=False,
                         eval_batch_size=8)
     torch._dynamo.reset()
     counters.clear()

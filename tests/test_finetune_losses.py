@@ -9,7 +9,8 @@ import torch
 from helpers_finetune import NAME, SIZE, base_cache, fresh_setup
 from linear_fixtures import pseudo_label_sets
 
-from featcache.finetune.loop import ConfigTrainer, Settings
+from featcache.finetune.loop import ConfigTrainer
+from featcache.finetune.plan import FinetunePlan
 from featcache.finetune.run import loss_params
 from featcache.losses import MaskedPassLoss, loss_class, loss_names
 from featcache.protocol.grid import GridPoint
@@ -30,7 +31,7 @@ def setup(tmp_path_factory):
 def test_every_loss_runs_a_training_step(setup, loss):
     data, start = setup
     data = loss_class(loss).fit_data(data)  # iu: observed negatives drawn on the fly
-    settings = Settings(loss=loss, params=loss_params(loss, ACTIVE.get(loss, {}), data), epochs=2,
+    settings = FinetunePlan(loss=loss, params=loss_params(loss, ACTIVE.get(loss, {}), data), epochs=2,
                         progress=False, eval_batch_size=16)
     trainer = ConfigTrainer(GridPoint(1e-3, 8), settings, start, data, CPU)
     before_head = trainer.net.head.weight.detach().clone()

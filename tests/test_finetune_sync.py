@@ -16,7 +16,8 @@ from linear_fixtures import pseudo_label_sets
 from torch.overrides import TorchFunctionMode
 
 from featcache.finetune import loop
-from featcache.finetune.loop import ConfigTrainer, Settings
+from featcache.finetune.loop import ConfigTrainer
+from featcache.finetune.plan import FinetunePlan
 from featcache.finetune.readout import LossReadout
 from featcache.finetune.run import loss_params
 from featcache.losses import MaskedPassLoss, Targets, create_loss, loss_class, loss_names
@@ -74,7 +75,7 @@ STEP_LOSSES = ("an", "role", "ll-cp", "ll-r-abs", "ignore")
 def test_a_training_step_never_waits_for_the_device(setup, loss, monkeypatch):
     monkeypatch.setattr(loop, "fused_adam", lambda device: True)  # the optimizer a GPU gets
     data, start = setup
-    settings = Settings(loss=loss, params=loss_params(loss, ACTIVE.get(loss, {}), data), epochs=3,
+    settings = FinetunePlan(loss=loss, params=loss_params(loss, ACTIVE.get(loss, {}), data), epochs=3,
                         progress=False, eval_batch_size=16)
     trainer = ConfigTrainer(GridPoint(1e-3, 8), settings, start, data, CPU)
     trainer.sampler.set_epoch(2)

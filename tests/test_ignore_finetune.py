@@ -143,8 +143,9 @@ def test_init_best_trains_the_linear_phase_on_the_spatial_file_and_loads_its_hea
 
 def test_several_processes_are_refused(cache):
     from featcache.finetune.data import load_finetune_data
-    from featcache.finetune.loop import ConfigTrainer, Settings
+    from featcache.finetune.loop import ConfigTrainer
     from featcache.finetune.options import FinetuneOptions
+    from featcache.finetune.plan import FinetunePlan
     from featcache.finetune.run import loss_params
     from featcache.finetune.start import resolve_start
     from featcache.protocol.grid import GridPoint
@@ -155,7 +156,7 @@ def test_several_processes_are_refused(cache):
     start = resolve_start(FinetuneOptions(init="none", loss="ignore", dataset=NAME,
                                           cache=str(cache), weights="random", image_size=SIZE,
                                           progress=False), data, one)
-    settings = Settings(loss="ignore", params=loss_params("ignore", start.params, data),
+    settings = FinetunePlan(loss="ignore", params=loss_params("ignore", start.params, data),
                         progress=False)
     with pytest.raises(OptionError, match="without torchrun"):
         ConfigTrainer(GridPoint(1e-3, 4), settings, start, data, Ranks(0, 2, 0, 2,

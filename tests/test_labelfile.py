@@ -179,3 +179,18 @@ def test_the_features_file_images_are_compared_block_by_block(tmp_path, monkeypa
             dtype=h5py.string_dtype())
     with pytest.raises(InputError, match=r"/train row 4 is 'other.jpg' but the labels file has 't4.jpg'"):
         open_features(features, labels)
+
+
+def test_a_features_split_that_is_not_one_row_per_image_is_refused_naming_it(tmp_path):
+    from featcache.data.featurefile import open_features
+    from featcache.data.featurewrite import write_features
+    labels = load_labels(write_labels(make_labels(), tmp_path / "labels.h5"))
+    features = write_features(tmp_path / "features-x.h5", labels,
+                              {"train": np.zeros((5, 4)), "test": np.zeros((2, 4))},
+                              {"backbone": "x"})
+    with h5py.File(features, "a") as h5:
+        del h5["test/features"]
+        h5["test"].create_dataset("features", data=np.zeros((2, 2, 2), dtype=np.float32))
+    with pytest.raises(InputError, match=r"features-x.h5: /test/features has shape \(2, 2, 2\); "
+                       r"a features file holds one row of features per image .*--overwrite`$"):
+        open_features(features, labels)

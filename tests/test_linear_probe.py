@@ -16,16 +16,11 @@ from featcache.errors import InputError, OptionError
 from featcache.heads import LinearHeads
 from featcache.linear.data import load_linear_data
 from featcache.linear.heads import StackedAdam
-from featcache.linear.probe import (
-    PROBE_LEARNING_RATES,
-    PROBE_WEIGHT_DECAYS,
-    normalised,
-    probe_spec,
-    train_and_val,
-)
 from featcache.linear.search import SearchSpec, run_search
+from featcache.linear.search_modes.probe import normalised, probe_spec, train_and_val
 from featcache.linear.trainer import train_group
 from featcache.protocol.grid import GridPoint, grid_points
+from featcache.protocol.search_modes.probe import PROBE_LEARNING_RATES, PROBE_WEIGHT_DECAYS
 from featcache.protocol.selection import LAST_EPOCH
 
 COMMON = ("--epochs", "3", "--bsize", "8,16", "--quiet", "--no-plots", "--device", "cpu",
@@ -155,10 +150,10 @@ def test_probe_defaults_and_refusals(tmp_path):
                       "--search", "probe", "--stream", "--device", "cpu")
     assert streamed.exit_code != 0 and "streamed from the file" in streamed.output
     with pytest.raises(OptionError, match="ll-r\\+boostlu train BoostLU heads"):
-        from featcache.linear.probe import probe_losses
+        from featcache.linear.search_modes.probe import probe_losses
         probe_losses(["an", "ll-r+boostlu"], [], every=False)
     skipped = []
-    from featcache.linear.probe import probe_losses
+    from featcache.linear.search_modes.probe import probe_losses
     assert probe_losses(["an", "ll-r+boostlu"], skipped, every=True) == ["an"]
     assert skipped[0][0] == "ll-r+boostlu"
 

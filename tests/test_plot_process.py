@@ -28,7 +28,7 @@ def drawing_process():
 
 def test_the_drawing_process_writes_the_same_png_as_the_command(tmp_path, drawing_process):
     there = plot_series(CURVES, (2, 55.0), tmp_path / "there.png", title="toy / an")
-    pid_drew = plot_process.draw("plot_series", CURVES, (2, 55.0), tmp_path / "again.png",
+    pid_drew = plot_process.draw(plot_series, CURVES, (2, 55.0), tmp_path / "again.png",
                                  "toy / an")
     plot_process.stop()
     here = plot_series(CURVES, (2, 55.0), tmp_path / "here.png", title="toy / an")
@@ -43,6 +43,25 @@ def test_an_error_while_drawing_rises_in_the_command(tmp_path, drawing_process):
     with pytest.raises(OSError):
         plot_series(CURVES, (2, 55.0), blocker / "curves.png")
     # the process still serves the next figure
+    assert plot_series(CURVES, (2, 55.0), tmp_path / "next.png").exists()
+    assert drawing_process.is_alive()
+
+
+def test_a_figure_function_the_drawing_process_cannot_import_fails_in_the_command(
+        tmp_path, drawing_process):
+    """A figure travels as its function's name: one the drawing process cannot import (its
+    module only on the command's path, added after the fork) is an error in the command."""
+    (tmp_path / "late_figures.py").write_text("def figure(path):\n    path.write_text('x')\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import late_figures
+
+        with pytest.raises(ModuleNotFoundError, match="late_figures"):
+            plot_process.draw(late_figures.figure, tmp_path / "figure.txt")
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("late_figures", None)
+    assert not (tmp_path / "figure.txt").exists()
     assert plot_series(CURVES, (2, 55.0), tmp_path / "next.png").exists()
     assert drawing_process.is_alive()
 

@@ -18,7 +18,8 @@ from featcache.errors import InputError, OutputExistsError
 from featcache.protocol.configurations import configurations
 from featcache.protocol.runs import load_results
 from featcache.report import build_report, write_report
-from featcache.report.groups import highlight_threshold, table_groups
+from featcache.report.groups import table_groups
+from featcache.report.heatmap import highlight_threshold
 from featcache.report.runs import find_runs
 
 FAST = ("--epochs", "2", "--lr", "1e-2,1e-3", "--bsize", "4", "--quiet", "--no-plots",

@@ -43,6 +43,7 @@ from featcache.api.constraints import RegisteredNames
 from featcache.api.images import run_on_images
 from featcache.backbones import (
     PROTOCOL,
+    Trunk,
     backbone_names,
     backbone_spec,
     create_backbone,
@@ -108,7 +109,7 @@ class BackboneFeatures(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEs
 
     Attributes
     ----------
-    trunk_ : torch.nn.Module
+    trunk_ : Trunk
         The backbone, in eval mode on the CPU.
     identity_ : dict
         What a features file records of its network: backbone, weights, weights_sha256
@@ -168,7 +169,7 @@ class BackboneFeatures(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEs
         return self._set_trunk(create_backbone(spec.name, source, seed=source.seed,
                                                image_size=size), tag=source.tag)
 
-    def _set_trunk(self, trunk: torch.nn.Module, tag: str | None) -> BackboneFeatures:
+    def _set_trunk(self, trunk: Trunk, tag: str | None) -> BackboneFeatures:
         """Take ``trunk`` (built for this estimator's parameters) as the fitted network."""
         spec = backbone_spec(self.backbone)
         size = int(self.image_size or spec.default_image_size)
@@ -192,16 +193,17 @@ class BackboneFeatures(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEs
         """Pooled features (n, D), float32, one row per image in order."""
         check_is_fitted(self)
         items = image_items(X)
-        keys = [image_key(item, row) for row, item in enumerate(items)] if self.cache_dir_ else None
+        cache = self.cache_dir_
+        keys = [image_key(item, row) for row, item in enumerate(items)] if cache else []
         out = np.empty((len(items), self._n_features_out), dtype=np.float32)
         todo = list(range(len(items)))
-        if keys is not None:
-            todo = [row for row in todo if not self._cached(keys[row], out, row)]
+        if cache is not None:
+            todo = [row for row in todo if not self._cached(cache, keys[row], out, row)]
         if todo:
             features = self._compute([items[row] for row in todo])
             out[todo] = features
-            if keys is not None:
-                self._store([keys[row] for row in todo], features)
+            if cache is not None:
+                self._store(cache, [keys[row] for row in todo], features)
         return out
 
     def _compute(self, items: list) -> np.ndarray:
@@ -212,7 +214,7 @@ class BackboneFeatures(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEs
         size = self.identity_["image_size"]
         names = [item if not isinstance(item, Image.Image) else f"PIL image {i}"
                  for i, item in enumerate(items)]
-        trunk = self.trunk_.to(device, memory_format=layout)
+        trunk = self.trunk_.to(device).to(memory_format=layout)
         try:
             _, features = run_on_images(
                 names, trunk, size, self.backbone, device, batch_size=self.batch_size,
@@ -224,8 +226,8 @@ class BackboneFeatures(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEs
             self.trunk_.to("cpu")
         return features
 
-    def _cached(self, key: str, out: np.ndarray, row: int) -> bool:
-        path = self.cache_dir_ / key[:2] / f"{key}.npy"
+    def _cached(self, cache: Path, key: str, out: np.ndarray, row: int) -> bool:
+        path = cache / key[:2] / f"{key}.npy"
         if not path.is_file():
             return False
         try:
@@ -237,14 +239,14 @@ class BackboneFeatures(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEs
         out[row] = value
         return True
 
-    def _store(self, keys: list[str], features: np.ndarray) -> None:
-        identity = self.cache_dir_ / "identity.json"
+    def _store(self, cache: Path, keys: list[str], features: np.ndarray) -> None:
+        identity = cache / "identity.json"
         if not identity.is_file():
             write_json_atomic(identity, self.identity_)
         for key, row in zip(keys, features, strict=True):
             buffer = io.BytesIO()
             np.save(buffer, row, allow_pickle=False)
-            write_bytes_atomic(self.cache_dir_ / key[:2] / f"{key}.npy", buffer.getbuffer())
+            write_bytes_atomic(cache / key[:2] / f"{key}.npy", buffer.getbuffer())
 
     def _device(self) -> torch.device:
         if self.device == "auto":

@@ -12,6 +12,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -54,13 +55,17 @@ def image_paths(items: Iterable[str | Path]) -> list[Path]:
     return paths
 
 
-def run_on_images(paths: Sequence[Path], forward: Callable[[Tensor], Tensor], image_size: int,
+#: how the images of a call are named: paths, or words such as "PIL image 3"
+Named = TypeVar("Named", Path, str)
+
+
+def run_on_images(paths: Sequence[Named], forward: Callable[[Tensor], Tensor], image_size: int,
                   backbone: str, device: torch.device, batch_size: int | None = None,
                   workers: int = 0, precision: str = "auto", skip_bad: bool = False,
                   progress: bool = True, desc: str = "images",
                   preprocess: Preprocess | None = None, dataset: ImageRows | None = None,
                   fix_hint: str = "fix or remove it, or pass --skip-bad to leave it out",
-                  ) -> tuple[list[Path], np.ndarray]:
+                  ) -> tuple[list[Named], np.ndarray]:
     """``forward`` (a network on a normalised batch) on every image, batched, in order;
     ``preprocess`` is the backbone's (default: its native one); ``dataset`` reads the rows
     (default: stage one's :class:`ImageRows` over ``paths``); ``fix_hint`` ends the error for
@@ -80,7 +85,7 @@ def run_on_images(paths: Sequence[Path], forward: Callable[[Tensor], Tensor], im
                         pin_memory=device.type == "cuda", worker_init_fn=worker_init,
                         prefetch_factor=2 if workers else None)
     normalize = Uint8Normalize(backbone, preprocess).to(device)
-    kept: list[Path] = []
+    kept: list[Named] = []
     outputs: list[np.ndarray] = []
     bar = progress_bar(total=len(paths), unit="img", desc=desc, disable=not progress)
     with bar, torch.inference_mode(), backend_flags(device, precision):

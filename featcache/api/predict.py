@@ -192,14 +192,14 @@ def prediction_text(ids: Sequence[str], probs: np.ndarray, classes: Sequence[str
     out = io.StringIO()
     if fmt == "csv":
         writer = csv.writer(out, lineterminator="\n")
-        writer.writerow(["image", *classes] + (["labels"] if filtering else []))
+        writer.writerow(["image", *classes] + (["labels"] if kept is not None else []))
         for i, (name, row) in enumerate(zip(ids, probs, strict=True)):
             writer.writerow([name, *(f"{p:.6g}" for p in row)]
-                            + ([";".join(c for c, _ in kept[i])] if filtering else []))
+                            + ([";".join(c for c, _ in kept[i])] if kept is not None else []))
         return out.getvalue()
     for i, (name, row) in enumerate(zip(ids, probs, strict=True)):
         record = ({"image": name, "labels": [{"class": c, "probability": p} for c, p in kept[i]]}
-                  if filtering else
+                  if kept is not None else
                   {"image": name, "probabilities": {c: float(p) for c, p in zip(classes, row,
                                                                                  strict=True)}})
         out.write(json.dumps(record) + "\n")

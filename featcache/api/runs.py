@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from featcache.api.head_logits import head_logits, module_logits, probabilities
 from featcache.api.images import image_paths, run_on_images
 from featcache.api.predict import check_input, read_features_input
-from featcache.backbones import Preprocess, backbone_spec
+from featcache.backbones import Preprocess, Trunk, backbone_spec
 from featcache.backbones.rebuild import (
     recorded_image_size,
     recorded_preprocess,
@@ -39,6 +39,7 @@ from featcache.heads import HeadKind, map_rows
 from featcache.losses import loss_class
 from featcache.protocol.handoff import load_head, load_saved
 from featcache.protocol.runs import RESULTS, RunFolder
+from featcache.protocol.search_modes import SearchMode, recorded_search_mode
 from featcache.runtime import pick_device
 
 if TYPE_CHECKING:  # scikit-learn is imported by the methods that build its objects
@@ -130,6 +131,11 @@ class TrainedRun:
         raise NotImplementedError
 
     @property
+    def search_mode(self) -> SearchMode:
+        """The search mode the run recorded (a fine-tuning run records none: the default)."""
+        return recorded_search_mode(self.document, str(self.path))
+
+    @property
     def about(self) -> dict:
         """The run's saved model file, as loaded."""
         raise NotImplementedError
@@ -218,21 +224,22 @@ class TrainedRun:
                    device: str = "cpu", workers: int = 0, precision: str = "auto",
                    skip_bad: bool = False, progress: bool = True) -> tuple[list[Path], np.ndarray]:
         """(images read, their pooled features): the work behind the image methods."""
-        self.require_images()
+        image_size = self.require_images()
         where = pick_device(device)
         layout = (torch.channels_last if backbone_spec(self.backbone).channels_last
                   else torch.contiguous_format)
-        trunk = self.trunk().to(where, memory_format=layout)
+        trunk = self.trunk().to(where).to(memory_format=layout)
         forward = trunk if not self.head_kind.spatial else (
             lambda x: map_rows(trunk.feature_map(x))[0])
-        return run_on_images(image_paths(paths), forward, self.image_size, self.backbone, where,
+        return run_on_images(image_paths(paths), forward, image_size, self.backbone, where,
                              batch_size=batch_size, workers=workers, precision=precision,
                              skip_bad=skip_bad, progress=progress, desc=f"predict {self.loss}",
                              preprocess=self.preprocess)
 
-    def require_images(self) -> None:
-        """InputError when the run's features did not come from images (a set imported with
-        ``featcache prepare features``): nothing can put an image through its backbone."""
+    def require_images(self) -> int:
+        """The image size the run's backbone reads; InputError when the run's features did not
+        come from images (a set imported with ``featcache prepare features``): nothing can put
+        an image through its backbone."""
         if self.image_size is None:
             raise InputError(
                 f"{self.path} was trained on features that did not come from images (backbone "
@@ -240,24 +247,23 @@ class TrainedRun:
                 "images, so it reads no images (no predictions from images, no class activation "
                 f"maps); predict from features with `featcache predict --run {self.path} "
                 "--features FILE`")
+        return self.image_size
 
     def logits(self, features: np.ndarray) -> np.ndarray:
         weight, bias = self.head
-        if self.about.get("features_transform") == "l2-normalised":  # a --search probe head
-            norms = np.linalg.norm(features, axis=1, keepdims=True)
-            features = (features / np.maximum(norms, 1e-12)).astype(np.float32)
+        features = self.search_mode.head_rows(features)  # e.g. a --search probe head's rows
         positions = features.shape[1] // weight.shape[1] if self.head_kind.spatial else 1
         return head_logits(self.head_kind, features, weight.numpy(), bias.numpy(), positions,
                            self.head_params)
 
-    def trunk(self) -> nn.Module:
+    def trunk(self) -> Trunk:
         """The run's backbone trunk (built once, in eval mode): pooled features, and
         ``feature_map`` for class activation maps."""
         if self._trunk is None:
             self._trunk = self._build_trunk()
         return self._trunk
 
-    def _build_trunk(self) -> nn.Module:
+    def _build_trunk(self) -> Trunk:
         raise NotImplementedError
 
     def _features(self, features) -> np.ndarray:
@@ -305,17 +311,15 @@ class LinearRun(TrainedRun):
     def head(self) -> tuple[Tensor, Tensor]:
         return self._head["weight"].float(), self._head["bias"].float()
 
-    def _build_trunk(self) -> nn.Module:
+    def _build_trunk(self) -> Trunk:
         return trunk_for_features(self._head, f"linear run {self.path}")
 
     def to_estimator(self) -> SPMLClassifier:
         """This run's selected head as a fitted :class:`SPMLClassifier` (its parameters are the
         selected configuration, so ``clone(...).fit`` trains it again)."""
-        if self._head.get("features_transform"):
-            raise InputError(f"{self.path} is a --search probe run: its head scores "
-                             f"{self._head['features_transform']} rows and was refit with AdamW "
-                             "weight decay, which SPMLClassifier does not do; predict with the "
-                             "run itself (run.predict_proba)")
+        refusal = self.search_mode.estimator_refusal(str(self.path))
+        if refusal is not None:
+            raise InputError(refusal)
         from featcache.api.estimator import SPMLClassifier  # scikit-learn: only when asked
         from featcache.api.targets import MATRIX
 
@@ -416,7 +420,7 @@ class FinetuneRun(TrainedRun):
         model = self._saved["model"]
         return model["head.weight"].float(), model["head.bias"].float()
 
-    def _build_trunk(self) -> nn.Module:
+    def _build_trunk(self) -> Trunk:
         return trunk_from_state(self.backbone, self._saved["model"], f"fine-tuned run {self.path}",
                                 image_size=self.image_size)
 

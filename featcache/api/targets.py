@@ -61,7 +61,7 @@ def read_target(y, classes=None, column_names=None) -> Target:
                          f"(n_samples, n_classes); got shape {y.shape}")
     matrix = label_matrix(y, "y", (-1, 0, 1))
     names = _matrix_classes(matrix.shape[1], classes, column_names)
-    empty = ~matrix.any(axis=1)
+    empty = np.logical_not(matrix.any(axis=1))  # rows without an observed label
     if empty.all():
         raise ValueError("y has no observed label in any row (every entry is 0): nothing to "
                          "train on")

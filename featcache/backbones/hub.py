@@ -1,7 +1,8 @@
 """The optional libraries (timm, open_clip) and the Hugging Face hub cache their weights live in.
 
 ``timm`` and ``open_clip_torch`` are the ``backbones`` extra (``pip install
-featcache[backbones]``); :func:`require` imports one or raises one error that says so.
+featcache[backbones]``); :func:`require` imports one or raises one error that says so, and
+:func:`library_installed` looks one up without importing it (``featcache backbones``).
 
 Weights of timm and open_clip models are files in Hugging Face hub repositories
 (``timm/<model>.<tag>``: ``model.safetensors``; open_clip: ``open_clip_model.safetensors``).
@@ -16,6 +17,7 @@ there is no network.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 from pathlib import Path
 
@@ -24,7 +26,6 @@ from featcache.errors import OptionError
 OFFLINE_ENV = "FEATCACHE_OFFLINE"
 EXTRA = "backbones"
 INSTALL_HINT = f"pip install 'featcache[{EXTRA}]'"
-_PACKAGES = {"timm": "timm", "open_clip": "open_clip_torch"}
 
 
 def offline_hub() -> bool:
@@ -35,15 +36,21 @@ def offline_hub() -> bool:
     return offline
 
 
-def require(library: str, backbone: str = ""):
-    """Import ``library`` (``timm`` or ``open_clip``); one OptionError naming the extra if absent."""
+def require(library: str, backbone: str = "", package: str = ""):
+    """Import ``library`` (``timm`` or ``open_clip``); one OptionError naming the extra (and the
+    ``package`` that provides it) if absent."""
     offline_hub()  # before the first import of huggingface_hub, which reads it once
     try:
         return importlib.import_module(library)
     except ImportError as exc:
         who = f"backbone {backbone!r} needs" if backbone else "this needs"
-        raise OptionError(f"{who} the {_PACKAGES.get(library, library)} package, which is not "
+        raise OptionError(f"{who} the {package or library} package, which is not "
                           f"installed ({exc}); install the optional backbones with: {INSTALL_HINT}") from None
+
+
+def library_installed(library: str) -> bool:
+    """Whether ``library`` can be imported here (looked up, not imported)."""
+    return importlib.util.find_spec(library) is not None
 
 
 def library_version(library: str) -> str:

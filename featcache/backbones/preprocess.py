@@ -96,6 +96,8 @@ class Preprocess:
             "pil-draft": f"PIL.Image.open(path), draft(None, ({side}, {side})) for JPEGs, .convert('RGB')",
             "device": "torchvision.io.decode_jpeg on the device (PIL for other files)",
         }
+        resize: list[int] | dict[str, int]
+        crop: dict[str, list[int]] | None
         if self.resize == "squash":
             resize, crop = [image_size, image_size], None
         else:

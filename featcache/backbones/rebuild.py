@@ -13,39 +13,43 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from torch import Tensor, nn
+from torch import Tensor
 
+from featcache.backbones.family import Trunk
 from featcache.backbones.preprocess import Preprocess, described_image_size
 from featcache.backbones.registry import backbone_spec, create_backbone, state_sha256
 from featcache.backbones.transforms import preprocess_mode, resolve_preprocess
-from featcache.backbones.weights import describe_weights, locate_weights
+from featcache.backbones.weights import WeightsChoice, describe_weights, locate_weights
+from featcache.backbones.weightsource import FILE, RANDOM
 from featcache.data.featurefile import read_feature_attrs
 from featcache.errors import InputError
 
 
-def trunk_for_features(identity: Mapping, where: str, weights: str | None = None,
-                       image_size: int | None = None) -> nn.Module:
+def trunk_for_features(identity: Mapping, where: str, weights: str | WeightsChoice | None = None,
+                       image_size: int | None = None) -> Trunk:
     """The backbone whose features a run was trained on, in eval mode on the CPU, built for
     ``image_size`` inputs (default: the size in ``identity``'s transform, else the backbone's).
 
     ``identity`` holds ``backbone``, ``weights`` (a torchvision name, a timm/open_clip tag,
     ``random`` or ``file``),
     ``weights_sha256`` and, for random weights, ``weights_seed`` or the ``features_path`` that
-    records it. ``weights`` (``--weights``) may name the same weights another way (a file);
-    anything whose sha256 differs is refused with the reason.
+    records it. ``weights`` (``--weights``, or the command's resolved :class:`WeightsChoice`)
+    may name the same weights another way (a file); anything whose sha256 differs is refused
+    with the reason.
     """
     spec = backbone_spec(str(identity.get("backbone")))
     run_name, run_sha = identity.get("weights"), identity.get("weights_sha256")
-    if weights is not None:
-        source = describe_weights(spec, weights)
-    elif run_name == "random":
-        source = describe_weights(spec, "random", _random_seed(identity))
-    elif run_name == "file":
+    choice = weights if isinstance(weights, WeightsChoice) else WeightsChoice(weights)
+    if choice.given:
+        source = choice.source(spec)
+    elif run_name == RANDOM:
+        source = describe_weights(spec, RANDOM, _random_seed(identity))
+    elif run_name == FILE:
         raise InputError(f"{where} used a weights file (sha256 {str(run_sha)[:12]}…); pass "
                          "--weights PATH to that file")
     else:
         source = describe_weights(spec, str(run_name))
-    if source.kind != "random":
+    if source.kind != RANDOM:
         source = locate_weights(source)
         if source.sha256 != run_sha:
             raise InputError(_weights_mismatch(where, identity, source.name, source.sha256))
@@ -58,15 +62,14 @@ def trunk_for_features(identity: Mapping, where: str, weights: str | None = None
 
 
 def trunk_from_state(backbone: str, state: Mapping[str, Tensor], where: str,
-                     prefix: str = "trunk.", image_size: int | None = None) -> nn.Module:
+                     prefix: str = "trunk.", image_size: int | None = None) -> Trunk:
     """Backbone ``backbone`` holding the ``prefix``-ed weights of a saved network (a fine-tuned
     run's ``best.pt``), built for ``image_size`` inputs, in eval mode on the CPU; refused when
     the weights do not fit it."""
     spec = backbone_spec(backbone)
-    if spec.library == "torchvision":
-        trunk = spec.trunk(spec.build())
-    else:  # timm / open_clip: the registry's trunk for that size (random, then overwritten)
-        trunk = create_backbone(backbone, "random", image_size=image_size)
+    size = image_size or spec.default_image_size
+    spec.check_image_size(size)
+    trunk = spec.family.empty_trunk(spec, size)  # the family's trunk for that size, overwritten
     own = {key[len(prefix):]: value for key, value in state.items() if key.startswith(prefix)}
     try:
         trunk.load_state_dict(own)
@@ -75,7 +78,7 @@ def trunk_from_state(backbone: str, state: Mapping[str, Tensor], where: str,
                          f"({str(exc).splitlines()[0]})") from exc
     trunk.weights_identity = {"weights": "fine-tuned", "weights_sha256": state_sha256(trunk)}
     trunk.pooling = spec.pooling
-    trunk.image_size = image_size or spec.default_image_size
+    trunk.image_size = size
     return trunk.eval()
 
 

@@ -13,8 +13,9 @@ import torch
 from torch import Tensor, nn
 from torchvision import transforms
 
+from featcache.backbones.family import DEFAULT_IMAGE_SIZE
 from featcache.backbones.preprocess import PREPROCESS_MODES, PROTOCOL, Preprocess
-from featcache.backbones.registry import DEFAULT_IMAGE_SIZE, backbone_spec
+from featcache.backbones.registry import backbone_spec
 from featcache.errors import OptionError
 
 
@@ -55,6 +56,9 @@ class Uint8Normalize(nn.Module):
     A module so that mean and std live on the device once (a per-batch host-to-device copy of
     them would make the host wait for the GPU).
     """
+
+    mean: Tensor
+    std: Tensor
 
     def __init__(self, backbone: str = "resnet50", preprocess: str | Preprocess = "native"):
         super().__init__()

@@ -95,6 +95,7 @@ def describe_labels(path: Path, show_classes: bool = True) -> str:
     from featcache.tables import Table
 
     labels = load_labels(path)
+    assert labels.sha256 is not None  # load_labels hashes the file it reads
     prov = labels.provenance
     sizes = Table(["split", "images", "clean labels", "positives/image", "min", "max",
                    "observed +", "observed -"], title="Splits",

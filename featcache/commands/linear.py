@@ -17,6 +17,13 @@ from featcache.commands.common import (
     tensorboard_option,
     val_option,
 )
+from featcache.protocol.search_modes import (
+    default_search_mode,
+    search_help,
+    search_mode,
+    search_mode_names,
+    weight_decay_help,
+)
 
 
 @click.command("train-linear")
@@ -42,16 +49,10 @@ from featcache.commands.common import (
               show_default=True,
               help="Optional per-head early stopping rule of Kim et al. (3-point drop) or Zhou et al. "
                    "(first non-improving epoch).")
-@click.option("--search", type=click.Choice(["protocol", "probe"]), default="protocol",
-              show_default=True,
-              help="'probe': the wider field's linear-probe conventions (CLIP_benchmark, "
-                   "DINOv2): L2-normalised features, weight decay searched beside the learning "
-                   "rate (AdamW), --lr given for batch 256 and scaled by batch/256 (default "
-                   "1e-2,1e-1,1,10), the selection refit on train + validation "
-                   "(docs/linear.md).")
+@click.option("--search", type=click.Choice(search_mode_names()),
+              default=default_search_mode().name, show_default=True, help=search_help())
 @click.option("--weight-decay", "weight_decays", default=None, metavar="WD[,WD...]",
-              help="--search probe: the weight decays of the grid (default 1e-6,4.6e-4,0.215,"
-                   "100: CLIP_benchmark's first sweep, every second point).")
+              help=weight_decay_help())
 @click.option("--backbone", default=None, help="Which features file (default: the only one).")
 @pseudo_labels_option
 @click.option("--run-id", default=None,
@@ -107,12 +108,12 @@ def command(ctx, dataset, loss_names, learning_rates, batch_sizes, epochs, param
 
         plot_process.start()
     from featcache.linear.options import LinearOptions
-    from featcache.linear.probe import PROBE, PROBE_LEARNING_RATES
     from featcache.linear.run import run_linear
 
-    if search == PROBE and (ctx.get_parameter_source("learning_rates")
-                            is click.core.ParameterSource.DEFAULT):
-        learning_rates = list(PROBE_LEARNING_RATES)  # base rates, for batch 256
+    mode_rates = search_mode(search).learning_rates  # e.g. base rates, for batch 256
+    if mode_rates is not None and (ctx.get_parameter_source("learning_rates")
+                                   is click.core.ParameterSource.DEFAULT):
+        learning_rates = list(mode_rates)
     if weight_decays is not None:
         weight_decays = parse_number_list(weight_decays, "--weight-decay")
     params = parse_params(param_pairs)

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from featcache.commands.common import cache_option
+
+if TYPE_CHECKING:  # featcache.pipeline imports numpy: loaded when a recipe runs, not for --help
+    from featcache.pipeline import Recipe
 
 
 @click.group("pipeline")
@@ -21,7 +25,8 @@ def command() -> None:
               help="Override a variable of the recipe's [vars] (repeatable).")
 @click.option("--dry-run", is_flag=True, help="Print the steps without running them.")
 @cache_option
-def run(recipe, assignments, dry_run, cache):
+@click.pass_context
+def run(ctx: click.Context, recipe, assignments, dry_run, cache):
     """Run RECIPE's steps in order (finished work is reused), then write its report.
 
     The report goes to <cache>/pipelines/<name>/results.md, .csv, .tex and .json (the
@@ -35,12 +40,14 @@ def run(recipe, assignments, dry_run, cache):
             raise click.BadParameter(f"{item!r} is not NAME=VALUE", param_hint="--set")
         name, value = item.split("=", 1)
         overrides[name.strip()] = value
-    run_recipe(load_recipe(recipe, overrides, cache), cache=cache, dry_run=dry_run)
+    run_recipe(load_recipe(recipe, overrides, cache), ctx.find_root().command, cache=cache,
+               dry_run=dry_run)
 
 
-def run_recipe(recipe, cache: str | None = None, dry_run: bool = False) -> None:
-    """Run every step of ``recipe`` through the command line, then write its report."""
-    from featcache.cli import cli
+def run_recipe(recipe: Recipe, command_line: click.Command, cache: str | None = None,
+               dry_run: bool = False) -> None:
+    """Run every step of ``recipe`` through ``command_line`` (the ``featcache`` group that runs
+    this command), then write its report."""
     from featcache.errors import FeatcacheError, Interrupted
     from featcache.interrupt import check_stop
     from featcache.pipeline import missing_inputs, write_report
@@ -74,7 +81,7 @@ def run_recipe(recipe, cache: str | None = None, dry_run: bool = False) -> None:
         if cache is not None:
             arguments[1:1] = ["--cache", cache]
         try:
-            cli.main(args=arguments, prog_name="featcache", standalone_mode=False)
+            command_line.main(args=arguments, prog_name="featcache", standalone_mode=False)
         except (FeatcacheError, click.ClickException) as exc:
             message = exc.format_message() if isinstance(exc, click.ClickException) else str(exc)
             raise FeatcacheError(f"{recipe.path} step {number} ({step.name}) failed: {message}\n"

@@ -72,10 +72,11 @@ class Observer:
         """What the provenance keeps of the sampler."""
         if not self.biased:
             return {"rule": "uniform"}
-        record = {"rule": self.rule, "reference": ARROYO,
-                  "rng": "random.Random(obs_seed) per official split; one rng.choices draw per "
-                         "row (rng.choice among the positives when every weight is 0)"}
-        if self.rule == "semantic":
+        record: dict[str, object] = {
+            "rule": self.rule, "reference": ARROYO,
+            "rng": "random.Random(obs_seed) per official split; one rng.choices draw per row "
+                   "(rng.choice among the positives when every weight is 0)"}
+        if self.class_weights is not None:  # the semantic rule's
             record["class_weights"] = list(self.class_weights)
             record["class_weights_source"] = dict(self.weights_source)
         return record
@@ -156,7 +157,7 @@ def observe_biased(clean: np.ndarray, observer: Observer, seed: int,
     if observer.rule != "semantic" and (objects is None or len(objects) != rows):
         raise InputError(f"--observe {observer.rule} needs the object boxes of every {split} "
                          "image; this dataset has none (voc, coco and shapes have them)")
-    if observer.rule == "semantic" and len(observer.class_weights) != num_classes:
+    if observer.class_weights is not None and len(observer.class_weights) != num_classes:
         raise InputError(f"{len(observer.class_weights)} class weights for {plural(num_classes, 'class', 'classes')}")
     rng = random.Random(seed)
     columns = range(num_classes)
@@ -177,7 +178,7 @@ def observe_biased(clean: np.ndarray, observer: Observer, seed: int,
 
 def _row_weights(observer: Observer, positives: list[int], objects: ImageObjects | None,
                  num_classes: int, where: str) -> list[float]:
-    if observer.rule == "semantic":
+    if observer.class_weights is not None:  # semantic
         weights = [0.0] * num_classes
         for column in positives:
             weights[column] = observer.class_weights[column]

@@ -296,13 +296,19 @@ def open_features(path: str | os.PathLike, labels: LabelSet | None = None) -> Fe
     with h5:
         attrs = _attrs(path, h5)
         if labels is not None and labels.sha256 is not None and attrs.get("labels_sha256") != labels.sha256:
-            raise InputError(_other_labels_message(path, h5, attrs, labels))
+            raise InputError(_other_labels_message(path, h5, attrs, labels, labels.sha256))
         shapes, flags, chunk_rows, dtype = {}, {}, [], None
         try:
             for name in OFFICIAL_SPLITS:
                 group = h5[name]
                 dataset = group["features"]
-                shapes[name] = tuple(int(v) for v in dataset.shape)
+                if dataset.ndim != 2:
+                    raise InputError(f"{path}: /{name}/features has shape {dataset.shape}; a "
+                                     "features file holds one row of features per image (rows, "
+                                     f"width); make it again: `{features_command(path, attrs)} "
+                                     "--overwrite`")
+                rows, width = dataset.shape
+                shapes[name] = (int(rows), int(width))
                 dtype = dataset.dtype
                 chunk_rows.append(dataset.chunks[0] if dataset.chunks else 1024)
                 flags[name] = group["bad"][()].astype(bool)
@@ -336,9 +342,11 @@ def _check_images(path: Path, name: str, images: h5py.Dataset, expected, labels_
                              f"file has {theirs[row]!r}")
 
 
-def _other_labels_message(path: Path, h5: h5py.File, attrs: dict, labels: LabelSet) -> str:
-    """Why a features file does not belong to ``labels``, and what to do: features of another
-    dataset, of other images, or of the same images whose labels were prepared again."""
+def _other_labels_message(path: Path, h5: h5py.File, attrs: dict, labels: LabelSet,
+                          labels_sha256: str) -> str:
+    """Why a features file does not belong to ``labels`` (whose sha256 is ``labels_sha256``),
+    and what to do: features of another dataset, of other images, or of the same images whose
+    labels were prepared again."""
     built_for = attrs.get("labels_dataset")
     redo = f"`{features_command(path, attrs)} --overwrite`"
     if built_for and built_for != labels.dataset:
@@ -359,7 +367,7 @@ def _other_labels_message(path: Path, h5: h5py.File, attrs: dict, labels: LabelS
                 f"with sha256 {str(attrs.get('labels_sha256'))[:12]}…")
     return (f"{path} was extracted for other images than those of {labels.path} (its labels "
             f"file had sha256 {str(attrs.get('labels_sha256'))[:12]}…, this one "
-            f"{labels.sha256[:12]}…: images added, dropped or reordered since); run {redo}")
+            f"{labels_sha256[:12]}…: images added, dropped or reordered since); run {redo}")
 
 
 def spatial_shape(path, attrs: dict, width: int) -> tuple[int, int, int] | None:
@@ -372,7 +380,7 @@ def spatial_shape(path, attrs: dict, width: int) -> tuple[int, int, int] | None:
         raise InputError(f"{path}: attribute layout is {layout!r}; a features file is pooled (no "
                          f"layout) or {SPATIAL!r}")
     try:
-        height, cols, depth = (int(v) for v in shape)
+        height, cols, depth = (int(v) for v in (() if shape is None else shape))
     except (TypeError, ValueError):
         raise InputError(f"{path}: a spatial file needs spatial_shape = [H, W, D], got "
                          f"{shape!r}") from None

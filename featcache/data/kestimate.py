@@ -114,11 +114,12 @@ def k_interval(histogram: Histogram, labeled: int, draws: int = DRAWS, seed: int
     """I_M: the percentiles of k_M over ``draws`` draws of ``labeled`` images (supplement B)."""
     estimates = sample_estimates(histogram, labeled, draws, seed)
     low, high = np.percentile(estimates, percentiles)
+    first, last = percentiles  # a list given is recorded as a pair
     images = sum(n for _, n in histogram)
     k_true = sum(v * n for v, n in histogram) / images
     return KInterval(labeled=labeled, k_true=float(k_true), low=float(low), high=float(high),
                      mean=float(estimates.mean()), std=float(estimates.std()), draws=draws,
-                     seed=seed, images=images, percentiles=tuple(percentiles))
+                     seed=seed, images=images, percentiles=(first, last))
 
 
 def estimate_k(histogram: Histogram, request: EstimateRequest) -> dict:

@@ -26,7 +26,8 @@ class ImageObjects:
 
     def add(self, column: int, box: tuple[float, float, float, float], area: float) -> None:
         self.classes.append(int(column))
-        self.boxes.append(tuple(float(v) for v in box))
+        x, y, width, height = box
+        self.boxes.append((float(x), float(y), float(width), float(height)))
         self.areas.append(float(area))
 
     def __len__(self) -> int:

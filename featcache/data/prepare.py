@@ -23,6 +23,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypedDict
 
 import numpy as np
 
@@ -90,6 +91,19 @@ class PrepareResult:
 Notify = Callable[[str], None]
 
 
+class _Report(TypedDict, total=False):
+    """What preparing found and did, kept in the provenance."""
+
+    #: per official split: rows listed, without positive, missing images, kept; "split": the
+    #: training and validation rows
+    counts: dict[str, dict[str, int]]
+    dropped_no_positive: dict[str, list[str]]
+    missing_images: dict[str, list[str]]
+    images_verified: dict | bool
+    merged_split: dict
+    classes_without_train_positive: list[str]
+
+
 def prepare_dataset(source: SourceDataset, path: str | os.PathLike,
                     options: PrepareOptions | None = None, extra: dict | None = None,
                     notify: Notify | None = None) -> PrepareResult:
@@ -106,7 +120,7 @@ def prepare_dataset(source: SourceDataset, path: str | os.PathLike,
 
 
 def _provenance(source: SourceDataset, options: PrepareOptions, observer: Observer, parts: dict,
-                report: dict, extra: dict | None) -> dict:
+                report: _Report, extra: dict | None) -> dict:
     """The labels file's provenance: the source, how the observed labels were drawn, the
     seeds and splits, and what was dropped or checked."""
     return {
@@ -142,7 +156,8 @@ def _prepare_locked(source: SourceDataset, path: Path, options: PrepareOptions,
     if not options.labels_only and source.image_root is None:
         raise OptionError(f"{source.name} has no image folder; use --labels-only")
 
-    kept, report = {}, {"counts": {}, "dropped_no_positive": {}, "missing_images": {}}
+    kept: dict[str, np.ndarray] = {}
+    report: _Report = {"counts": {}, "dropped_no_positive": {}, "missing_images": {}}
     for split in OFFICIAL:
         kept[split] = _kept_rows(source, split, options, report, notify)
     parts = {split: source.split(split).take(kept[split]) for split in OFFICIAL}
@@ -253,7 +268,7 @@ def check_observe_options(options: PrepareOptions) -> None:
 def make_observer(options: PrepareOptions, classes: list[str]) -> Observer:
     """The sampler ``options`` name, with the semantic rule's class weights read and checked."""
     check_observe_options(options)
-    if options.observe == "semantic":
+    if options.class_weights is not None:  # semantic (checked above)
         return read_class_weights(options.class_weights, classes)
     return Observer(options.observe)
 
@@ -263,12 +278,13 @@ def _observe(part: SourceSplit, options: PrepareOptions, observer: Observer,
     """The observed labels of one official split: given, uniform, or biased."""
     if part.observed is not None:  # given observations (real single positives) stay as given
         return part.observed
+    clean = part.labels  # no given observations: the clean labels
     if not observer.biased:
-        return observe_uniform(part.clean, options.num_pos, options.num_neg, options.obs_seed)
-    return observe_biased(part.clean, observer, options.obs_seed, part.objects, part.images, split)
+        return observe_uniform(clean, options.num_pos, options.num_neg, options.obs_seed)
+    return observe_biased(clean, observer, options.obs_seed, part.objects, part.images, split)
 
 
-def _kept_rows(source: SourceDataset, split: str, options: PrepareOptions, report: dict,
+def _kept_rows(source: SourceDataset, split: str, options: PrepareOptions, report: _Report,
                notify: Notify) -> np.ndarray:
     """Rows of an official split that have a positive and (unless labels-only) an image.
 
@@ -282,8 +298,8 @@ def _kept_rows(source: SourceDataset, split: str, options: PrepareOptions, repor
         notify(f"{split}: dropped {empty.size} of {plural(len(part), 'image')} with no positive label "
                f"({first_few(dropped)})")
     rows = np.setdiff1d(np.arange(len(part)), empty)
-    missing = []
-    if not options.labels_only:
+    missing: list[str] = []
+    if not options.labels_only and source.image_root is not None:  # (one is needed: checked)
         absent = _missing_images(source.image_root, [part.images[i] for i in rows], split)
         missing = [part.images[rows[i]] for i in absent]
         if absent.size and not options.drop_missing:

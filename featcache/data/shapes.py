@@ -64,6 +64,7 @@ def generate_shapes(folder: str | os.PathLike, num_train: int = 300, num_test: i
     folder = Path(folder)
     digest = hashlib.sha256()
     splits = {}
+    listing = {}  # image name -> its objects, for OBJECTS_FILE
     for split, count in (("train", num_train), ("test", num_test)):
         (folder / split).mkdir(parents=True, exist_ok=True)
         images, clean = [], np.zeros((count, len(SHAPE_CLASSES)), dtype=np.uint8)
@@ -78,11 +79,11 @@ def generate_shapes(folder: str | os.PathLike, num_train: int = 300, num_test: i
             images.append(name)
             clean[index, objects.classes] = 1
             boxes.append(objects)
+            listing[name] = objects.to_json()
         splits[split] = SourceSplit(images, clean, objects=boxes)
     (folder / OBJECTS_FILE).write_text(json.dumps(
         {"classes": list(SHAPE_CLASSES), "box": "x, y, width, height in pixels (top-left corner)",
-         "images": {name: objects.to_json() for split in splits.values()
-                    for name, objects in zip(split.images, split.objects, strict=True)}}) + "\n")
+         "images": listing}) + "\n")
     return SourceDataset(
         name="shapes",
         source_format="shapes",
@@ -154,7 +155,7 @@ def _background(rng: np.random.RandomState, width: int, height: int) -> np.ndarr
     elif kind == 1:  # coarse noise, smoothly upscaled
         coarse = rng.uniform(0, 1, (rng.randint(3, 9), rng.randint(3, 9)))
         weight = np.asarray(Image.fromarray((coarse * 255).astype(np.uint8)).resize(
-            (width, height), Image.BICUBIC), dtype=np.float32) / 255
+            (width, height), Image.Resampling.BICUBIC), dtype=np.float32) / 255
     elif kind == 2:  # stripes
         period = rng.uniform(0.04, 0.15)
         weight = (np.sin(along / period * 2 * np.pi) > 0).astype(np.float32)
@@ -184,6 +185,7 @@ def _free_spot(rng: np.random.RandomState, width: int, height: int, radius: floa
             return x, y
         if gap > best_gap:
             best, best_gap = (x, y), gap
+    assert best is not None  # every gap is above -inf
     return best
 
 
@@ -216,7 +218,7 @@ def _shape_mask(name: str, x: float, y: float, radius: float,
         rotation = np.array([[np.cos(angle), -np.sin(angle)], [np.sin(angle), np.cos(angle)]])
         points = points @ rotation.T * r + (cx, cy)
         draw.polygon([tuple(p) for p in points], fill=255)
-    return mask.resize((size, size), Image.BOX), (left, top)
+    return mask.resize((size, size), Image.Resampling.BOX), (left, top)
 
 
 def _polygon(name: str) -> np.ndarray:
@@ -251,7 +253,8 @@ def _contrasting_colour(rng: np.random.RandomState, pixels: np.ndarray,
         if np.abs(colour - under).sum() > 180:
             break
         colour = rng.uniform(0, 255, 3)
-    return tuple(int(c) for c in colour)
+    red, green, blue = (int(c) for c in colour)
+    return red, green, blue
 
 
 def prepare_shapes(directory: str | os.PathLike, num_train: int = 300, num_test: int = 150,

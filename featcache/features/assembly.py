@@ -24,6 +24,7 @@ class Assembly(BadImages, ClassText):
     say: Callable[[str], None]
     spec: BackboneSpec
     crops: int
+    dtype: str
 
     def write_options(self) -> dict:
         """Further arguments of ``write_features`` (none here: pooled files keep their layout)."""
@@ -31,13 +32,13 @@ class Assembly(BadImages, ClassText):
 
     def crop_bytes(self) -> int:
         """``--crops``' tile embeddings of the training images, in bytes (0 without crops)."""
-        itemsize = np.dtype(self.options.dtype).itemsize
+        itemsize = np.dtype(self.dtype).itemsize
         return self.num_train * self.crops * self.crops * self.spec.dim * itemsize if self.crops else 0
 
     def check_space(self, store: ChunkStore, todo: list[int]) -> None:
         """Say how large the output will be, and refuse now when the disk cannot hold it: the
         chunks still to compute plus the features file, which is assembled beside them."""
-        itemsize = np.dtype(self.options.dtype).itemsize
+        itemsize = np.dtype(self.dtype).itemsize
         _, share = self.unsaved(store, todo)
         chunk_bytes = int(share * (len(self.images) * store.dim * itemsize + self.crop_bytes()))
         file_bytes = self.file_bytes(store)
@@ -54,7 +55,7 @@ class Assembly(BadImages, ClassText):
         return chunks, sum(len(store.rows(c)) for c in chunks) / max(1, len(self.images))
 
     def file_bytes(self, store: ChunkStore) -> int:
-        return features_file_bytes(self.images, store.dim, self.options.dtype) + self.crop_bytes()
+        return features_file_bytes(self.images, store.dim, self.dtype) + self.crop_bytes()
 
     def assemble(self, store: ChunkStore, attrs: dict,
                  text: tuple[np.ndarray, dict] | None = None) -> list[dict]:
@@ -63,7 +64,7 @@ class Assembly(BadImages, ClassText):
         n_train, n_test = len(self.labels.train), len(self.labels.test)
         extra = {}
         if self.crops:
-            crops = np.empty((n_train, self.crops * self.crops, store.dim), dtype=self.options.dtype)
+            crops = np.empty((n_train, self.crops * self.crops, store.dim), dtype=self.dtype)
             extra["train/crops"] = crops
             attrs = dict(attrs, crops_grid=self.crops,
                          crops="tiles of a GxG grid of each training image (AEVLP's local views)")
@@ -74,7 +75,7 @@ class Assembly(BadImages, ClassText):
         bad = []
         for chunk in range(store.num_chunks):
             # the features are read (and checked) once more when they are streamed into the file
-            shard = store.require(chunk, self.options.dtype, features=False)
+            shard = store.require_flags(chunk, self.dtype)
             rows = store.rows(chunk)
             flags[rows.start:rows.stop] = shard.bad
             if self.crops:
@@ -87,10 +88,10 @@ class Assembly(BadImages, ClassText):
         try:
             write_features(
                 self.final, self.labels,
-                {"train": stored_blocks(store, 0, n_train, self.options.dtype),
-                 "test": stored_blocks(store, n_train, n_train + n_test, self.options.dtype)}, attrs,
+                {"train": stored_blocks(store, 0, n_train, self.dtype),
+                 "test": stored_blocks(store, n_train, n_train + n_test, self.dtype)}, attrs,
                 bad={"train": flags[:n_train], "test": flags[n_train:]},
-                overwrite=True, dtype=self.options.dtype, extra=extra, **self.write_options(),
+                overwrite=True, dtype=self.dtype, extra=extra, **self.write_options(),
             )
         except OSError as exc:
             if is_disk_full(exc):

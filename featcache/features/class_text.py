@@ -21,10 +21,12 @@ class ClassText:
     labels: LabelSet
     spec: BackboneSpec
     device: torch.device
+    image_size: int
 
     def text_attrs(self, source: str, sha256: str = "") -> dict:
         """The ``text`` attribute: how the class embeddings were made."""
-        out = {"source": source, "classes_from": self.options.class_names or "labels file"}
+        out: dict[str, object] = {"source": source,
+                                  "classes_from": self.options.class_names or "labels file"}
         if source == "prompts":
             out["templates"] = list(self.options.prompts)
             out["ensemble"] = "mean of L2-normalised template embeddings, normalised"
@@ -53,7 +55,7 @@ class ClassText:
         if source.kind not in ("random",) and source.path is None:
             source = locate_weights(source, self.options.download)
         tower = create_text_tower(self.options.backbone, source, seed=self.options.seed,
-                                  image_size=self.options.image_size)
+                                  image_size=self.image_size)
         array = prompts.encode_classes(tower, self.prompt_names(), self.options.prompts, self.device)
         del tower
         return array, self.text_attrs("prompts")

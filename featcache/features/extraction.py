@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -14,13 +14,13 @@ import torch
 import torchvision
 
 from featcache.backbones import (
+    Trunk,
     Uint8Normalize,
     backbone_spec,
     create_backbone,
     resolve_preprocess,
     transform_description,
 )
-from featcache.backbones.hub import library_version
 from featcache.backbones.weights import WeightsSource, locate_weights
 from featcache.data.images import image_root
 from featcache.data.labelfile import LabelSet
@@ -29,7 +29,7 @@ from featcache.features.assembly import Assembly
 from featcache.features.finished import FinishedFile
 from featcache.features.loader import ImageBatches
 from featcache.features.options import ExtractOptions, ExtractResult, default_chunk_rows
-from featcache.features.shards import ChunkStore
+from featcache.features.shards import ChunkStore, Extra
 from featcache.interrupt import check_stop
 from featcache.paths import feature_file_tag
 from featcache.progress import progress
@@ -56,6 +56,8 @@ class Extraction(FinishedFile, Assembly, ImageBatches):
         self.final = final
         self.say = say
         self.device = job.device
+        self.image_size = options.input_size()
+        self.dtype = options.storage_dtype()
         self.precision = resolve_precision(options.precision, self.device)
         # With --crops every image brings G*G tiles: by default a batch holds that many fewer
         # images (what workers keep in shared memory stays the same), and the tiles go through
@@ -72,7 +74,7 @@ class Extraction(FinishedFile, Assembly, ImageBatches):
         self.decode = "device" if options.gpu_decode else "pil-draft" if options.jpeg_draft else "pil"
         self.spec = backbone_spec(options.backbone)
         self.preprocess = resolve_preprocess(options.backbone, options.preprocess)
-        self.transform = transform_description(options.image_size, options.backbone, self.decode,
+        self.transform = transform_description(self.image_size, options.backbone, self.decode,
                                                self.preprocess)
         self.images = np.concatenate([labels.train.images, labels.test.images])
         self.num_train = len(labels.train)
@@ -90,12 +92,12 @@ class Extraction(FinishedFile, Assembly, ImageBatches):
             source = locate_weights(source, download=False)
         text = self.text_embeddings(source) if self.options.text and self.job.is_main else None
         model = create_backbone(self.options.backbone, source, seed=self.options.seed,
-                                image_size=self.options.image_size)
+                                image_size=self.image_size)
         attrs, store = self.chunk_store(model)
         try:
             self.job.together(lambda: store.open(self.say) if self.job.is_main else None)
             mine = [c for c in range(store.num_chunks) if c % self.job.world == self.job.rank]
-            todo = store.missing(mine, self.options.dtype, accept_bad=self.options.skip_bad)
+            todo = store.missing(mine, self.dtype, accept_bad=self.options.skip_bad)
             resumed = len(mine) - len(todo)
             if resumed:
                 self.say(f"resuming: {resumed} of {store.num_chunks} chunks already done")
@@ -132,14 +134,14 @@ class Extraction(FinishedFile, Assembly, ImageBatches):
             resumed_chunks=resumed, bad=bad,
         )
 
-    def chunk_store(self, model: torch.nn.Module) -> tuple[dict, ChunkStore]:
+    def chunk_store(self, model: Trunk) -> tuple[dict, ChunkStore]:
         """The file's attributes, and the chunk shards keyed by everything their rows depend on."""
         width = self.row_width(model)
         attrs = self.attributes(model)
-        identity = dict(attrs, labels_sha256=self.labels.sha256, dtype=self.options.dtype)
+        identity = dict(attrs, labels_sha256=self.labels.sha256, dtype=self.dtype)
         if self.device.type == "cpu":
             identity["cpu_threads"] = cpu_threads()
-        extras = {}
+        extras: dict[str, Extra] = {}
         if self.crops:
             identity["crops_grid"] = self.crops
             identity["crops_batch_size"] = self.view_batch
@@ -149,20 +151,20 @@ class Extraction(FinishedFile, Assembly, ImageBatches):
                                  extras=extras)
 
     # -- hooks of the spatial extraction (featcache.features.spatial; write_options: Assembly) -
-    def row_width(self, model: torch.nn.Module) -> int:
+    def row_width(self, model: Trunk) -> int:
         """Values per stored row: the pooled width here (a feature map for ``--spatial``)."""
         return self.spec.dim
 
-    def store_extras(self, identity: dict, extras: dict) -> None:
+    def store_extras(self, identity: dict, extras: dict[str, Extra]) -> None:
         """Add run identity and per-chunk arrays beside the rows (none here)."""
 
-    def attributes(self, model: torch.nn.Module) -> dict:
+    def attributes(self, model: Trunk) -> dict:
         """Provenance recorded in the features file (and, with the labels sha256, the manifest)."""
         out = {
             "backbone": self.options.backbone,
             "backbone_tag": feature_file_tag(self.final),
             **model.weights_identity,
-            "image_size": self.options.image_size,
+            "image_size": self.image_size,
             "transform": self.transform,
             "precision": self.precision,
             "device": describe_device(self.device),
@@ -172,17 +174,10 @@ class Extraction(FinishedFile, Assembly, ImageBatches):
             "torchvision_version": str(torchvision.__version__),
             "pillow_version": str(PIL.__version__),
         }
-        if self.spec.library != "torchvision":
-            out.update({
-                "library": self.spec.library, "library_model": self.spec.model,
-                "library_version": library_version(self.spec.library),
-                "preprocess": self.options.preprocess, "pooling": self.spec.pooling,
-                "attention": "torch.nn.functional.scaled_dot_product_attention"
-                             if self.spec.patch_size else "none (convolutional)",
-            })
+        out.update(self.spec.family.provenance(self.spec, self.options.preprocess))
         return out
 
-    def compute(self, model: torch.nn.Module, store: ChunkStore, todo: list[int], root: Path) -> int:
+    def compute(self, model: Trunk, store: ChunkStore, todo: list[int], root: Path) -> int:
         """Compute and save the chunks ``todo``; returns the number of images processed."""
         if not todo:
             return 0
@@ -192,11 +187,13 @@ class Extraction(FinishedFile, Assembly, ImageBatches):
         # channels_last is the layout cuDNN's and oneDNN's fast convolutions want (ResNet-50 on
         # the CPU: 1.4x); transformers gain nothing from it
         layout = torch.channels_last if self.spec.channels_last else torch.contiguous_format
-        model = model.to(self.device, memory_format=layout)
+        model = model.to(self.device).to(memory_format=layout)
         bar = progress(total=len(rows), unit="img", desc=f"features {self.final.stem}",
                        smoothing=0.1, disable=not self.job.is_main)
-        chunks = iter(todo)
-        chunk, parts, oks, crops = next(chunks), [], [], []
+        filling = 0  # the position in ``todo`` of the chunk the batches fill
+        parts: list[torch.Tensor] = []
+        oks: list[torch.Tensor] = []
+        crops: list[torch.Tensor] = []
         with bar, torch.inference_mode(), backend_flags(self.device, self.precision):
             for images, batch_rows, ok, views in self.batches(loader):
                 check_stop()
@@ -207,25 +204,26 @@ class Extraction(FinishedFile, Assembly, ImageBatches):
                     crops.append(self.forward_views(model, views))
                 oks.append(ok)
                 bar.update(len(batch_rows))
-                if sum(len(p) for p in parts) == len(store.rows(chunk)):
-                    self.save(store, chunk, parts, oks, root, crops)
-                    chunk, parts, oks, crops = next(chunks, None), [], [], []
+                if sum(len(p) for p in parts) == len(store.rows(todo[filling])):
+                    self.save(store, todo[filling], parts, oks, root, crops)
+                    filling, parts, oks, crops = filling + 1, [], [], []
         return len(rows)
 
-    def forward(self, model: torch.nn.Module, images: torch.Tensor) -> torch.Tensor:
+    def forward(self, model: Trunk, images: torch.Tensor) -> torch.Tensor:
         with autocast(self.device, self.precision):
             return model(images).float()
 
-    def forward_views(self, model: torch.nn.Module, views: torch.Tensor) -> torch.Tensor:
+    def forward_views(self, model: Trunk, views: torch.Tensor) -> torch.Tensor:
         """Tile embeddings (n * G * G, D), ``view_batch`` tiles per forward pass."""
         if not len(views):
             return views.new_zeros(0, self.spec.dim)
         return torch.cat([self.forward(model, views[i:i + self.view_batch])
                           for i in range(0, len(views), self.view_batch)])
     def save(self, store: ChunkStore, chunk: int, parts: list[torch.Tensor],
-             oks: list[torch.Tensor], root: Path, crops: Sequence[torch.Tensor] = (),
+             oks: list[torch.Tensor], root: Path,
+             crops: list[torch.Tensor] | tuple[torch.Tensor, ...] = (),
              extras: dict | None = None) -> None:
-        features = torch.cat(parts).cpu().numpy().astype(self.options.dtype)
+        features = torch.cat(parts).cpu().numpy().astype(self.dtype)
         ok = torch.cat(oks).numpy().astype(bool)
         rows = store.rows(chunk)
         broken = np.flatnonzero(ok & ~np.isfinite(features).all(axis=1))
@@ -233,7 +231,7 @@ class Extraction(FinishedFile, Assembly, ImageBatches):
             first = root / str(self.images[rows.start + broken[0]])
             raise FeatcacheError(
                 f"the backbone gave Inf or NaN features for {plural(broken.size, 'image')} of chunk {chunk} "
-                f"(first: {first}) at precision {self.precision}, stored as {self.options.dtype}; "
+                f"(first: {first}) at precision {self.precision}, stored as {self.dtype}; "
                 "fp16 compute and float16 storage can overflow: use --precision bf16 or fp32 "
                 "and --dtype float32"
             )
@@ -242,7 +240,7 @@ class Extraction(FinishedFile, Assembly, ImageBatches):
                    for i in np.flatnonzero(~ok)}
         extras = dict(extras or {})
         if self.crops:
-            tiles = torch.cat(crops).cpu().numpy().astype(self.options.dtype)
+            tiles = torch.cat(crops).cpu().numpy().astype(self.dtype)
             tiles = tiles.reshape(store.extra_shape(chunk, "crops"))
             tiles[~ok[:len(tiles)]] = np.nan
             extras["crops"] = tiles

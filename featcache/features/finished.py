@@ -23,13 +23,14 @@ class FinishedFile(ClassText):
     precision: str
     transform: dict
     crops: int
+    dtype: str
 
     def wanted(self, source: WeightsSource) -> dict:
         """Attributes a finished file must have to count as up to date."""
         out = {
             "labels_sha256": self.labels.sha256, "backbone": self.options.backbone,
-            "weights": source.name, "image_size": self.options.image_size,
-            "transform": self.transform, "dtype": self.options.dtype,
+            "weights": source.name, "image_size": self.image_size,
+            "transform": self.transform, "dtype": self.dtype,
         }
         if source.kind == "file":
             out["weights_sha256"] = source.sha256

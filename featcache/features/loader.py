@@ -30,6 +30,7 @@ class ImageBatches:
     num_train: int
     batch_size: int
     crops: int
+    image_size: int
     normalize: torch.nn.Module
 
     def loader(self, root: Path, rows: list[int], store: ChunkStore, todo: list[int]) -> DataLoader:
@@ -40,10 +41,11 @@ class ImageBatches:
             batches += [list(range(position + i, position + min(i + self.batch_size, size)))
                         for i in range(0, size, self.batch_size)]
             position += size
-        size = self.options.image_size
+        size = self.image_size
         workers = self.options.workers
         if workers is None:
             workers = default_workers(self.device, self.job.local_world)
+        dataset: inputs.ImageRows
         if self.crops:
             dataset = inputs.CropRows(root, self.images, size, rows, preprocess=self.preprocess,
                                       grid=self.crops, crop_rows=self.num_train)
@@ -71,7 +73,7 @@ class ImageBatches:
                 ) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]]:
         """(uint8 images on the device, rows, ok flags, normalised tiles or None) per batch."""
         if self.options.gpu_decode:
-            for images, batch_rows, ok in inputs.DeviceDecoder(loader, self.options.image_size,
+            for images, batch_rows, ok in inputs.DeviceDecoder(loader, self.image_size,
                                                                self.device, self.preprocess):
                 yield images, batch_rows, ok, None
             return

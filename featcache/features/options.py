@@ -53,8 +53,8 @@ class ExtractOptions:
         """OptionError naming the first option that cannot be used (fills in the image size
         and the dtype: float32 for pooled features, float16 for ``spatial`` maps)."""
         spec = backbone_spec(self.backbone)
-        self.image_size = self.image_size or spec.default_image_size
-        self.dtype = self.dtype or ("float16" if self.spatial else "float32")
+        self.image_size = self.input_size()
+        self.dtype = self.storage_dtype()
         checks = [
             (not (self.spatial and (self.text or self.crops)),
              "--spatial stores feature maps only; extract --text or --crops in a run without "
@@ -88,6 +88,14 @@ class ExtractOptions:
                 raise OptionError(message)
         spec.check_image_size(self.image_size)
         self.prompts = prompts.check_templates(self.prompts) if self.text else ()
+
+    def input_size(self) -> int:
+        """``image_size``, else the backbone's default."""
+        return self.image_size or backbone_spec(self.backbone).default_image_size
+
+    def storage_dtype(self) -> str:
+        """``dtype``, else float32 for pooled features and float16 for ``spatial`` maps."""
+        return self.dtype or ("float16" if self.spatial else "float32")
 
     def file_tag(self, source: WeightsSource) -> str:
         """``<backbone>[-<weights>][-protocol]``: the features file's tag."""

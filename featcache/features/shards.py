@@ -27,6 +27,7 @@ import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 
@@ -39,14 +40,26 @@ SHARD_FORMAT = 1
 
 
 @dataclass
-class Shard:
-    """One finished chunk: rows ``[start, start + len(features))`` of train-then-test."""
+class ShardFlags:
+    """One finished chunk without its features: rows ``[start, start + len(bad))`` of
+    train-then-test, which of them are bad and why, and the extras."""
 
     start: int
-    features: np.ndarray
     bad: np.ndarray
     reasons: dict[int, str] = field(default_factory=dict)  # global row -> why it is bad
     extras: dict[str, np.ndarray] = field(default_factory=dict)  # name -> (rows with it, ...)
+
+
+@dataclass
+class Shard(ShardFlags):
+    """One finished chunk with its features."""
+
+    features: np.ndarray = field(kw_only=True)
+
+
+_Read = TypeVar("_Read", bound=ShardFlags)
+#: a further per-row array of the chunks: (rows with it, trailing shape[, dtype])
+Extra = tuple[int, tuple[int, ...]] | tuple[int, tuple[int, ...], str]
 
 
 def parts_dir(final: Path) -> Path:
@@ -64,7 +77,7 @@ class ChunkStore:
     """
 
     def __init__(self, final: Path, identity: dict, num_rows: int, chunk_rows: int, dim: int,
-                 extras: dict[str, tuple[int, tuple[int, ...]]] | None = None):
+                 extras: dict[str, Extra] | None = None):
         self.final = Path(final)
         self.dir = parts_dir(self.final)
         self.identity = dict(identity, shard_format=SHARD_FORMAT, num_rows=num_rows,
@@ -157,7 +170,7 @@ class ChunkStore:
         path = self.path(chunk)
         try:
             with atomic_output(path, overwrite=True) as tmp, open(tmp, "wb") as handle:
-                np.savez(handle, features=features, bad=bad.astype(np.uint8),
+                np.savez(handle, allow_pickle=False, features=features, bad=bad.astype(np.uint8),
                          start=np.int64(rows.start), digest=np.str_(self.digest),
                          reasons=np.str_(json.dumps({str(k): v for k, v in reasons.items()})),
                          **{f"extra_{name}": extras[name] for name in self.extras})
@@ -171,42 +184,54 @@ class ChunkStore:
             ) from exc
         return path
 
-    def require(self, chunk: int, dtype: str, features: bool = True) -> Shard:
+    def require(self, chunk: int, dtype: str) -> Shard:
         """:meth:`read` for a chunk the assembly needs: missing or damaged is an error that
         says how to recompute it."""
-        shard = self.read(chunk, dtype, features)
+        return self._required(chunk, self.read(chunk, dtype))
+
+    def require_flags(self, chunk: int, dtype: str) -> ShardFlags:
+        """:meth:`read_flags` for a chunk the assembly needs (missing or damaged: an error)."""
+        return self._required(chunk, self.read_flags(chunk, dtype))
+
+    def _required(self, chunk: int, shard: _Read | None) -> _Read:
         if shard is None:
             raise FeatcacheError(f"chunk {chunk} of {self.dir} is missing or damaged; run the "
                                  "same command again to recompute it")
         return shard
 
-    def read(self, chunk: int, dtype: str, features: bool = True) -> Shard | None:
-        """The saved chunk, or None when it is missing or damaged (a damaged one is deleted).
+    def read(self, chunk: int, dtype: str) -> Shard | None:
+        """The saved chunk, or None when it is missing or damaged (a damaged one is deleted)."""
+        shard = self._load(chunk, dtype, features=True)
+        return shard if isinstance(shard, Shard) else None
 
-        ``features=False`` leaves the features unread (``Shard.features`` is None) and checks
-        only the rest: for a second look at a chunk already checked in full (the bad flags and
-        extras of wide spatial rows, read before the rows themselves are streamed)."""
+    def read_flags(self, chunk: int, dtype: str) -> ShardFlags | None:
+        """:meth:`read` leaving the features unread, checking only the rest: for a second look
+        at a chunk already checked in full (the bad flags and extras of wide spatial rows, read
+        before the rows themselves are streamed)."""
+        return self._load(chunk, dtype, features=False)
+
+    def _load(self, chunk: int, dtype: str, features: bool) -> ShardFlags | None:
         path = self.path(chunk)
         if not path.exists():
             return None
         rows = self.rows(chunk)
         try:
             with np.load(path, allow_pickle=False) as data:
-                shard = Shard(
-                    start=int(data["start"]), features=data["features"] if features else None,
-                    bad=data["bad"].astype(bool),
-                    reasons={int(k): v for k, v in json.loads(str(data["reasons"])).items()},
-                    extras={name: data[f"extra_{name}"] for name in self.extras},
-                )
+                start, bad = int(data["start"]), data["bad"].astype(bool)
+                reasons = {int(k): v for k, v in json.loads(str(data["reasons"])).items()}
+                extras = {name: data[f"extra_{name}"] for name in self.extras}
+                shard = (Shard(start, bad, reasons, extras, features=data["features"])
+                         if features else ShardFlags(start, bad, reasons, extras))
                 digest = str(data["digest"])
         except Exception:  # zip, CRC, key and JSON errors all mean "damaged: recompute"
             path.unlink(missing_ok=True)
             return None
         valid = (
             digest == self.digest and shard.start == rows.start
-            and (not features or (shard.features.shape == (len(rows), self.dim)
-                                  and shard.features.dtype == np.dtype(dtype)
-                                  and np.isfinite(shard.features[~shard.bad]).all()))
+            and (not isinstance(shard, Shard) or (
+                shard.features.shape == (len(rows), self.dim)
+                and shard.features.dtype == np.dtype(dtype)
+                and np.isfinite(shard.features[~shard.bad]).all()))
             and shard.bad.shape == (len(rows),)
             and all(shard.extras[name].shape == self.extra_shape(chunk, name)
                     and shard.extras[name].dtype == self.extra_dtype(name, dtype)

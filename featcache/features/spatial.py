@@ -22,11 +22,13 @@ check uses); after the first chunk the compression ratio measured on it refines 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Protocol, runtime_checkable
 
 import h5py
 import numpy as np
 import torch
 
+from featcache.backbones import Trunk
 from featcache.data.featurefile import SPATIAL
 from featcache.data.featurewrite import (
     chunk_rows,
@@ -43,6 +45,13 @@ from featcache.runtime import autocast
 
 CHUNK_BYTES = 4 << 20  # HDF5 chunks of whole rows of about this size (5 rows at 14 x 14 x 2048 f16)
 SHARD_BYTES = 128 << 20  # in-progress chunks of about this size (a whole number of batches)
+
+
+@runtime_checkable
+class PoolsItsMap(Protocol):
+    """A trunk whose pooled output is the average of its map (ResNets), computed from it."""
+
+    def pool_map(self, fmap: torch.Tensor) -> torch.Tensor: ...
 
 
 def file_bytes(images, width: int, dtype: str, ratio: float = 1.0) -> int:
@@ -77,19 +86,19 @@ class SpatialExtraction(Extraction):
         self.ratio: float | None = None
 
     # -- layout -----------------------------------------------------------------------------
-    def row_width(self, model: torch.nn.Module) -> int:
+    def row_width(self, model: Trunk) -> int:
         """Run one blank image through the trunk for the map's shape; choose the shard size."""
-        size = self.options.image_size
+        size = self.image_size
         with torch.inference_mode():
             fmap = model.feature_map(torch.zeros(1, 3, size, size))
         _, depth, height, cols = fmap.shape
         self.map_shape = (int(height), int(cols), int(depth))
         width = height * cols * depth
         if self.options.chunk_rows is None:
-            row = width * np.dtype(self.options.dtype).itemsize
+            row = width * np.dtype(self.dtype).itemsize
             self.chunk_rows = self.batch_size * max(1, round(SHARD_BYTES / (self.batch_size * row)))
-        self.with_pooled = hasattr(model, "pool_map") and (self.options.overwrite
-                                                           or not self.pooled_final.exists())
+        self.with_pooled = isinstance(model, PoolsItsMap) and (self.options.overwrite
+                                                               or not self.pooled_final.exists())
         return int(width)
 
     def store_extras(self, identity: dict, extras: dict) -> None:
@@ -100,8 +109,9 @@ class SpatialExtraction(Extraction):
     def wanted(self, source) -> dict:
         return dict(super().wanted(source), layout=SPATIAL, compression=self.options.compression)
 
-    def attributes(self, model: torch.nn.Module) -> dict:
+    def attributes(self, model: Trunk) -> dict:
         out = super().attributes(model)
+        assert self.map_shape is not None  # measured by row_width, which chunk_store calls first
         height, cols, depth = self.map_shape
         out.update(
             layout=SPATIAL,
@@ -115,7 +125,8 @@ class SpatialExtraction(Extraction):
     def check_space(self, store: ChunkStore, todo: list[int]) -> None:
         """Print the size and refuse now when the disk cannot hold the chunks still to compute,
         the file (uncompressed: its upper bound) and the pooled file written beside it."""
-        width, dtype = store.dim, self.options.dtype
+        width, dtype = store.dim, self.dtype
+        assert self.map_shape is not None  # measured by row_width, which chunk_store calls first
         height, cols, depth = self.map_shape
         upper = file_bytes(self.images, width, dtype)
         pooled = features_file_bytes(self.images, self.spec.dim) if self.with_pooled else 0
@@ -137,20 +148,23 @@ class SpatialExtraction(Extraction):
             if shard is not None:
                 self.measure(shard.features)
 
-    def measure(self, rows: np.ndarray) -> None:
-        """Refine the estimate with the compression ratio of one chunk's rows."""
-        self.ratio = compression_ratio(rows[np.isfinite(rows).all(axis=1)], self.compression)
+    def measure(self, rows: np.ndarray) -> float:
+        """Refine the estimate with the compression ratio of one chunk's rows (returned)."""
+        ratio = self.ratio = compression_ratio(rows[np.isfinite(rows).all(axis=1)],
+                                               self.compression)
         if self.compression is not None:
-            estimate = file_bytes(self.images, rows.shape[1], self.options.dtype, self.ratio)
-            self.say(f"{self.options.compression} stores a chunk in {self.ratio:.0%} of its bytes: "
+            estimate = file_bytes(self.images, rows.shape[1], self.dtype, ratio)
+            self.say(f"{self.options.compression} stores a chunk in {ratio:.0%} of its bytes: "
                      f"{self.final.name} will be about {human_bytes(estimate)}")
+        return ratio
 
     # -- compute ----------------------------------------------------------------------------
-    def forward(self, model: torch.nn.Module, images: torch.Tensor) -> torch.Tensor:
+    def forward(self, model: Trunk, images: torch.Tensor) -> torch.Tensor:
         """(B, H*W*D) maps as float32, the pooled features appended when ``with_pooled``."""
         with autocast(self.device, self.precision):
             fmap = model.feature_map(images)
-            pooled = model.pool_map(fmap) if self.with_pooled else None  # float32 already
+            pooled = (model.pool_map(fmap)  # float32 already
+                      if self.with_pooled and isinstance(model, PoolsItsMap) else None)
         rows = fmap.float().permute(0, 2, 3, 1).reshape(len(images), -1)
         return rows if pooled is None else torch.cat([rows, pooled], 1)
 
@@ -164,7 +178,7 @@ class SpatialExtraction(Extraction):
             extras["pooled"], rows = pooled, rows[:, :store.dim]
         super().save(store, chunk, [rows], oks, root, extras=extras)
         if self.ratio is None and self.job.is_main:
-            self.measure(rows.cpu().numpy().astype(self.options.dtype))
+            self.measure(rows.cpu().numpy().astype(self.dtype))
 
     # -- assembly ---------------------------------------------------------------------------
     def write_options(self) -> dict:
@@ -187,7 +201,7 @@ class SpatialExtraction(Extraction):
         pooled = np.empty((total, self.spec.dim), np.float32)
         bad = []
         for chunk in range(store.num_chunks):
-            shard = store.require(chunk, self.options.dtype, features=False)
+            shard = store.require_flags(chunk, self.dtype)
             rows = store.rows(chunk)
             flags[rows.start:rows.stop] = shard.bad
             pooled[rows.start:rows.stop] = shard.extras["pooled"]
@@ -207,9 +221,9 @@ class SpatialExtraction(Extraction):
 
     def estimates(self, store: ChunkStore) -> dict:
         """The printed size estimates, recorded in the file (so that they can be checked)."""
-        if self.ratio is None:  # every chunk was done before this run: measure one now
-            self.measure(store.require(0, self.options.dtype).features)
-        return {"size_upper_bound_bytes": file_bytes(self.images, store.dim, self.options.dtype),
-                "size_estimate_bytes": file_bytes(self.images, store.dim, self.options.dtype,
-                                                  self.ratio),
-                "size_estimate_ratio": round(float(self.ratio), 4)}
+        ratio = self.ratio
+        if ratio is None:  # every chunk was done before this run: measure one now
+            ratio = self.measure(store.require(0, self.dtype).features)
+        return {"size_upper_bound_bytes": file_bytes(self.images, store.dim, self.dtype),
+                "size_estimate_bytes": file_bytes(self.images, store.dim, self.dtype, ratio),
+                "size_estimate_ratio": round(float(ratio), 4)}

@@ -38,16 +38,16 @@ import torch
 from torch.utils.data import DataLoader
 
 from featcache.backbones import Uint8Normalize, backbone_spec, resolve_preprocess
-from featcache.errors import OptionError, plural
+from featcache.errors import plural
 from featcache.fileio import free_bytes, human_bytes, require_space
 from featcache.finetune.data import EpochBatches, FinetuneData, eval_batches, make_loader
 from featcache.finetune.model import build_net
+from featcache.finetune.options import check_keep
 from featcache.finetune.start import StartPoint
 from featcache.heads import HeadKind, HeadModule
 from featcache.losses import SPMLLoss, create_loss, loss_class
 from featcache.runtime import autocast
 
-KEEP_CHECKPOINTS = ("last", "best", "all")
 #: untimed steps before the timed ones, and the most timed steps of a probe
 WARMUP, TIMED = 2, 3
 #: a probe stops timing once it has spent this many seconds (it keeps at least one step)
@@ -60,12 +60,6 @@ LONG_ON_CPU = 20 * 60
 #: the network, WARMUP + TIMED training and evaluation steps per batch size) would cost a
 #: large share of the run itself (the demo's one configuration x one epoch is 15 steps)
 SHORT_RUN_STEPS = 4 * (WARMUP + TIMED)
-
-
-def check_keep(keep: str) -> str:
-    if keep not in KEEP_CHECKPOINTS:
-        raise OptionError(f"--keep-checkpoints {keep!r}: choose one of {', '.join(KEEP_CHECKPOINTS)}")
-    return keep
 
 
 @dataclass
@@ -232,7 +226,9 @@ def _probe(start: StartPoint, data: FinetuneData, device: torch.device, precisio
     net = build_net(copy.deepcopy(start.trunk),
                     HeadModule.create(HeadKind.LINEAR, dim, data.num_classes, generator=generator))
     layout = torch.channels_last if backbone_spec(start.backbone).channels_last else None
-    net = net.to(device, memory_format=layout or torch.contiguous_format).train(train)
+    # torch's stubs lack the (device, memory_format) form that Module.to takes
+    net = net.to(device, memory_format=layout or torch.contiguous_format).train(  # type: ignore[call-overload]
+        train)
     optimizer = torch.optim.Adam(net.parameters(), lr=1e-12) if train else None
     normalize = Uint8Normalize(start.backbone,
                                resolve_preprocess(start.backbone, start.preprocess)).to(device)

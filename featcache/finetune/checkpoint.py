@@ -18,6 +18,7 @@ import os
 import random
 import warnings
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import torch
@@ -34,7 +35,7 @@ HISTORY = "history.json"
 
 def rng_states() -> dict:
     """The RNG states of torch (CPU and CUDA), numpy and Python's ``random``."""
-    keys, pos, has_gauss, cached = np.random.get_state()[1:]
+    keys, pos, has_gauss, cached = cast(tuple, np.random.get_state())[1:]  # the legacy tuple
     version, internal, gauss = random.getstate()
     return {
         "torch": torch.get_rng_state(),

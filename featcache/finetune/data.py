@@ -98,6 +98,8 @@ class FinetuneData:
         """A copy whose training rows carry pseudo-label set ``name`` (``train.pseudo``)."""
         if self.pseudo_labels is not None and self.pseudo_labels.name == name:
             return self
+        if self.labels.path is None:
+            raise InputError("pseudo-labels are read beside a labels file; these labels have none")
         found = load_pseudo_labels(pseudo_labels_path(self.labels.path, name), self.labels)
         pseudo = torch.as_tensor(found.matrix[self.train_rows], dtype=torch.float32)
         note = f"pseudo-labels {name!r} ({found.attrs.get('rule')} rule) from {found.path}"
@@ -122,7 +124,7 @@ def load_finetune_data(labels_path: str | os.PathLike,
         rows = (labels.train_index if name == "train" else labels.val_index if name == "val"
                 else n_train + np.arange(len(labels.test)))
         splits[name] = ImageSplit(
-            name=name, rows=np.asarray(rows, dtype=np.int64), images=part.images,
+            name=name, rows=np.asarray(rows, dtype=np.int64), images=np.asarray(part.images),
             observed=torch.as_tensor(part.observed, dtype=torch.float32),
             clean=None if part.clean is None else torch.as_tensor(part.clean, dtype=torch.float32),
         )

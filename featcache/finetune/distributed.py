@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import datetime as _dt
 from collections.abc import Callable
+from typing import cast
 
 import torch
 import torch.distributed as dist
@@ -132,7 +133,8 @@ def share_results(job: Ranks, step: Callable[[], dict]) -> dict:
     """
     if job.world == 1:
         return step()
-    group = dist.new_group(backend="gloo", timeout=PATIENCE)
+    # every rank is a member, so the group is a ProcessGroup (never NON_GROUP_MEMBER)
+    group = cast(dist.ProcessGroup, dist.new_group(backend="gloo", timeout=PATIENCE))
     error, result = None, {}
     try:
         result = step()

@@ -17,8 +17,8 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 import torch
 from torch import Tensor, nn
@@ -53,6 +53,7 @@ from featcache.finetune.distributed import (
 )
 from featcache.finetune.masked_pass import masked_pass_views
 from featcache.finetune.model import FinetuneNet, build_net
+from featcache.finetune.plan import FinetunePlan
 from featcache.finetune.readout import LossReadout
 from featcache.finetune.records import ConfigResult, EpochRecord
 from featcache.finetune.start import StartPoint
@@ -63,54 +64,22 @@ from featcache.metrics import average_precision, mean_average_precision
 from featcache.progress import progress, say
 from featcache.protocol.grid import GridPoint
 from featcache.protocol.seeds import derive_seed
-from featcache.protocol.selection import check_early_stop
-from featcache.runtime import AUTOCAST_DTYPES, Ranks, autocast
+from featcache.runtime import Ranks, autocast
 
 #: torch.compile's backend (tests use "eager": the same graph capture and reuse, no codegen)
 COMPILE_BACKEND = "inductor"
 
 
-@dataclass
-class Settings:
-    """What every configuration of a run shares (the options, resolved)."""
-
-    loss: str
-    params: dict[str, float]  # every loss parameter, defaults included
-    epochs: int = 10
-    seed: int = 0
-    head_lr_mult: float = 1.0
-    val_variant: str = "clean"
-    early_stop: str = "none"
-    precision: str = "fp32"  # resolved: fp32, bf16 or fp16
-    compile: bool = False
-    workers: int = 0
-    eval_batch_size: int = 32
-    progress: bool = True  # progress bars and a line per epoch
-    keep_checkpoints: str = "last"  # last, best or all (featcache.finetune.budget)
-    bars: bool = True  # progress bars (off on all but one rank when ranks train alone)
-    #: how estimated parameters were estimated (``--param k=estimate:M``), for results.json
-    param_estimates: dict = field(default_factory=dict)
-
-    def validate(self, device: torch.device) -> None:
-        check_early_stop(self.early_stop)
-        if self.precision not in ("fp32", *AUTOCAST_DTYPES):
-            raise OptionError(f"--precision {self.precision!r}: choose auto, fp32, bf16 or fp16")
-        if self.precision == "fp16" and device.type != "cuda":
-            raise OptionError("--precision fp16 needs a GPU; on the CPU use fp32 or bf16")
-        if self.epochs < 1 or self.head_lr_mult <= 0:
-            raise OptionError("--epochs must be at least 1 and --head-lr-mult positive")
-
-    def identity(self) -> dict:
-        """What a checkpoint must agree with to be resumed."""
-        return {"loss": self.loss, "params": self.params, "epochs": self.epochs, "seed": self.seed,
-                "head_lr_mult": self.head_lr_mult, "val_variant": self.val_variant,
-                "early_stop": self.early_stop, "precision": self.precision}
+def compiled(module: nn.Module) -> nn.Module:
+    """``torch.compile(module)``: a module again (an ``OptimizedModule``, which torch's type
+    hints call a callable)."""
+    return cast(nn.Module, torch.compile(module, backend=COMPILE_BACKEND))
 
 
 class ConfigTrainer:
     """The network, loss state, optimizer and loaders of one configuration on one rank."""
 
-    def __init__(self, config: GridPoint, settings: Settings, start: StartPoint,
+    def __init__(self, config: GridPoint, settings: FinetunePlan, start: StartPoint,
                  data: FinetuneData, job: Ranks):
         self.config, self.settings, self.data, self.job = config, settings, data, job
         self.device = device = job.device
@@ -137,7 +106,8 @@ class ConfigTrainer:
         # channels_last: faster convolutions on GPUs (tensor cores) and on the CPU (oneDNN, ~10 %);
         # transformers gain nothing from it
         self.layout = torch.channels_last if spec.channels_last else torch.contiguous_format
-        self.net: FinetuneNet = build_net(start.trunk, head).to(device, memory_format=self.layout)
+        self.net: FinetuneNet = build_net(start.trunk, head).to(device).to(
+            memory_format=self.layout)
         if device.type == "cuda" and job.world > 1:
             # batch statistics of the whole global batch, as in one process (GPU only in torch)
             self.net = nn.SyncBatchNorm.convert_sync_batchnorm(self.net)
@@ -154,8 +124,8 @@ class ConfigTrainer:
             # Dynamo keys its graphs on FinetuneNet.forward's code and guards on the module's
             # structure, not its identity: the next configuration's network (same backbone,
             # same batch size) reuses these graphs instead of compiling again.
-            self.model = torch.compile(self.model, backend=COMPILE_BACKEND)
-            self.eval_net = torch.compile(self.net, backend=COMPILE_BACKEND)
+            self.model = compiled(self.model)
+            self.eval_net = compiled(self.net)
         self.optimizer = self._optimizer()
         self.scaler = torch.amp.GradScaler(device.type, enabled=settings.precision == "fp16")
         self.sampler = EpochBatches(len(train), config.batch_size, settings.seed, flip=True,
@@ -376,7 +346,7 @@ def _map(probs: Tensor, targets: Tensor) -> float:
     return float(mean_average_precision(probs, targets.to(probs.device)))
 
 
-def train_config(config: GridPoint, settings: Settings, start: StartPoint, data: FinetuneData,
+def train_config(config: GridPoint, settings: FinetunePlan, start: StartPoint, data: FinetuneData,
                  job: Ranks, config_dir: Path, identity: dict,
                  on_best: Callable[[ConfigTrainer, ConfigResult], None]) -> ConfigResult:
     """Train (or resume, or reload) one configuration; ``on_best`` runs at each new best epoch."""
@@ -419,7 +389,7 @@ def train_config(config: GridPoint, settings: Settings, start: StartPoint, data:
     return result
 
 
-def _report(job: Ranks, config: GridPoint, settings: Settings, record: EpochRecord) -> None:
+def _report(job: Ranks, config: GridPoint, settings: FinetunePlan, record: EpochRecord) -> None:
     if not (job.is_main and settings.progress):
         return
     val = record.selection(settings.val_variant)

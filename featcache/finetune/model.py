@@ -10,6 +10,7 @@ import copy
 import torch
 from torch import Tensor, nn
 
+from featcache.backbones import Trunk
 from featcache.heads import HeadModule
 
 
@@ -23,7 +24,7 @@ class FinetuneNet(nn.Module):
     head is a tiny part of the work).
     """
 
-    def __init__(self, trunk: nn.Module, head: HeadModule):
+    def __init__(self, trunk: Trunk, head: HeadModule):
         super().__init__()
         self.trunk = trunk
         self.head = head
@@ -39,7 +40,7 @@ class FinetuneNet(nn.Module):
             return self.head(features.float())
 
 
-def build_net(trunk: nn.Module, head: HeadModule) -> FinetuneNet:
+def build_net(trunk: Trunk, head: HeadModule) -> FinetuneNet:
     """A trainable copy of ``trunk`` (left untouched, so every configuration starts alike)."""
     trunk = copy.deepcopy(trunk)
     for parameter in trunk.parameters():

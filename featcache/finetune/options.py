@@ -1,16 +1,37 @@
 """Every option of ``featcache finetune``, as given (``None``: decided by the start point or the
 device); :meth:`FinetuneOptions.validate` checks them before anything is loaded, as the other
-stages' options do; :class:`featcache.finetune.loop.Settings` holds what they resolve to."""
+stages' options do, and :func:`featcache.finetune.plan.resolve_plan` resolves them once into
+the :class:`~featcache.finetune.plan.FinetunePlan` the run reads. The choices of ``--schedule``
+and ``--keep-checkpoints`` are declared here, the lowest module of the stage."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from featcache.protocol.grid import BATCH_SIZES, FINETUNE_EPOCHS, LEARNING_RATES
+from featcache.errors import OptionError
+from featcache.losses import loss_class
+from featcache.protocol.grid import BATCH_SIZES, FINETUNE_EPOCHS, LEARNING_RATES, check_grid
+
+#: ``--schedule`` (:func:`featcache.finetune.search.plan_schedule`)
+SCHEDULES = ("auto", "ddp", "per-gpu")
+#: ``--keep-checkpoints`` (:mod:`featcache.finetune.budget`)
+KEEP_CHECKPOINTS = ("last", "best", "all")
 
 
-@dataclass
+def check_schedule(schedule: str) -> str:
+    if schedule not in SCHEDULES:
+        raise OptionError(f"--schedule {schedule!r}: choose one of {', '.join(SCHEDULES)}")
+    return schedule
+
+
+def check_keep(keep: str) -> str:
+    if keep not in KEEP_CHECKPOINTS:
+        raise OptionError(f"--keep-checkpoints {keep!r}: choose one of {', '.join(KEEP_CHECKPOINTS)}")
+    return keep
+
+
+@dataclass(frozen=True)
 class FinetuneOptions:
     """What the user asked for."""
 
@@ -52,15 +73,8 @@ class FinetuneOptions:
     def validate(self) -> None:
         """OptionError naming the first option that cannot be used (an unknown loss first,
         before anything is loaded); what needs the device or the data is checked once they
-        are known (``Settings.validate``, the start point)."""
-        from featcache.errors import OptionError
-        from featcache.finetune.budget import check_keep
-        from featcache.finetune.search import SCHEDULES
-        from featcache.losses import loss_class
-        from featcache.protocol.grid import check_grid
-
+        are known (:func:`~featcache.finetune.plan.resolve_plan`, the start point)."""
         loss_class(self.loss)
         check_grid(self.learning_rates, self.batch_sizes)
-        if self.schedule not in SCHEDULES:
-            raise OptionError(f"--schedule {self.schedule!r}: choose one of {', '.join(SCHEDULES)}")
+        check_schedule(self.schedule)
         check_keep(self.keep_checkpoints)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from featcache.fileio import write_json_atomic, write_text_atomic
 from featcache.finetune.data import FinetuneData
-from featcache.finetune.loop import Settings
+from featcache.finetune.plan import FinetunePlan
 from featcache.finetune.records import ConfigResult
 from featcache.finetune.report import summary_markdown
 from featcache.finetune.search import GridResult
@@ -36,7 +36,7 @@ def _config_record(result: ConfigResult) -> dict:
     }
 
 
-def results_document(grid: GridResult, settings: Settings, start: StartPoint, data: FinetuneData,
+def results_document(grid: GridResult, plan: FinetunePlan, start: StartPoint, data: FinetuneData,
                      run_settings: dict, machine: dict) -> dict:
     """Everything worth keeping about a fine-tuning run, as JSON-ready data."""
     selected = grid.selected
@@ -45,9 +45,9 @@ def results_document(grid: GridResult, settings: Settings, start: StartPoint, da
     train_seconds = sum(r.train_seconds for r in epochs)
     images = sum(r.images_per_second * r.train_seconds for r in epochs)
     setting = "linearinit" if start.mode == "linear" else "finetune"
-    loss = loss_class(settings.loss)
-    val_cover, test_cover = evaluation_coverage(data, settings.val_variant)
-    val_map = best.val_map if settings.val_variant == "clean" else best.val_map_observed
+    loss = loss_class(plan.loss)
+    val_cover, test_cover = evaluation_coverage(data, plan.val_variant)
+    val_map = best.val_map if plan.val_variant == "clean" else best.val_map_observed
     return {
         **document_header("finetune", loss, data.labels),
         "images_root": str(data.root),
@@ -58,18 +58,18 @@ def results_document(grid: GridResult, settings: Settings, start: StartPoint, da
         "sizes": {"train": len(data.train), "val": len(data.val), "test": len(data.test),
                   "classes": data.num_classes},
         "protocol": {
-            "optimizer": "adam", "epochs": settings.epochs, "head_lr_mult": settings.head_lr_mult,
-            "learned_state_lr_mult": {name: settings.params.get(param) for name, param in
+            "optimizer": "adam", "epochs": plan.epochs, "head_lr_mult": plan.head_lr_mult,
+            "learned_state_lr_mult": {name: plan.params.get(param) for name, param in
                               loss.learned_state.items()},
-            "val_variant": settings.val_variant, "early_stop": settings.early_stop,
-            "seed": settings.seed, "train_transform": "resize, horizontal flip (seeded), normalize",
+            "val_variant": plan.val_variant, "early_stop": plan.early_stop,
+            "seed": plan.seed, "train_transform": "resize, horizontal flip (seeded), normalize",
             "train_drop_last": True, "eval_every_example": True,
         },
         "grid": {"lr": run_settings["learning_rates"], "batch_size": run_settings["batch_sizes"]},
         "selection": {
             "lr": selected.config.lr, "batch_size": selected.config.batch_size,
-            "params": settings.params,
-            **({"params_estimates": settings.param_estimates} if settings.param_estimates else {}),
+            "params": plan.params,
+            **({"params_estimates": plan.param_estimates} if plan.param_estimates else {}),
             "epoch": best.epoch + 1,
             "val_map": best.val_map, "val_map_observed": best.val_map_observed,
             "test_map": best.test_map, "train_map": best.train_map,
@@ -82,8 +82,8 @@ def results_document(grid: GridResult, settings: Settings, start: StartPoint, da
         "configs": [_config_record(c) for c in grid.configs],
         "published": {
             "setting": setting,
-            "finetune": published("finetune", settings.loss, data.dataset),
-            "linearinit": published("linearinit", settings.loss, data.dataset),
+            "finetune": published("finetune", plan.loss, data.dataset),
+            "linearinit": published("linearinit", plan.loss, data.dataset),
         },
         "notes": start.notes + data.notes + evaluation_notes(val_cover, test_cover, val_map,
                                                              best.test_map),

@@ -17,7 +17,7 @@ class LossReadout:
         self.cuda = device.type == "cuda"
         self.value: float | None = None
         self.host = torch.zeros((), dtype=torch.float32, pin_memory=self.cuda)
-        self.pending = None
+        self.pending: torch.cuda.Event | None = None
 
     def update(self, loss: Tensor) -> float | None:
         """Start reading ``loss``; the latest value that has arrived (None before the first)."""

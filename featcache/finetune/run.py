@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import dataclasses
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from featcache.errors import (
@@ -23,31 +22,22 @@ from featcache.finetune.budget import (
 from featcache.finetune.checkpoint import HISTORY
 from featcache.finetune.data import FinetuneData, load_finetune_data
 from featcache.finetune.distributed import on_main
-from featcache.finetune.loop import Settings
 from featcache.finetune.options import FinetuneOptions
 from featcache.finetune.outputs import results_document, write_outputs
-from featcache.finetune.search import run_grid
+from featcache.finetune.plan import FinetunePlan, resolve_plan
+from featcache.finetune.search import GridResult, run_grid
 from featcache.finetune.start import StartPoint, resolve_start
 from featcache.locks import OutputLock
 from featcache.losses import loss_class
 from featcache.paths import check_name, existing_labels, finetune_dir
 from featcache.progress import say
 from featcache.protocol.coverage import evaluation_coverage, evaluation_notes
-from featcache.protocol.grid import grid_points
+from featcache.protocol.grid import GridPoint
 from featcache.protocol.handoff import LinearPhase
 from featcache.protocol.runs import RunFolder, latest_unfinished, new_run_id
 from featcache.protocol.selection import resolve_val_variant
 from featcache.protocol.tensorboard_log import log_run, require_tensorboard
-from featcache.runtime import (
-    Ranks,
-    backend_flags,
-    default_batch_size,
-    default_workers,
-    describe_device,
-    ranks,
-    resolve_precision,
-    training_threads,
-)
+from featcache.runtime import Ranks, backend_flags, ranks, training_threads
 
 
 def run_finetune(options: FinetuneOptions, linear_phase: LinearPhase | None = None) -> str | None:
@@ -57,34 +47,20 @@ def run_finetune(options: FinetuneOptions, linear_phase: LinearPhase | None = No
     (the command passes stage two's :func:`featcache.linear.run.train_linear_phase`).
     """
     options.validate()
-    loss = loss_class(options.loss)
     if options.tensorboard:
         require_tensorboard()
     if options.run_id is not None:
         check_name(options.run_id, "--run-id")
     with ranks(options.device) as job:
-        data = loss.fit_data(load_finetune_data(existing_labels(options.dataset, options.cache),
-                                                options.images_root, options.pseudo_labels))
-        variant, note = resolve_val_variant(options.val_variant, data.val.clean is not None,
-                                            data.labels.path)
-        options = dataclasses.replace(options, val_variant=variant)
-        if job.is_main:
-            if note:
-                say(note)
-            for note in evaluation_notes(*evaluation_coverage(data, options.val_variant)):
-                warnings.warn(note, FeatcacheWarning, stacklevel=2)
-        start = resolve_start(options, data, job, linear_phase)
-        settings = make_settings(options, start, data, job)
-        identity = run_settings(options, settings, start, data)
-        configs = grid_points(options.learning_rates, options.batch_sizes)
+        data, start, plan = prepare_run(options, job, linear_phase)
+        identity = plan.run_settings(start, data)
         run_lock: dict[str, OutputLock] = {}
-
-        threads = training_threads(job.device, settings.workers)
+        threads = training_threads(job.device, plan.workers)
 
         def measured_budget(path: Path) -> None:
             # timed with the run's own threads (its steps' cost depends on them)
-            with backend_flags(job.device, settings.precision, threads=threads):
-                announce_budget(settings, start, data, configs, path, job, options.resume)
+            with backend_flags(job.device, plan.precision, threads=threads):
+                announce_budget(plan, start, data, plan.configs(), path, job, options.resume)
 
         def open_locked() -> Path:
             path, run_lock["lock"] = open_run_dir(options, identity, measured_budget)
@@ -94,86 +70,64 @@ def run_finetune(options: FinetuneOptions, linear_phase: LinearPhase | None = No
         if job.is_main:
             say(f"run folder: {run_dir}")
         try:
-            with backend_flags(job.device, settings.precision, cudnn_benchmark=True,
-                               threads=threads, deterministic=options.deterministic):
-                try:
-                    result = run_grid(configs, settings, start, data, job, run_dir,
-                                      options.schedule)
-                except Interrupted as exc:
-                    raise exc.adding(f"continue with the same command and --resume --run-id "
-                                     f"{run_dir.name}") from None
+            with backend_flags(job.device, plan.precision, cudnn_benchmark=True,
+                               threads=threads, deterministic=plan.deterministic):
+                result = _train_grid(plan, start, data, job, run_dir)
             if not job.is_main:
                 return None
-            machine = _machine_record(options, settings, job, result)
-            document = results_document(result, settings, start, data, identity, machine)
+            document = results_document(result, plan, start, data, identity,
+                                        plan.machine(job, result.schedule))
             write_outputs(run_dir, document, result, plot=options.plots)
             if options.tensorboard:
                 log_run(options.tensorboard, document, run_dir)
         finally:
             if "lock" in run_lock:
                 run_lock["lock"].release()
-        return _closing_line(options, settings, document, result, run_dir)
+        return _closing_line(plan, document, result, run_dir)
 
 
-def _machine_record(options: FinetuneOptions, settings, job, result) -> dict:
-    """Where and how the run trained (``machine`` of results.json)."""
-    return {"device": describe_device(job.device), "precision": settings.precision,
-            "compile": settings.compile, "deterministic": options.deterministic,
-            "world_size": job.world,
-            "schedule": {"option": options.schedule, **result.schedule},
-            "workers": settings.workers, "eval_batch_size": settings.eval_batch_size,
-            "keep_checkpoints": settings.keep_checkpoints}
+def prepare_run(options: FinetuneOptions, job: Ranks, linear_phase: LinearPhase | None = None
+                ) -> tuple[FinetuneData, StartPoint, FinetunePlan]:
+    """The run's data (fitted to its loss), its start point and its plan: the options resolved
+    once. Rank 0 says how the validation labels were chosen and what the splits lack."""
+    data = loss_class(options.loss).fit_data(load_finetune_data(
+        existing_labels(options.dataset, options.cache), options.images_root,
+        options.pseudo_labels))
+    variant, note = resolve_val_variant(options.val_variant, data.val.clean is not None,
+                                        data.labels.path)
+    if job.is_main:
+        if note:
+            say(note)
+        for note in evaluation_notes(*evaluation_coverage(data, variant)):
+            warnings.warn(note, FeatcacheWarning, stacklevel=3)
+    start = resolve_start(options, data, job, linear_phase, val_variant=variant)
+    return data, start, resolve_plan(options, variant, start, data, job)
 
 
-def _closing_line(options: FinetuneOptions, settings, document: dict, result,
-                  run_dir: Path) -> str:
+def _train_grid(plan: FinetunePlan, start: StartPoint, data: FinetuneData, job: Ranks,
+                run_dir: Path) -> GridResult:
+    """The grid, trained; an interruption says how to continue it."""
+    try:
+        return run_grid(plan.configs(), plan, start, data, job, run_dir, plan.schedule)
+    except Interrupted as exc:
+        raise exc.adding(f"continue with the same command and --resume --run-id "
+                         f"{run_dir.name}") from None
+
+
+def _closing_line(plan: FinetunePlan, document: dict, result: GridResult, run_dir: Path) -> str:
     """The command's last line: the selected configuration's scores and where the run is."""
     selection = document["selection"]
-    val = selection["val_map"] if settings.val_variant == "clean" else selection["val_map_observed"]
-    return (f"{options.loss}: val {val:.2f}  test {selection['test_map']:.2f}  (lr "
+    val = selection["val_map"] if plan.val_variant == "clean" else selection["val_map_observed"]
+    return (f"{plan.loss}: val {val:.2f}  test {selection['test_map']:.2f}  (lr "
             f"{selection['lr']:g}, batch {selection['batch_size']}, epoch {selection['epoch']}; "
             f"{result.seconds:.1f} s, {document['timings']['train_images_per_second']:.1f} "
             f"train images/s) -> {run_dir}")
-
-
-def make_settings(options: FinetuneOptions, start: StartPoint, data: FinetuneData,
-                  job: Ranks) -> Settings:
-    """The shared settings: every loss parameter resolved (the options', the linear run's, the
-    data's k or its estimate, the defaults)."""
-    params = loss_class(options.loss).resolve({**start.params, **options.params}, facts=data.facts)
-    settings = Settings(
-        loss=options.loss, params=params.single(), param_estimates=params.estimates,
-        epochs=options.epochs, seed=options.seed, head_lr_mult=options.head_lr_mult,
-        val_variant=options.val_variant, early_stop=options.early_stop,
-        precision=resolve_precision(options.precision, job.device), compile=options.compile,
-        workers=(options.workers if options.workers is not None
-                 else default_workers(job.device, job.local_world)),
-        eval_batch_size=options.eval_batch_size or default_batch_size(job.device),
-        progress=options.progress, keep_checkpoints=options.keep_checkpoints,
-    )
-    settings.validate(job.device)
-    return settings
 
 
 def loss_params(loss: str, given: dict[str, float], data: FinetuneData) -> dict[str, float]:
     """Every parameter of ``loss``: ``given``, else the dataset's default, the data's (k), the
     default."""
     return loss_class(loss).resolve(given, facts=data.facts).single()
-
-
-def run_settings(options: FinetuneOptions, settings: Settings, start: StartPoint,
-                 data: FinetuneData) -> dict:
-    """What must not change when a run is resumed (its fingerprint is in run.json)."""
-    init = {k: start.record.get(k) for k in ("mode", "run_dir", "best_pt_sha256")}
-    return {
-        "stage": "finetune", "dataset": data.dataset, "labels_sha256": data.labels.sha256,
-        "init": init, "backbone": start.backbone,
-        "weights_sha256": start.weights_identity.get("weights_sha256"),
-        "image_size": start.image_size, "learning_rates": list(options.learning_rates),
-        "batch_sizes": list(options.batch_sizes), **settings.identity(),
-        **({"preprocess": start.preprocess} if start.preprocess != "native" else {}),
-        **({"pseudo_labels_sha256": data.pseudo_labels.sha256} if data.pseudo_labels else {}),
-    }
 
 
 def open_run_dir(options: FinetuneOptions, settings: dict,
@@ -217,28 +171,30 @@ def _check_run_dir(folder: RunFolder, options: FinetuneOptions, settings: dict) 
                                 "it, --overwrite to start it afresh, or another --run-id")
 
 
-def configs_to_train(configs, run_dir: Path, resume: bool) -> list:
+def configs_to_train(configs: Sequence[GridPoint], run_dir: Path,
+                     resume: bool) -> list[GridPoint]:
     """The configurations a run will train: with ``--resume``, those without a finished
     history; otherwise all (``--overwrite`` trains the finished ones again)."""
     return [c for c in configs
             if not (resume and (run_dir / "configs" / c.name() / HISTORY).is_file())]
 
 
-def announce_budget(settings: Settings, start: StartPoint, data: FinetuneData, configs,
-                    run_dir: Path, job: Ranks, resume: bool = False) -> None:
+def announce_budget(plan: FinetunePlan, start: StartPoint, data: FinetuneData,
+                    configs: Sequence[GridPoint], run_dir: Path, job: Ranks,
+                    resume: bool = False) -> None:
     """Say the run's disk use and time before it starts; refuse when the disk cannot hold it."""
     left = configs_to_train(configs, run_dir, resume)
-    budget = plan_budget(start, data, settings.loss, settings.params, len(left), settings.epochs,
-                         settings.keep_checkpoints)
+    budget = plan_budget(start, data, plan.loss, plan.params, len(left), plan.epochs,
+                         plan.keep_checkpoints)
     budget.device, budget.image_size, budget.dataset = (job.device.type, start.image_size,
                                                         data.dataset)
     batch_sizes = [c.batch_size for c in left]
-    steps = training_steps(len(data.train), batch_sizes, settings.epochs)
+    steps = training_steps(len(data.train), batch_sizes, plan.epochs)
     if left and steps <= SHORT_RUN_STEPS:
         budget.short_steps = steps
     elif left:
-        per_epoch = measure_seconds(start, data, settings.loss, batch_sizes,
-                                    settings.eval_batch_size, settings.precision, job.device,
-                                    settings.workers)
-        budget.seconds = per_epoch * settings.epochs / max(1, job.world)
+        per_epoch = measure_seconds(start, data, plan.loss, batch_sizes,
+                                    plan.eval_batch_size, plan.precision, job.device,
+                                    plan.workers)
+        budget.seconds = per_epoch * plan.epochs / max(1, job.world)
     check_disk(budget, run_dir, say)

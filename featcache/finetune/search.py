@@ -32,7 +32,9 @@ from featcache.errors import FeatcacheError, OptionError
 from featcache.fileio import save_torch_atomic
 from featcache.finetune.data import FinetuneData
 from featcache.finetune.distributed import share_results
-from featcache.finetune.loop import ConfigTrainer, Settings, train_config
+from featcache.finetune.loop import ConfigTrainer, train_config
+from featcache.finetune.options import check_schedule
+from featcache.finetune.plan import FinetunePlan
 from featcache.finetune.records import ConfigResult
 from featcache.finetune.start import StartPoint
 from featcache.losses import loss_class
@@ -55,7 +57,6 @@ class GridResult:
     schedule: dict[str, list[str]] = field(default_factory=dict)
 
 
-SCHEDULES = ("auto", "ddp", "per-gpu")
 #: ``--schedule auto``: DDP only when every GPU gets at least this many images of each batch
 DDP_MIN_PER_GPU = 32
 
@@ -69,8 +70,7 @@ def plan_schedule(configs: Sequence[GridPoint], job: Ranks,
     GPU. Ranks share the run folder, so training alone needs every rank on one machine;
     ``auto`` falls back to DDP across machines.
     """
-    if schedule not in SCHEDULES:
-        raise OptionError(f"--schedule {schedule!r}: choose one of {', '.join(SCHEDULES)}")
+    check_schedule(schedule)
     configs = list(configs)
     if job.world == 1 or schedule == "ddp":
         return [], configs
@@ -86,16 +86,16 @@ def plan_schedule(configs: Sequence[GridPoint], job: Ranks,
     return alone, [c for c in configs if c not in alone]
 
 
-def run_grid(configs: Sequence[GridPoint], settings: Settings, start: StartPoint,
+def run_grid(configs: Sequence[GridPoint], plan: FinetunePlan, start: StartPoint,
              data: FinetuneData, job: Ranks, run_dir: Path,
              schedule: str = "auto") -> GridResult:
     """Train (or resume) every configuration and select one; best.pt holds its best epoch."""
     started = time.perf_counter()
-    about = model_description(settings, start, data)
+    about = model_description(plan, start, data)
     alone, together = plan_schedule(configs, job, schedule)
     results: dict[GridPoint, ConfigResult] = {}
     if alone:
-        results.update(_train_alone(alone, settings, start, data, job, run_dir, about))
+        results.update(_train_alone(alone, plan, start, data, job, run_dir, about))
     best_val = -math.inf
 
     def on_best(trainer: ConfigTrainer, result: ConfigResult) -> None:
@@ -106,8 +106,8 @@ def run_grid(configs: Sequence[GridPoint], settings: Settings, start: StartPoint
                 write_best(run_dir / BEST, trainer, result, about)
 
     for config in together:
-        result = train_config(config, settings, start, data, job, _config_dir(run_dir, config),
-                              _identity(config, settings), on_best)
+        result = train_config(config, plan, start, data, job, _config_dir(run_dir, config),
+                              _identity(config, plan), on_best)
         best_val = max(best_val, result.best_val)
         results[config] = result
     ordered = [results[config] for config in configs]
@@ -126,11 +126,11 @@ def _config_dir(run_dir: Path, config: GridPoint) -> Path:
     return run_dir / "configs" / config.name()
 
 
-def _identity(config: GridPoint, settings: Settings) -> dict:
-    return {"config": config.name(), **settings.identity()}
+def _identity(config: GridPoint, plan: FinetunePlan) -> dict:
+    return {"config": config.name(), **plan.identity()}
 
 
-def _train_alone(configs: list[GridPoint], settings: Settings, start: StartPoint,
+def _train_alone(configs: list[GridPoint], plan: FinetunePlan, start: StartPoint,
                  data: FinetuneData, job: Ranks, run_dir: Path,
                  about: dict) -> dict[GridPoint, ConfigResult]:
     """Each rank trains its share of ``configs`` on its own device; every rank gets all results."""
@@ -138,7 +138,7 @@ def _train_alone(configs: list[GridPoint], settings: Settings, start: StartPoint
     # a world of one that still knows how many ranks share this machine (for /dev/shm)
     alone = dataclasses.replace(single_process(job.device), local_world=job.local_world)
     # Only rank 0 draws progress bars (the others still print a line per epoch).
-    quiet = dataclasses.replace(settings, bars=settings.bars and job.is_main)
+    quiet = dataclasses.replace(plan, bars=plan.bars and job.is_main)
 
     def train_mine() -> dict[str, dict]:
         done = {}
@@ -149,7 +149,7 @@ def _train_alone(configs: list[GridPoint], settings: Settings, start: StartPoint
                 write_best(config_dir / BEST, trainer, result, about)
 
             done[config.name()] = train_config(config, quiet, start, data, alone, config_dir,
-                                               _identity(config, settings), on_best).to_json()
+                                               _identity(config, plan), on_best).to_json()
         return done
 
     records = share_results(job, train_mine)
@@ -170,12 +170,12 @@ def _settle_best(run_dir: Path, selected: GridPoint, alone: list[GridPoint]) -> 
             path.unlink(missing_ok=True)
 
 
-def model_description(settings: Settings, start: StartPoint, data: FinetuneData) -> dict:
+def model_description(plan: FinetunePlan, start: StartPoint, data: FinetuneData) -> dict:
     """What best.pt says about itself besides the weights."""
     return {
         "format": MODEL_FORMAT, "format_version": MODEL_FORMAT_VERSION, "dataset": data.dataset,
-        "loss": settings.loss,
-        "params": settings.params, "classes": list(data.classes), "backbone": start.backbone,
+        "loss": plan.loss,
+        "params": plan.params, "classes": list(data.classes), "backbone": start.backbone,
         "weights": start.weights_identity, "image_size": start.image_size,
         "transform": transform_description(start.image_size, start.backbone,
                                            preprocess=start.preprocess),

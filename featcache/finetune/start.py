@@ -22,12 +22,12 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 import torch
 from torch import Tensor, nn
 
 from featcache.backbones import (
-    backbone_names,
     backbone_spec,
     create_backbone,
     described_image_size,
@@ -43,20 +43,14 @@ from featcache.finetune.data import FinetuneData
 from featcache.finetune.distributed import on_main
 from featcache.finetune.options import FinetuneOptions
 from featcache.losses import loss_class
-from featcache.paths import (
-    backbone_feature_files,
-    dataset_dir,
-    feature_file_tag,
-    feature_tag,
-    runs_dir,
-)
+from featcache.paths import runs_dir
+from featcache.protocol.feature_source import DEFAULT_BACKBONE, linear_phase_source
 from featcache.protocol.grid import linearinit_hparams
 from featcache.protocol.handoff import HEAD_FILE, LinearPhase, LinearPhaseRequest, load_head
 from featcache.protocol.loss_choice import needs_spatial
-from featcache.protocol.runs import best_run
+from featcache.protocol.runs import RunFolder, best_run
+from featcache.protocol.search_modes import recorded_search_mode
 from featcache.runtime import Ranks
-
-DEFAULT_BACKBONE = "resnet50"
 
 
 @dataclass
@@ -78,7 +72,7 @@ class StartPoint:
 
     @property
     def weights_identity(self) -> dict:
-        return dict(self.trunk.weights_identity)
+        return dict(cast(dict, self.trunk.weights_identity))  # set by create_backbone
 
     def initial_state(self) -> dict[str, Tensor] | None:
         """What ``loss.init_state(initial=...)`` receives (ROLE's phi from LinearInit)."""
@@ -86,9 +80,11 @@ class StartPoint:
 
 
 def resolve_start(options: FinetuneOptions, data: FinetuneData, job: Ranks | None = None,
-                  linear_phase: LinearPhase | None = None) -> StartPoint:
+                  linear_phase: LinearPhase | None = None,
+                  val_variant: str | None = None) -> StartPoint:
     """The start point for ``options.init``. With ``best`` and no fitting run, the linear phase
-    is trained first by ``linear_phase`` (on rank 0 under torchrun; the others wait for it)."""
+    is trained first by ``linear_phase`` (on rank 0 under torchrun; the others wait for it),
+    selecting by ``val_variant`` (resolved on the data; default: the options' as given)."""
     if options.init == "none":
         return fresh_start(options)
     if options.init == "best":
@@ -104,7 +100,7 @@ def resolve_start(options: FinetuneOptions, data: FinetuneData, job: Ranks | Non
             request = LinearPhaseRequest(
                 dataset=options.dataset, loss=options.loss, features=linear_features(options),
                 lr=lr, batch_size=batch_size, params=dict(options.params), seed=options.seed,
-                val_variant=options.val_variant,
+                val_variant=val_variant or options.val_variant,
                 device=str(job.device) if job is not None else "cpu", cache=options.cache,
                 progress=options.progress, pseudo_labels=options.pseudo_labels)
             run_dir = on_main(job, lambda: linear_phase(request))
@@ -141,7 +137,10 @@ def best_linear_run(options: FinetuneOptions, data: FinetuneData) -> Path | None
     checked: dict[str, bool] = {}
 
     def fits(document: dict) -> bool:
-        if document.get("probe"):  # its head scores L2-normalised features, not the trunk's
+        try:  # e.g. a probe run's head scores L2-normalised features, not the trunk's output
+            if not recorded_search_mode(document).linear_init:
+                return False
+        except InputError:  # a mode this featcache does not know
             return False
         features = document.get("features", {})
         path = Path(str(features.get("path", "")))
@@ -174,50 +173,20 @@ def _weights_match(attrs: dict, options: FinetuneOptions) -> bool:
 
 def linear_features(options: FinetuneOptions) -> Path:
     """The features file the linear phase trains on (the spatial one, ``spatial-<tag>.h5``, for
-    a BoostLU loss); the error says which command makes one."""
-    backbone = options.backbone or DEFAULT_BACKBONE
-    spec = backbone_spec(backbone)
-    root = dataset_dir(options.dataset, options.cache)
-    spatial = needs_spatial(options.loss)
-    make = (f"`featcache features --dataset {options.dataset}"
-            + (f" --backbone {backbone}" if backbone != DEFAULT_BACKBONE else "")
-            + (f" --weights {options.weights}" if options.weights else "")
-            + (f" --image-size {options.image_size}" if options.image_size else "")
-            + (" --spatial" if spatial else "") + "`")
-    found = backbone_feature_files(options.dataset, backbone, spatial, options.cache,
-                                   backbones=backbone_names())
-    if options.weights is not None:
-        # made with these weights, with the backbone's own transform or the protocol's
-        weights_tag = describe_weights(spec, options.weights).tag
-        wanted = {feature_tag(spec.name, weights_tag, protocol) for protocol in (False, True)}
-        found = [p for p in found if feature_file_tag(p) in wanted]
-    if options.image_size is not None:
-        found = [p for p in found if read_feature_attrs(p).get("image_size") == options.image_size]
-    if not found:
-        raise InputError(
-            f"no finished linear {options.loss!r} run in {runs_dir(options.dataset, options.loss, options.cache)} "
-            f"fits, and there is no {'spatial ' if spatial else ''}features file in {root} to "
-            f"train one on: run {make} first (then this command trains the linear phase "
-            "itself), or use --init none"
-        )
-    if len(found) > 1:
-        names = ", ".join(p.name for p in found)
-        kind = "spatial features" if spatial else "features"
-        fix = ("they differ in transform (the backbone's own and --preprocess protocol): move "
-               "away the one the linear phase should not train on" if options.weights is not None
-               else "choose the weights of the linear phase with --weights")
-        raise OptionError(f"{root} holds several {kind} files for {backbone} ({names}); {fix}")
-    return found[0]
+    a BoostLU loss; :func:`~featcache.protocol.feature_source.linear_phase_source`); the error
+    says which command makes one."""
+    source = linear_phase_source(options.dataset, options.loss, options.backbone,
+                                 options.weights, options.image_size, options.cache)
+    return source.file(needs_spatial(options.loss))
 
 
 def linear_start(run_dir: Path, options: FinetuneOptions, data: FinetuneData) -> StartPoint:
     """LinearInit from ``run_dir``, after every compatibility check."""
     head = load_head(run_dir)
     where = f"linear run {run_dir}"
-    if head.get("features_transform"):
-        raise InputError(f"{where} is a --search probe run: its head scores "
-                         f"{head['features_transform']} features, not the trunk's output; start "
-                         "from a run of the protocol's search (--search protocol)")
+    refusal = recorded_search_mode(RunFolder(run_dir).results(), where).linear_init_refusal(where)
+    if refusal is not None:
+        raise InputError(refusal)
     check_run_data(head, where, data)
     notes: list[str] = []
     backbone = str(head.get("backbone"))

@@ -1,6 +1,7 @@
 """Every option of ``featcache train-linear``, as given (``None``: decided by the data or the
 device); :meth:`LinearOptions.validate` checks them before anything is loaded, as
-``ExtractOptions.validate`` and ``FinetuneOptions.validate`` do for the other stages."""
+``ExtractOptions.validate`` and ``FinetuneOptions.validate`` do for the other stages, and
+:func:`featcache.linear.plan.plan_linear` resolves them once into the plan the command reads."""
 
 from __future__ import annotations
 
@@ -10,12 +11,13 @@ from dataclasses import dataclass, field
 from featcache.errors import OptionError
 from featcache.paths import check_name
 from featcache.protocol.grid import BATCH_SIZES, LEARNING_RATES, LINEAR_EPOCHS, check_grid
+from featcache.protocol.search_modes import check_search
 from featcache.protocol.selection import check_early_stop
 
 
-@dataclass
+@dataclass(frozen=True)
 class LinearOptions:
-    """Every option of ``featcache train-linear``."""
+    """Every option of ``featcache train-linear``, as given."""
 
     dataset: str
     losses: str | Sequence[str] = "an-ls"
@@ -37,16 +39,14 @@ class LinearOptions:
     cache: str | None = None
     overwrite: bool = False
     pseudo_labels: str | None = None  # the pseudo-label set for the losses that need one
-    search: str = "protocol"  # or "probe": the wider field's conventions (linear.probe)
-    weight_decays: Sequence[float] | None = None  # the probe search's (default: its grid)
+    search: str | None = None  # a search mode's name (None: the default one; protocol.search_modes)
+    weight_decays: Sequence[float] | None = None  # a mode's that searches them (default: its grid)
     tensorboard: str | None = None  # log every run's curves there (protocol.tensorboard_log)
 
     def validate(self) -> None:
         """OptionError naming the first option that cannot be used (the grid, --early-stop,
         --search and --weight-decay); what needs the data (losses, parameters) is checked once
         the labels are read."""
-        from featcache.linear.probe import check_search  # imports torch
-
         if self.run_id is not None:
             check_name(self.run_id, "--run-id")
         if len(set(self.seeds)) != len(self.seeds):

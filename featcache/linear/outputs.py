@@ -16,7 +16,7 @@ import torch
 from featcache.fileio import write_json_atomic, write_text_atomic
 from featcache.linear.data import TrainingSplits
 from featcache.linear.evaluation import HeadResult
-from featcache.linear.search import SearchResult
+from featcache.linear.search import SearchResult, SearchSpec
 from featcache.losses import loss_class
 from featcache.protocol.coverage import evaluation_coverage, evaluation_notes
 from featcache.protocol.handoff import HEAD_FILE, save_head
@@ -82,6 +82,23 @@ def _selection_record(selected, classes: list[str], val_cover, test_cover, val_k
     }
 
 
+def _features_record(data: TrainingSplits) -> dict:
+    """What results.json records of the features a run trained on."""
+    return {"path": str(data.features.path), "sha256": data.features.sha256,
+            "backbone": data.features.backbone, "dim": data.feature_dim,
+            "weights": data.features.attrs.get("weights"),
+            "weights_sha256": data.features.attrs.get("weights_sha256"), **_layout(data)}
+
+
+def _grid_record(spec: SearchSpec) -> dict:
+    """The grid a run searched, with every loss parameter's values and where they came from."""
+    params = spec.resolved_params
+    return {"lr": list(spec.learning_rates), "batch_size": list(spec.batch_sizes),
+            "params": params.values, "params_source": params.sources,
+            **({"params_estimates": params.estimates} if params.estimates else {}),
+            "seeds": list(spec.seeds)}
+
+
 def results_document(result: SearchResult, data: TrainingSplits, device: str) -> dict:
     """Everything worth keeping about a search, as JSON-ready data."""
     spec = result.spec
@@ -95,13 +112,7 @@ def results_document(result: SearchResult, data: TrainingSplits, device: str) ->
     return {
         **document_header("linear", loss_class(spec.loss), data.labels),
         **({"probe": result.probe} if probe else {}),
-        "features": {
-            "path": str(data.features.path), "sha256": data.features.sha256,
-            "backbone": data.features.backbone, "dim": data.feature_dim,
-            "weights": data.features.attrs.get("weights"),
-            "weights_sha256": data.features.attrs.get("weights_sha256"),
-            **_layout(data),
-        },
+        "features": _features_record(data),
         "head": head_kind(spec.loss, data),
         "sizes": {"train": len(data.train), "val": len(data.val), "test": len(data.test),
                   "classes": data.num_classes},
@@ -114,10 +125,7 @@ def results_document(result: SearchResult, data: TrainingSplits, device: str) ->
                          if placement is None or placement.in_memory else placement.describe()),
             **({} if placement is None else {"memory": placement.record()}),
         },
-        "grid": {"lr": list(spec.learning_rates), "batch_size": list(spec.batch_sizes),
-                 "params": spec.params.values, "params_source": spec.params.sources,
-                 **({"params_estimates": spec.params.estimates} if spec.params.estimates else {}),
-                 "seeds": list(spec.seeds)},
+        "grid": _grid_record(spec),
         "selection": _selection_record(selected, data.classes, val_cover, test_cover, val_key,
                                        probe),
         "summary": result.summary(),
@@ -188,7 +196,7 @@ def head_payload(result: SearchResult, data: TrainingSplits) -> dict:
         "transform": data.features.attrs.get("transform"),
         "feature_dim": data.feature_dim,
         "head": head_kind(result.spec.loss, data),
-        # a probe run's head scores L2-normalised rows (featcache.linear.probe)
+        # a probe run's head scores L2-normalised rows (featcache.linear.search_modes.probe)
         **({"features_transform": result.probe["features"]} if result.probe else {}),
     }
 

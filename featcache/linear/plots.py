@@ -13,7 +13,7 @@ def plot_curves(result: SearchResult, path: Path, title: str = "") -> Path:
     curves = []
     for head in result.seeds[0].heads:
         label = f"lr={head.config.lr:g} bs={head.config.batch_size}"
-        varied = [k for k, values in result.spec.params.values.items() if len(values) > 1]
+        varied = [k for k, values in result.spec.resolved_params.values.items() if len(values) > 1]
         if varied:
             label += " " + " ".join(f"{k}={head.config.param_dict[k]:g}" for k in varied)
         curves.append((label, [r.epoch + 1 for r in head.epochs],

@@ -16,8 +16,8 @@ from featcache.tables import Table
 def config_table(result: SearchResult) -> Table:
     """Every configuration of every seed: its best epoch and metrics."""
     table = Table(["seed", "lr", "batch", "params", "best epoch", "val mAP", "test mAP", "train mAP"])
-    shown = [k for k, values in result.spec.params.values.items()
-             if len(values) > 1 or result.spec.params.sources.get(k) == "given"]
+    shown = [k for k, values in result.spec.resolved_params.values.items()
+             if len(values) > 1 or result.spec.resolved_params.sources.get(k) == "given"]
     for seed in result.seeds:
         for head in seed.heads:
             params = ", ".join([f"{k}={head.config.param_dict[k]:g}" for k in shown]
@@ -43,7 +43,7 @@ def run_summary(result: SearchResult, data: TrainingSplits) -> str:
         f"- grid: lr {', '.join(f'{x:g}' for x in spec.learning_rates)} x batch "
         f"{', '.join(map(str, spec.batch_sizes))}"
         + "".join(f" x {k} {', '.join(f'{v:g}' for v in values)}"
-                  for k, values in spec.params.values.items() if len(values) > 1)
+                  for k, values in spec.resolved_params.values.items() if len(values) > 1)
         + f", {plural(spec.epochs, 'epoch')}, {'seed' if len(spec.seeds) == 1 else 'seeds'} "
         f"{', '.join(map(str, spec.seeds))}, validation: {spec.val_variant}",
     ]

@@ -15,16 +15,14 @@ from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
 
-from featcache.data.featurefile import (
-    features_command,
-    open_features,
-)
-from featcache.data.labelfile import load_labels
+import torch
+
+from featcache.data.featurefile import FeatureFile, open_features
+from featcache.data.labelfile import LabelSet, load_labels
 from featcache.errors import FeatcacheWarning, Interrupted, plural
 from featcache.fileio import write_text_atomic
 from featcache.heads import CAM_BLOCK, CAM_BLOCK_TENSORS
-from featcache.linear.data import SplitRows, TrainingSplits, read_linear_data, split_rows
-from featcache.linear.featurefiles import FeatureFiles, feature_files, requested_losses
+from featcache.linear.data import TrainingSplits, read_linear_data, split_rows
 from featcache.linear.lossrun import LinearOutcome, LossRun
 from featcache.linear.memory import (
     FLOAT32,
@@ -39,13 +37,7 @@ from featcache.linear.memory import (
 )
 from featcache.linear.options import LinearOptions
 from featcache.linear.outputs import run_settings, write_run
-from featcache.linear.probe import (
-    PROBE,
-    normalised,
-    probe_losses,
-    probe_spec,
-    refit,
-)
+from featcache.linear.plan import LinearPlan, RunOutputs, SplitRowsOf, plan_linear
 from featcache.linear.report import losses_table, run_summary
 from featcache.linear.search import (
     SearchResult,
@@ -58,26 +50,14 @@ from featcache.linear.stream import load_streamed_data
 from featcache.linear.trainer import evaluation_can_move
 from featcache.linear.workers import on_main
 from featcache.linear.zeroshot import ZERO_SHOT
-from featcache.linear.zeroshot_choice import score_zero_shot, split_zero_shot, zero_shot_wanted
+from featcache.linear.zeroshot_choice import score_zero_shot
 from featcache.losses import SPATIAL_FEATURES, SPMLLoss, loss_class
-from featcache.paths import (
-    existing_labels,
-    labels_path,
-    runs_dir,
-    runs_root,
-)
+from featcache.paths import labels_path, runs_dir, runs_root
 from featcache.protocol.coverage import evaluation_coverage, evaluation_notes
 from featcache.protocol.grid import LINEAR_EPOCHS
 from featcache.protocol.handoff import LinearPhaseRequest
-from featcache.protocol.loss_choice import (
-    choose_losses,
-    needs_spatial,
-    resolve_params,
-    split_params,
-    training_facts,
-)
+from featcache.protocol.loss_choice import needs_spatial, resolve_params
 from featcache.protocol.runs import RunFolder, new_run_id, open_finished_or_new
-from featcache.protocol.selection import resolve_val_variant
 from featcache.protocol.tensorboard_log import log_run, require_tensorboard
 from featcache.runtime import Ranks, describe_device, pick_device, ranks, usable_cpus
 
@@ -101,88 +81,89 @@ def run_linear(options: LinearOptions, say: Callable[[str], None] = _stderr,
     with ranks(options.device) as job:
         if not job.is_main:  # one voice: rank 0 says what happens and writes every file
             say, on_run = (lambda _: None), None
-        return _run_linear(options, budget, job, say, on_run)
+        plan = plan_linear(options, budget, job, say)
+        say(f"run id {plan.run_id}: {runs_root(plan.dataset, plan.cache)}/<loss>/{plan.run_id}")
+        return _run_linear(plan, job, say, on_run)
 
 
-def _run_linear(options: LinearOptions, budget: int, job: Ranks, say: Callable[[str], None],
+def _run_linear(plan: LinearPlan, job: Ranks, say: Callable[[str], None],
                 on_run: Callable[[LossRun], None] | None) -> LinearOutcome:
-    device = job.device
-    labels = load_labels(existing_labels(options.dataset, options.cache), image_names=False)
-    zero_shot_asked, options = split_zero_shot(options)
-    files = feature_files(options, labels, say)
-    first_rows = split_rows(labels, files.first)
-    options, specs, skipped, zero_shot = _search_specs(options, labels, files, first_rows,
-                                                       zero_shot_asked, say)
-    jobs = options.jobs or max(1, usable_cpus() // job.local_world)
-    run_id = on_main(job, lambda: options.run_id or new_run_id())
-    say(f"run id {run_id}: {runs_root(options.dataset, options.cache)}/<loss>/{run_id}")
-    options = replace(options, jobs=jobs)
-    folders = _run_folders(options, specs, zero_shot, run_id)
+    folders = _run_folders(plan)
     done: dict[str, LossRun] = {}
 
     def keep(run: LossRun) -> None:
         done[run.loss] = run
-        if options.tensorboard and job.is_main:
-            log_run(options.tensorboard, run.document, run.run_dir, replace=not run.reused)
+        if plan.tensorboard and job.is_main:
+            log_run(plan.tensorboard, run.document, run.run_dir, replace=not run.reused)
         if on_run is not None:
             on_run(run)
 
     with locked_folders(job, folders.values()):
-        if zero_shot:
-            keep(score_zero_shot(labels, files.pooled, folders[ZERO_SHOT], options, device,
-                                 say, job))
+        if plan.zero_shot:
+            assert plan.files.pooled is not None  # zero_shot_wanted: the row needs the pooled file
+            keep(score_zero_shot(plan.labels, plan.files.pooled, folders[ZERO_SHOT],
+                                 plan.val_variant, plan.outputs.overwrite, job.device, say, job))
         # Pooled losses train on the pooled features file, BoostLU's on the spatial one.
         for spatial in (False, True):
-            these = [spec for spec in specs if needs_spatial(spec.loss) == spatial]
-            if not these:
-                continue
-            features = files.spatial if spatial else files.pooled
-            data = load_training_data(
-                labels, features, device, budget, options.stream,
-                [(spec.loss, len(spec.configs(0)) // len(spec.batch_sizes)) for spec in these],
-                groups=len(options.seeds) * len(options.batch_sizes), jobs=jobs, say=say,
-                pseudo_choice=options.pseudo_labels, epochs=options.epochs,
-                early_stop=options.early_stop, job=job,
-                known_rows=first_rows if features is files.first else None)
-            if options.search == PROBE:
-                data = normalised(data)
-            if job.is_main and these[0] is specs[0]:
-                for note in evaluation_notes(*evaluation_coverage(data, options.val_variant)):
-                    warnings.warn(note, FeatcacheWarning, stacklevel=3)
-            todo = _unfinished(data, these, folders, options, say, job, keep)
-            try:
-                run_searches(data, todo, device, options.progress,
-                             planned_jobs(data, jobs), job,
-                             on_done=lambda result, data=data: keep(write_loss_run(
-                                 data, refit(data, result, device) if options.search == PROBE
-                                 else result, folders[result.spec.loss], options, device, job)))
-            except Interrupted as exc:
-                raise exc.adding(interrupted_detail(specs, done, run_id, options.run_id)) from None
-    runs = [done[name] for name in [ZERO_SHOT] * int(zero_shot) + [spec.loss for spec in specs]]
-    outcome = LinearOutcome(runs, skipped)
+            these = [spec for spec in plan.specs if needs_spatial(spec.loss) == spatial]
+            if these:
+                _train_searches(plan, these, spatial, folders, job, say, keep, done)
+    runs = [done[name] for name in [ZERO_SHOT] * int(plan.zero_shot)
+            + [spec.loss for spec in plan.specs]]
+    outcome = LinearOutcome(runs, list(plan.skipped))
     if len(runs) > 1:
-        _write_losses_table(outcome, labels.dataset, options, run_id, job)
+        _write_losses_table(outcome, plan, job)
     return outcome
 
 
+def _train_searches(plan: LinearPlan, these: Sequence[SearchSpec], spatial: bool,
+                    folders: Mapping[str, Path], job: Ranks, say: Callable[[str], None],
+                    keep: Callable[[LossRun], None], done: Mapping[str, LossRun]) -> None:
+    """The searches of ``these`` losses, on the spatial features file or the pooled one, each
+    kept as soon as it is written (a finished run with the same settings is reused)."""
+    features = plan.files.spatial if spatial else plan.files.pooled
+    assert features is not None  # the plan opened the file its losses read
+    data = load_training_data(
+        plan.labels, features, job.device, plan.budget, plan.stream,
+        [(spec.loss, len(spec.configs(0)) // len(spec.batch_sizes)) for spec in these],
+        groups=plan.groups, jobs=plan.jobs, say=say, pseudo_choice=plan.pseudo_labels,
+        epochs=plan.epochs, early_stop=plan.early_stop, job=job,
+        known_rows=plan.first_rows if features is plan.files.first else None)
+    data = plan.mode.data(data)
+    if job.is_main and these[0] is plan.specs[0]:
+        for note in evaluation_notes(*evaluation_coverage(data, plan.val_variant)):
+            warnings.warn(note, FeatcacheWarning, stacklevel=4)
+    todo = _unfinished(data, these, folders, plan.outputs, say, job, keep)
 
-def _run_folders(options: LinearOptions, specs: Sequence[SearchSpec], zero_shot: bool,
-                 run_id: str) -> dict[str, Path]:
-    """Each loss's run folder of this run id (and the zero-shot row's when it is scored)."""
-    folders = {spec.loss: runs_dir(options.dataset, spec.loss, options.cache) / run_id
-               for spec in specs}
-    if zero_shot:
-        folders[ZERO_SHOT] = runs_dir(options.dataset, ZERO_SHOT, options.cache) / run_id
+    def finished(result: SearchResult) -> None:
+        kept = plan.mode.refit(data, result, job.device)
+        keep(write_loss_run(data, kept, folders[result.spec.loss], plan.outputs, job.device,
+                            job))
+
+    try:
+        run_searches(data, todo, job.device, plan.outputs.progress,
+                     planned_jobs(data, plan.jobs), job, on_done=finished)
+    except Interrupted as exc:
+        raise exc.adding(interrupted_detail(plan.specs, done, plan.run_id,
+                                            plan.given_run_id)) from None
+
+
+def _run_folders(plan: LinearPlan) -> dict[str, Path]:
+    """Each loss's run folder of the plan's run id (and the zero-shot row's when it is scored)."""
+    folders = {spec.loss: runs_dir(plan.dataset, spec.loss, plan.cache) / plan.run_id
+               for spec in plan.specs}
+    if plan.zero_shot:
+        folders[ZERO_SHOT] = runs_dir(plan.dataset, ZERO_SHOT, plan.cache) / plan.run_id
     return folders
 
 
 def _unfinished(data: TrainingSplits, these: Sequence[SearchSpec], folders: Mapping[str, Path],
-                options: LinearOptions, say: Callable[[str], None], job: Ranks,
+                outputs: RunOutputs, say: Callable[[str], None], job: Ranks,
                 keep: Callable[[LossRun], None]) -> list[SearchSpec]:
     """The searches still to train: a finished run with these settings is reused (kept)."""
     todo = []
     for spec in these:
-        reused = reuse_finished(data, spec, folders[spec.loss], options, say, job)
+        reused = reuse_finished(data, spec, folders[spec.loss], outputs, say, job)
         if reused is not None:
             keep(reused)
         else:
@@ -190,50 +171,11 @@ def _unfinished(data: TrainingSplits, these: Sequence[SearchSpec], folders: Mapp
     return todo
 
 
-def _search_specs(options: LinearOptions, labels, files: FeatureFiles,
-                  first_rows: tuple[dict[str, SplitRows], list[str]], zero_shot: str | None,
-                  say: Callable[[str], None]
-                  ) -> tuple[LinearOptions, list[SearchSpec], list[tuple[str, str]], bool]:
-    """The losses the data can train (and those skipped, with why), each with its search:
-    every parameter resolved and range-checked before any features are loaded; the options
-    with the validation variant decided; whether the zero-shot row is scored."""
-    parts, _ = first_rows
-    train = parts["train"]
-    facts = training_facts(labels, train.observed(),
-                           labels.train.clean is not None, options.pseudo_labels,
-                           spatial=files.spatial is not None,
-                           backbone=files.pooled.backbone if files.pooled else files.backbone,
-                           features_command=(features_command(files.pooled.path,
-                                                              files.pooled.attrs)
-                                             if files.pooled else ""))
-    losses, skipped = (choose_losses(options.losses, facts, given=set(options.params))
-                       if requested_losses(options.losses) else ([], []))
-    zero_shot_scored = zero_shot_wanted(zero_shot, files, skipped)
-    if options.search == PROBE:
-        losses = probe_losses(losses, skipped, requested_losses(options.losses) == ["all"])
-    variant, note = resolve_val_variant(options.val_variant, labels.train.clean is not None,
-                                        labels.path)
-    options = replace(options, val_variant=variant)
-    if note:
-        say(note)
-    for name, reason in skipped:
-        say(f"skipping {name}: {reason}")
-    given = split_params(options.params, losses)
-    specs = [SearchSpec(loss=name, learning_rates=list(options.learning_rates),
-                        batch_sizes=list(options.batch_sizes),
-                        params=resolve_params(name, given[name], facts), seeds=list(options.seeds),
-                        epochs=options.epochs, val_variant=options.val_variant,
-                        early_stop=options.early_stop) for name in losses]
-    if options.search == PROBE:
-        specs = [probe_spec(spec, options.weight_decays) for spec in specs]
-    return options, specs, skipped, zero_shot_scored
-
-
-def _write_losses_table(outcome: LinearOutcome, dataset: str, options: LinearOptions,
-                        run_id: str, job: Ranks) -> None:
+def _write_losses_table(outcome: LinearOutcome, plan: LinearPlan, job: Ranks) -> None:
     """The table of every loss of the run (``runs/table-<run-id>.md``, ``.csv``, ``.json``)."""
-    outcome.table = losses_table(dataset, {run.loss: run.document for run in outcome.runs})
-    out = runs_root(options.dataset, options.cache) / f"table-{run_id}"
+    outcome.table = losses_table(plan.labels.dataset,
+                                 {run.loss: run.document for run in outcome.runs})
+    out = runs_root(plan.dataset, plan.cache) / f"table-{plan.run_id}"
     if job.is_main:
         write_text_atomic(out.with_suffix(".md"), outcome.table.markdown())
         write_text_atomic(out.with_suffix(".csv"), outcome.table.csv())
@@ -256,12 +198,12 @@ def interrupted_detail(specs: Sequence[SearchSpec], done: Mapping[str, LossRun],
 
 
 
-def load_training_data(labels, features, device, budget: int, stream: bool,
-                       losses: Sequence[tuple[str, int]], groups: int, jobs: int | None,
-                       say: Callable[[str], None] = _stderr,
+def load_training_data(labels: LabelSet, features: FeatureFile, device: torch.device,
+                       budget: int, stream: bool, losses: Sequence[tuple[str, int]], groups: int,
+                       jobs: int | None, say: Callable[[str], None] = _stderr,
                        pseudo_choice: str | None = None, epochs: int = LINEAR_EPOCHS,
                        early_stop: str = "none", job: Ranks | None = None,
-                       known_rows: tuple[dict[str, SplitRows], list[str]] | None = None) -> TrainingSplits:
+                       known_rows: SplitRowsOf | None = None) -> TrainingSplits:
     """The search's data, in memory when it fits ``budget`` (the protocol's exact path), else
     with the training features streamed from the file (:mod:`featcache.linear.stream`).
 
@@ -320,19 +262,21 @@ def group_shape(loss: type[SPMLLoss], heads: int, train_map: bool,
                       snapshots=epochs_kept)
 
 
-def train_loss(data: TrainingSplits, spec: SearchSpec, run_dir: Path, options: LinearOptions,
-               device, say: Callable[[str], None], job: Ranks | None = None) -> LossRun:
-    """One loss's search into ``run_dir``, or the finished run there when its settings match.
+def train_loss(data: TrainingSplits, spec: SearchSpec, run_dir: Path, outputs: RunOutputs,
+               device: torch.device, say: Callable[[str], None], job: Ranks | None = None,
+               jobs: int | None = None) -> LossRun:
+    """One loss's search into ``run_dir``, or the finished run there when its settings match
+    (``jobs``: CPU worker processes, default one per core).
 
     Under ``torchrun`` (``job``) the ranks share the groups; rank 0 alone touches the folder.
     """
     with locked_folders(job, [run_dir]):
-        reused = reuse_finished(data, spec, run_dir, options, say, job)
+        reused = reuse_finished(data, spec, run_dir, outputs, say, job)
         if reused is not None:
             return reused
-        result = run_search(data, spec, device=device, progress=options.progress,
-                            jobs=options.jobs, job=job)
-        return write_loss_run(data, result, run_dir, options, device, job)
+        result = run_search(data, spec, device=device, progress=outputs.progress, jobs=jobs,
+                            job=job)
+        return write_loss_run(data, result, run_dir, outputs, device, job)
 
 
 def locked_folders(job: Ranks | None, folders: Iterable[Path]) -> ExitStack:
@@ -352,13 +296,13 @@ def locked_folders(job: Ranks | None, folders: Iterable[Path]) -> ExitStack:
     return stack
 
 
-def reuse_finished(data: TrainingSplits, spec: SearchSpec, run_dir: Path, options: LinearOptions,
+def reuse_finished(data: TrainingSplits, spec: SearchSpec, run_dir: Path, outputs: RunOutputs,
                    say: Callable[[str], None], job: Ranks | None) -> LossRun | None:
     """The finished run in ``run_dir`` when its settings match (else the folder is started
     for a new run, or refused when it finished with other settings)."""
     data = loss_class(spec.loss).fit_data(data)  # its pseudo-labels are part of its settings
     folder, reuse = on_main(job, lambda: open_finished_or_new(
-        run_dir, run_settings(spec, data), options.overwrite))
+        run_dir, run_settings(spec, data), outputs.overwrite))
     if not reuse:
         return None
     say(f"{spec.loss}: run {run_dir.name} already finished with these settings; reusing it")
@@ -367,14 +311,14 @@ def reuse_finished(data: TrainingSplits, spec: SearchSpec, run_dir: Path, option
 
 
 def write_loss_run(data: TrainingSplits, result: SearchResult, run_dir: Path,
-                   options: LinearOptions, device, job: Ranks | None) -> LossRun:
+                   outputs: RunOutputs, device: torch.device, job: Ranks | None) -> LossRun:
     """Write a finished search's run folder (rank 0) and describe it (every rank)."""
     data = loss_class(result.spec.loss).fit_data(data)
     where = describe_device(device)
     if job is not None and job.world > 1:
         where += f", {plural(job.world, 'rank')} (torchrun)"
     document = on_main(job, lambda: write_run(run_dir, result, data, where,
-                                              run_summary(result, data), plot=options.plots))
+                                              run_summary(result, data), plot=outputs.plots))
     return LossRun(result.spec.loss, run_dir, document, False, result.seconds)
 
 
@@ -390,5 +334,5 @@ def train_linear_phase(request: LinearPhaseRequest) -> Path:
                       params=resolve_params(request.loss, request.params, data.facts),
                       seeds=[request.seed], epochs=LINEAR_EPOCHS, val_variant=request.val_variant)
     run_dir = runs_dir(request.dataset, request.loss, request.cache) / new_run_id()
-    options = LinearOptions(dataset=request.dataset, progress=request.progress)
-    return train_loss(data, spec, run_dir, options, device, _stderr).run_dir
+    return train_loss(data, spec, run_dir, RunOutputs(progress=request.progress), device,
+                      _stderr).run_dir

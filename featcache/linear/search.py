@@ -18,7 +18,7 @@ import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -56,9 +56,9 @@ class SearchSpec:
     epochs: int = LINEAR_EPOCHS
     val_variant: str = "clean"
     early_stop: str = "none"
-    #: "protocol", or "probe" (:mod:`featcache.linear.probe`: weight decays beside the learning
-    #: rates, given for batch ``lr_reference_batch``)
-    search: str = "protocol"
+    #: the search mode's name when it is not the default one (:mod:`featcache.linear.search_modes`;
+    #: e.g. weight decays beside the learning rates, given for batch ``lr_reference_batch``)
+    search: str | None = None
     weight_decays: Sequence[float] = (0.0,)
     lr_reference_batch: int | None = None
 
@@ -68,19 +68,29 @@ class SearchSpec:
             return self
         return replace(self, params=loss_class(self.loss).resolve(self.params, facts=facts))
 
+    @property
+    def resolved_params(self) -> ResolvedParams:
+        """Every loss parameter, once resolved (:meth:`resolved`; no parameter given: none)."""
+        if isinstance(self.params, ResolvedParams):
+            return self.params
+        if not self.params:
+            return ResolvedParams()
+        raise TypeError(f"{self.loss}'s parameters are not resolved yet (SearchSpec.resolved)")
+
     def configs(self, seed: int) -> list[GridPoint]:
         """Grid points of one seed, in the reference's order (batch size outer, lr inner)."""
-        return grid_points(self.learning_rates, self.batch_sizes, seed, self.params,
+        return grid_points(self.learning_rates, self.batch_sizes, seed, self.resolved_params,
                            self.weight_decays, self.lr_reference_batch)
 
     def settings(self) -> dict:
         """What makes two searches the same search (with the data's identity, the run's
         fingerprint)."""
-        settings = {"loss": self.loss, "learning_rates": list(self.learning_rates),
-                    "batch_sizes": list(self.batch_sizes), "seeds": list(self.seeds),
-                    "params": self.params.values, "epochs": self.epochs,
-                    "val_variant": self.val_variant, "early_stop": self.early_stop}
-        if self.search != "protocol":  # the protocol's runs keep their fingerprints
+        settings: dict[str, Any] = {
+            "loss": self.loss, "learning_rates": list(self.learning_rates),
+            "batch_sizes": list(self.batch_sizes), "seeds": list(self.seeds),
+            "params": self.resolved_params.values, "epochs": self.epochs,
+            "val_variant": self.val_variant, "early_stop": self.early_stop}
+        if self.search is not None:  # the default mode's runs keep their fingerprints
             settings.update(search=self.search, weight_decays=list(self.weight_decays),
                             lr_reference_batch=self.lr_reference_batch)
         return settings
@@ -99,7 +109,7 @@ class SearchResult:
     seeds: list[SeedResult]
     seconds: float
     notes: list[str] = field(default_factory=list)
-    probe: dict | None = None  # the probe search's record (:mod:`featcache.linear.probe`)
+    probe: dict | None = None  # the probe search's record (:mod:`featcache.linear.search_modes.probe`)
 
     @property
     def selected(self) -> HeadResult:
@@ -235,6 +245,11 @@ def run_searches(data: TrainingSplits, specs: Sequence[SearchSpec],
                           evaluate_elsewhere).run(len(data.train))
 
 
+#: what a task gives back: a group's heads (or, trained only, the group to evaluate elsewhere),
+#: or an evaluated piece's epochs; with its wall-clock start and end
+_Outcome = tuple[list[HeadResult] | TrainedGroup | list[tuple], float, float]
+
+
 class _SharedWorkers:
     """The groups of several searches on one pool of workers: :meth:`work` runs a task where a
     worker is free, :meth:`finished` takes its outcome where the searches are kept."""
@@ -243,8 +258,8 @@ class _SharedWorkers:
                  jobs: int | None, job: Ranks | None,
                  on_done: Callable[[SearchResult], None] | None, evaluate_elsewhere: bool):
         self.searches, self.device, self.on_done = searches, device, on_done
-        self.tasks = [_TrainGroup(i, group) for i, search in enumerate(searches)
-                      for group in search.groups]
+        self.tasks: list[_TrainGroup | _EvaluateEpochs] = [
+            _TrainGroup(i, group) for i, search in enumerate(searches) for group in search.groups]
         jobs = max(1, jobs or usable_cpus())
         self.show = progress and (job is None or job.world == 1 or job.is_main)
         self.job = job
@@ -271,9 +286,12 @@ class _SharedWorkers:
                        on_result=self.finished)
         finally:
             self.evaluated.close()
-        return self.results
+        done = [result for result in self.results if result is not None]
+        if len(done) != len(self.results):
+            raise RuntimeError("a search finished without training any group")
+        return done
 
-    def work(self, task: _TrainGroup | _EvaluateEpochs) -> tuple[object, float, float]:
+    def work(self, task: _TrainGroup | _EvaluateEpochs) -> _Outcome:
         search = self.searches[task.search]
         started = time.time()  # wall clock: comparable between the worker processes
         if isinstance(task, _EvaluateEpochs):
@@ -293,14 +311,15 @@ class _SharedWorkers:
         return outcome, started, time.time()
 
     def finished(self, index: int | None, task: _TrainGroup | _EvaluateEpochs,
-                 outcome: tuple[object, float, float]) -> list[_EvaluateEpochs]:
+                 outcome: _Outcome) -> list[_EvaluateEpochs]:
         search = self.searches[task.search]
         value, began, ended = outcome
         search.timed(began, ended)
-        if isinstance(task, _EvaluateEpochs):
+        if isinstance(task, _EvaluateEpochs):  # its value: each epoch's evaluation
             self.evaluated.update(len(task.epochs))
-            value = search.evaluating[task.group].take(task.epochs, value, ended - began)
-            if value is None:
+            heads = search.evaluating[task.group].take(task.epochs, cast(list[tuple], value),
+                                                       ended - began)
+            if heads is None:
                 return []
             del search.evaluating[task.group]
         elif isinstance(value, TrainedGroup):
@@ -311,12 +330,14 @@ class _SharedWorkers:
                 self.evaluated.refresh()
                 return [_EvaluateEpochs(task.search, task.group, value.empty_heads, epochs)
                         for epochs in pieces]
-            value = value.finish([])[0]  # no epoch to evaluate
-        search.done[task.group] = value
+            heads = value.finish([])[0]  # no epoch to evaluate
+        else:  # a group trained and evaluated where it ran
+            heads = cast(list[HeadResult], value)
+        search.done[task.group] = heads
         if len(search.done) == len(search.groups):
-            number = task.search
-            self.results[number] = search.result(search.span[1] - search.span[0])
+            result = search.result(search.span[1] - search.span[0])
+            self.results[task.search] = result
             if self.on_done is not None:
-                self.on_done(self.results[number])
+                self.on_done(result)
         return []
 

@@ -3,28 +3,30 @@ and that row's run as a :class:`~featcache.linear.lossrun.LossRun`."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import replace
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import torch
+
 from featcache.data.featurefile import FeatureFile, read_text_embeddings
+from featcache.data.labelfile import LabelSet
+from featcache.errors import OptionError
 from featcache.linear.featurefiles import FeatureFiles, requested_losses
 from featcache.linear.lossrun import LossRun
-from featcache.linear.options import LinearOptions
 from featcache.linear.workers import on_main
 from featcache.linear.zeroshot import ZERO_SHOT, zero_shot_run
 from featcache.runtime import Ranks, describe_device
 
 
-def split_zero_shot(options: LinearOptions) -> tuple[str | None, LinearOptions]:
-    """Whether ``--loss`` asks for the zero-shot row (``"named"``, or ``"all"`` when the
-    features file may have it), and the options with the losses to train."""
-    names = requested_losses(options.losses)
+def split_zero_shot(losses: str | Sequence[str]) -> tuple[str | None, str | Sequence[str]]:
+    """Whether ``--loss`` (``losses``) asks for the zero-shot row (``"named"``, or ``"all"``
+    when the features file may have it), and the losses to train."""
+    names = requested_losses(losses)
     if names == ["all"]:
-        return "all", options
+        return "all", losses
     if ZERO_SHOT not in names:
-        return None, options
-    return "named", replace(options, losses=[name for name in names if name != ZERO_SHOT])
+        return None, losses
+    return "named", [name for name in names if name != ZERO_SHOT]
 
 
 def zero_shot_wanted(mode: str | None, files: FeatureFiles,
@@ -33,6 +35,10 @@ def zero_shot_wanted(mode: str | None, files: FeatureFiles,
     features file with class-prompt embeddings (else it is skipped, with the reason)."""
     if mode is None:
         return False
+    if mode == "named" and files.pooled is None:
+        raise OptionError("--loss zero-shot scores the pooled features file, which the other "
+                          "losses named do not read (they train on feature maps): score it in a "
+                          "run of its own (--loss zero-shot)")
     if mode == "named" or (files.pooled is not None
                            and read_text_embeddings(files.pooled.path) is not None):
         return True
@@ -42,12 +48,13 @@ def zero_shot_wanted(mode: str | None, files: FeatureFiles,
     return False
 
 
-def score_zero_shot(labels, features: FeatureFile, run_dir: Path, options: LinearOptions,
-                    device, say: Callable[[str], None], job: Ranks) -> LossRun:
-    """The zero-shot row's run (:mod:`featcache.linear.zeroshot`), or the finished one."""
+def score_zero_shot(labels: LabelSet, features: FeatureFile, run_dir: Path, val_variant: str,
+                    overwrite: bool, device: torch.device, say: Callable[[str], None],
+                    job: Ranks) -> LossRun:
+    """The zero-shot row's run (:mod:`featcache.linear.zeroshot`), or the finished one
+    (``overwrite``: a finished one with other settings is replaced)."""
     document, reused = on_main(job, lambda: zero_shot_run(
-        labels, features, run_dir, options.val_variant, describe_device(device),
-        options.overwrite))
+        labels, features, run_dir, val_variant, describe_device(device), overwrite))
     if reused:
         say(f"{ZERO_SHOT}: run {run_dir.name} already finished with these settings; reusing it")
     return LossRun(ZERO_SHOT, run_dir, document, reused, document["timings"]["seconds"])

@@ -9,11 +9,10 @@ keep the order of their classes.
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 import sys
 from collections.abc import Mapping
 
+from featcache.discovery import import_modules_of
 from featcache.errors import OptionError, unknown_name
 from featcache.losses.base import MaskedPassLoss, SPMLLoss
 from featcache.losses.needs import SPATIAL_FEATURES, DataFacts
@@ -49,9 +48,7 @@ def register_loss(cls: type[SPMLLoss]) -> type[SPMLLoss]:
 
 def discover_losses(package: str = "featcache.losses") -> None:
     """Import every module of ``package`` (each registers the losses it defines)."""
-    root = sys.modules[package]
-    for module in pkgutil.iter_modules(root.__path__, prefix=f"{package}."):
-        importlib.import_module(module.name)
+    import_modules_of(package)
 
 
 def _listing_key(item: tuple[int, type[SPMLLoss]]) -> tuple[int, str, int]:

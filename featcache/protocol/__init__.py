@@ -7,6 +7,9 @@ the papers' protocol, written once.
 - ``selection``: best epoch and best configuration by validation mAP, early-stopping rules;
 - ``loss_choice``: which losses a run trains (``--loss all`` asks each loss what it needs) and
   the facts about the training data that losses read (``k``, full labels, negatives);
+- ``feature_source``: which features files a run trains on (``FeatureSource``), for both stages;
+- ``search_modes``: stage two's search modes (``--search``) as every part sees them, registered
+  one module per mode;
 - ``records``: per-epoch records and the common parts of every ``results.json``;
 - ``runs``: run folders, their settings fingerprints, finished runs and the best of them;
 - ``handoff``: the file stage two hands to stage three (the selected head, ROLE's phi);

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import importlib.util
 import json
 import os
 import sys
@@ -94,7 +93,9 @@ class BackboneInfo:
 
     def library_installed(self) -> bool:
         """Whether the backbone's library can be imported here (looked up, not imported)."""
-        return self.library == "torchvision" or importlib.util.find_spec(self.library) is not None
+        from featcache.backbones.hub import library_installed
+
+        return library_installed(self.library)
 
     def weights_cached(self) -> bool | None:
         """Whether the default weights are in their cache (never downloaded); None when that is
@@ -269,7 +270,7 @@ def backbone_info(spec) -> BackboneInfo:
 
 
 def _default_weights_file(spec) -> dict:
-    from featcache.backbones.weights import describe_weights, url_file_name
+    from featcache.backbones.weights import describe_weights
     from featcache.errors import FeatcacheError
 
     if spec.default_weights == "random":
@@ -278,9 +279,7 @@ def _default_weights_file(spec) -> dict:
         source = describe_weights(spec)
     except FeatcacheError:  # the library is not installed: nothing to look up either
         return {}
-    if source.kind == "hub":
-        return {"hub_repo": source.repo, "hub_files": list(source.files)}
-    return {"torch_hub": url_file_name(source.url)}
+    return spec.family.cache_entry(source)
 
 
 def write_snapshot(path: Path = SNAPSHOT) -> Path:

@@ -4,8 +4,10 @@
 own import (about a second on the development machine) used to come after the search, before
 ``curves.png`` could be drawn. :func:`start` forks a small process while the command is still
 light: it imports matplotlib at once, on another core, then draws each figure the command
-sends it (:func:`featcache.protocol.plots.plot_series` goes there while it runs), one at a time,
-the same function on the same arguments, so the same file. An error while drawing comes back
+sends it (:func:`featcache.protocol.plots.plot_series` sends its drawing there while it runs), one
+at a time, the same function on the same arguments, so the same file. A figure is sent as the
+function that draws it (pickled by name, imported by the drawing process when it first needs
+it) and its arguments, so this module knows no figure and imports no module that draws one. An error while drawing comes back
 and rises in the command; a drawing process that is gone (killed) is replaced by drawing in
 the command itself. It ignores Ctrl-C (the command's to handle), ends with the command (even
 ``kill -9``: :func:`~featcache.interrupt.die_with_parent`) and when the command closes its end.
@@ -16,8 +18,10 @@ from __future__ import annotations
 import atexit
 import multiprocessing
 import os
+import pickle
 import signal
 import sys
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -46,9 +50,10 @@ def start(force: bool = False) -> bool:
     return True
 
 
-def draw(function: str, *args, **kwargs) -> bool:
-    """Call :mod:`featcache.protocol.plots` ``function(*args, **kwargs)`` in the drawing
-    process and wait for it; False (nothing drawn) when no drawing process serves this one."""
+def draw(function: Callable[..., object], *args: Any, **kwargs: Any) -> bool:
+    """Call ``function(*args, **kwargs)`` (a module-level function: it is pickled by name) in
+    the drawing process and wait for it; False (nothing drawn) when no drawing process serves
+    this one."""
     if not _running or _running[0][0] != os.getpid():
         return False
     _, connection, _ = _running[0]
@@ -83,19 +88,20 @@ def _serve(connection: Connection, parents_end: Connection) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot  # noqa: F401  (the import this process is for)
 
-    from featcache.protocol import plots
-
     while True:
         try:
-            function, args, kwargs = connection.recv()
+            message = connection.recv_bytes()
         except (EOFError, OSError):
             return
-        try:
-            getattr(plots, function)(*args, **kwargs)
+        name = "a figure"
+        try:  # unpickling imports the drawing function's module: its failure goes back too
+            function, args, kwargs = pickle.loads(message)
+            name = getattr(function, "__name__", name)
+            function(*args, **kwargs)
             reply: tuple[bool, BaseException | None] = (True, None)
         except Exception as exc:  # noqa: BLE001 - every failure goes back to the command
             reply = (False, exc)
         try:
             connection.send(reply)
         except Exception:  # noqa: BLE001 - an exception that does not pickle: its text
-            connection.send((False, RuntimeError(f"drawing {function} failed: {reply[1]!r}")))
+            connection.send((False, RuntimeError(f"drawing {name} failed: {reply[1]!r}")))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from featcache.fileio import atomic_output
@@ -67,8 +67,8 @@ def plot_series(curves: Sequence[Curve], selected: tuple[int, float], path: Path
                 title: str = "", start: tuple[float | None, float | None] | None = None,
                 start_label: str = "start") -> Path:
     """Save :func:`series_figure` as a PNG (atomically), in the drawing process where one
-    runs (:mod:`featcache.protocol.plot_process`)."""
-    if plot_process.draw("plot_series", curves, selected, path, title, start, start_label):
+    runs (:mod:`featcache.protocol.plot_process`; there this same call draws in place)."""
+    if plot_process.draw(plot_series, curves, selected, path, title, start, start_label):
         return path
     import matplotlib.pyplot as plt
 
@@ -80,7 +80,7 @@ def plot_series(curves: Sequence[Curve], selected: tuple[int, float], path: Path
 
 
 #: one panel of a sweep: (title, {parameter value: test mAPs}, reference (mean, std) or None)
-SweepPanel = tuple[str, dict[float, Sequence[float]], tuple[float, float] | None]
+SweepPanel = tuple[str, Mapping[float, Sequence[float]], tuple[float, float] | None]
 
 
 def plot_sweep(panels: Sequence[SweepPanel], param: str, path: Path, title: str = "") -> Path:

@@ -32,7 +32,10 @@ class EpochRecord:
 
     def selection(self, val_variant: str) -> float:
         """The validation mAP that selects: clean labels, or the observed single positives."""
-        return self.val_map if val_variant == "clean" else self.val_map_observed
+        if val_variant != "clean":
+            return self.val_map_observed
+        assert self.val_map is not None, "--val clean is refused without clean validation labels"
+        return self.val_map
 
     def to_json(self) -> dict:
         return ({"epoch": self.epoch + 1, "train_loss": self.train_loss, "val_map": self.val_map,
@@ -69,7 +72,8 @@ def document_header(stage: str, loss: NamedLoss, labels: LabelSet) -> dict:
 
 def observation_line(observation: dict | None) -> str | None:
     """A summary line naming a biased single-positive sampler (None for the protocol's own)."""
-    rule = (observation or {}).get("rule", "uniform")
+    observation = observation or {}
+    rule = observation.get("rule", "uniform")
     if rule in ("uniform", "given"):
         return None
     return (f"- observed labels: {rule}-biased single positives (Arroyo et al. 2023), seed "

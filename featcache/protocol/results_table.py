@@ -56,19 +56,19 @@ def _latest_runs(documents: list[tuple[dict, Path, bool]], chosen: list[str]
                  ) -> list[tuple[dict, Path, bool]]:
     """Of the runs found by searching a folder, the latest of each stage, loss and dataset
     (runs named one by one are all kept); ``chosen`` gets a line for each choice made."""
-    groups: dict[tuple, list[tuple[dict, Path, bool]]] = {}
+    groups: dict[tuple[str, str, str] | int, list[tuple[dict, Path, bool]]] = {}
     for entry in documents:
         document, _, named = entry
         key = ((document.get("stage", "linear"), document["loss"], document["dataset"])
                if not named else id(entry))
         groups.setdefault(key, []).append(entry)
     kept = []
-    for key, runs in groups.items():
+    for runs in groups.values():
         latest = max(runs, key=lambda e: (str(e[0].get("created", "")), e[1].stat().st_mtime))
         kept.append(latest)
-        if len(runs) > 1:
+        if len(runs) > 1:  # runs found by searching: one loss on one dataset
             others = ", ".join(sorted(e[1].parent.name for e in runs if e is not latest))
-            chosen.append(f"{key[1]} on {key[2]}: the latest of {plural(len(runs), 'run')}, "
+            chosen.append(f"{latest[0]['loss']} on {latest[0]['dataset']}: the latest of {plural(len(runs), 'run')}, "
                           f"{latest[1].parent.name} (not {others}; --run-id ID takes another, "
                           "--all-runs pools them)")
     return kept
@@ -325,8 +325,9 @@ class ResultsTable:
                 cell = self.cells.get((loss, dataset))
                 row[dataset] = None if cell is None else cell.to_json()
             rows.append(row)
-        out = {"caption": self.caption(), "stage": self.stage, "datasets": self.datasets,
-               "losses": self.losses, "notes": self.notes(), "rows": rows}
+        out: dict[str, object] = {
+            "caption": self.caption(), "stage": self.stage, "datasets": self.datasets,
+            "losses": self.losses, "notes": self.notes(), "rows": rows}
         if per_class:
             out["per_class"] = {dataset: self.per_class(dataset).records()
                                 for dataset in self.datasets}

@@ -75,7 +75,10 @@ def selection_score(variant: str, clean: Tensor | None, observed: Tensor, epoch:
     or the observed labels; with :data:`LAST_EPOCH`, the epoch number (the last epoch wins)."""
     if variant == LAST_EPOCH:
         return torch.full_like(observed, float(epoch))
-    return clean if variant == "clean" else observed
+    if variant != "clean":
+        return observed
+    assert clean is not None, "--val clean is refused without clean validation labels"
+    return clean
 
 
 def should_stop(rule: str, best: float | Tensor, current: float | Tensor,

@@ -87,10 +87,11 @@ def run_pseudo_labels(options: PseudoLabelOptions,
     """Make (or refuse to overwrite) one pseudo-label file; see the module docstring."""
     if options.rule not in rules.RULES:
         raise OptionError(f"--rule {options.rule!r}: choose one of {', '.join(rules.RULES)}")
-    labels = load_labels(existing_labels(options.dataset, options.cache))
+    labels_file = existing_labels(options.dataset, options.cache)
+    labels = load_labels(labels_file)
     params = resolve_rule_params(options.rule, labels.dataset, options.params)
     name = check_name(options.name or options.rule)
-    target = pseudo_labels_path(labels.path, name)
+    target = pseudo_labels_path(labels_file, name)
     if target.exists() and not options.overwrite:
         raise InputError(f"{target} exists; pass --overwrite to replace it, or --name to keep both")
     source = choose_features(options, labels)
@@ -196,9 +197,10 @@ def pseudo_stats(matrix: np.ndarray, labels: LabelSet, bad: np.ndarray) -> dict:
     unobserved = np.asarray(labels.train.observed) == 0
     positive, negative = (matrix == 1) & unobserved, (matrix == -1) & unobserved
     images = int((~bad).sum())
-    stats = {"images": len(matrix), "bad_rows": int(bad.sum()),
-             "positives": int(positive.sum()), "negatives": int(negative.sum()),
-             "positives_per_image": float(positive.sum() / max(images, 1))}
+    stats: dict[str, int | float | None] = {
+        "images": len(matrix), "bad_rows": int(bad.sum()), "positives": int(positive.sum()),
+        "negatives": int(negative.sum()),
+        "positives_per_image": float(positive.sum() / max(images, 1))}
     clean = labels.train.clean
     if clean is not None:
         clean = np.asarray(clean).astype(bool)

@@ -10,34 +10,27 @@ dataset is in exactly one table and no cell mixes settings.
 
 from __future__ import annotations
 
-import math
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from featcache.protocol.results_table import ResultsTable
 from featcache.protocol.table_cells import seed_choices
 from featcache.report.runs import Run
-from featcache.report.svg import HeatCell
 
 #: settings that differ between the losses of one table (each loss's own) or between seeds
 _PER_LOSS = {"loss", "params", "seeds", "seed", "init", "pseudo_labels_sha256"}
 #: the loss every other loss's per-class AP is compared with (Cole et al.'s baseline)
 REFERENCE_LOSS = "an"
-#: smallest per-class AP difference (points) highlighted against the reference loss
-MIN_HIGHLIGHT = 1.0
 
 
 def protocol_key(run: Run) -> str:
     """What every run of one table shares (the settings that are not the loss's own)."""
-    import json
-
     settings = run.document.get("settings", {})
     return json.dumps({k: v for k, v in settings.items() if k not in _PER_LOSS}, sort_keys=True)
 
 
 def _loss_key(run: Run) -> str:
-    import json
-
     settings = run.document.get("settings", {})
     return json.dumps({k: v for k, v in settings.items() if k not in ("seeds", "seed")},
                       sort_keys=True)
@@ -75,35 +68,3 @@ def table_groups(runs: Sequence[Run]) -> list[TableGroup]:
     placed.sort(key=lambda item: order.get(item[0], 2))
     return [TableGroup(stage, members, ResultsTable.from_documents(
         [(member.name, member.document) for member in members])) for stage, _, members in placed]
-
-
-def per_class_cells(group: TableGroup) -> tuple[list[str], list[str], dict, str | None]:
-    """The heatmap of a table: losses, classes, cells (with the difference against ``an``
-    and whether it is highlighted) and the reference loss (None when ``an`` is not there)."""
-    table = group.table
-    dataset = table.datasets[0]
-    estimates = {}
-    for loss in table.losses:
-        cell = table.cells.get((loss, dataset))
-        if cell is not None:
-            estimates[loss] = cell.per_class()[0]
-    losses = [loss for loss in table.losses if estimates.get(loss)]
-    classes = next((list(v) for v in estimates.values() if v), [])
-    reference = REFERENCE_LOSS if REFERENCE_LOSS in losses else None
-    cells: dict[tuple[str, str], HeatCell] = {}
-    for loss in losses:
-        for name, value in estimates[loss].items():
-            cell = HeatCell(value.mean, value.sd, value.n)
-            if reference is not None and loss != reference:
-                base = estimates[reference].get(name)
-                if base is not None:
-                    cell.delta = value.mean - base.mean
-                    cell.significant = abs(cell.delta) >= highlight_threshold(value.sd, base.sd)
-            cells[(loss, name)] = cell
-    return losses, classes, cells, reference
-
-
-def highlight_threshold(sd: float, reference_sd: float) -> float:
-    """A per-class difference is highlighted from 1 AP point, or twice the sd of the
-    difference (sd of both means combined) when the seeds vary more than that."""
-    return max(MIN_HIGHLIGHT, 2 * math.sqrt(sd ** 2 + reference_sd ** 2))

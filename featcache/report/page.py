@@ -10,27 +10,19 @@ from __future__ import annotations
 
 import base64
 import datetime as _dt
-import json
-import shlex
 import statistics
 from collections.abc import Sequence
-from html import escape
 from pathlib import Path
 
 from featcache import __version__
 from featcache.errors import plural
-from featcache.losses import loss_names
-from featcache.protocol.configurations import configurations, varying_params
-from featcache.protocol.results_table import STAGES
 from featcache.published import SOURCES
-from featcache.report.groups import (
-    MIN_HIGHLIGHT,
-    TableGroup,
-    per_class_cells,
-    table_groups,
-)
+from featcache.report.groups import TableGroup, table_groups
+from featcache.report.heatmap import heatmap_html
+from featcache.report.html import STAGE_TITLES, command_text, esc, number
+from featcache.report.runcards import curves_section, run_series
 from featcache.report.runs import CamFigure, Run
-from featcache.report.svg import PALETTE, Series, curves_svg, heatmap_svg, legend_html
+from featcache.report.svg import curves_svg
 
 #: what a run of each stage is, one and several (the page's header counts them)
 STAGE_RUNS = {"linear": ("linear head on cached features", "linear heads on cached features"),
@@ -41,29 +33,6 @@ def _stage_count(count: int, stage: str) -> str:
     """``1 network fine-tuned end to end``, ``31 linear heads on cached features``."""
     one, several = STAGE_RUNS.get(stage, (stage, stage))
     return plural(count, one, several)
-
-
-STAGE_TITLES = {"linear": "Stage two: linear heads on cached features",
-                "finetune": "Stage three: fine-tuned end to end"}
-
-
-def esc(value) -> str:
-    """HTML-escaped text that holds no URL (a path or note that quotes one stays text)."""
-    return escape(str(value)).replace("://", "&#58;//")
-
-
-def number(value: float | None, digits: int = 2) -> str:
-    return "" if value is None else f"{value:.{digits}f}"
-
-
-def command_text(document: dict) -> str:
-    """The command that made a run, as typed (``featcache train-linear ...``)."""
-    argv = list(document.get("command") or [])
-    if not argv:
-        return "(not recorded)"
-    if Path(argv[0]).name in ("featcache", "__main__.py", "cli.py"):
-        argv[0] = "featcache"
-    return shlex.join(argv)
 
 
 def provenance_tip(run: Run) -> str:
@@ -135,152 +104,6 @@ def _delta_class(delta: float | None) -> str:
     if delta is None:
         return ""
     return ' class="up"' if delta >= 0 else ' class="down"'
-
-
-def heatmap_html(group: TableGroup, index: int, number_text: str = "") -> str:
-    """The per-class AP heatmap of one table, with its key."""
-    losses, classes, cells, reference = per_class_cells(group)
-    if not losses:
-        return ""
-    title = (f"Per-class test AP (%), {STAGES.get(group.stage, group.stage)}, "
-             f"{group.table.datasets[0]}")
-    links = {loss: f"loss-{loss}" for loss in losses}
-    if reference is None:
-        command = "train-linear" if group.stage == "linear" else "finetune"
-        key = (f"no {esc('an')} run in this table: nothing to compare against (run "
-               f"<code>featcache {command} --loss an</code> with the same settings to see gains "
-               "and losses)")
-    else:
-        key = (f"outlined green &#9650;: the loss gains on <b>{reference}</b> for that class, "
-               f"red &#9660;: it loses (a difference of at least {MIN_HIGHLIGHT:g} AP point, or "
-               "twice the sd over seeds of the difference when larger); the counts at the "
-               "right of each row")
-    missing = sorted({c for cell in group.table.cells.values()
-                      for c in cell.classes_without_positives})
-    extra = (f" Classes without a test positive (AP 0 by the protocol): {esc(', '.join(missing))}."
-             if missing else "")
-    return (f'<h3 id="heatmap-{index}">{esc(STAGE_TITLES.get(group.stage, group.stage))}'
-            f"{number_text}</h3>"
-            f'<p class="caption">Colour: test AP, mean over seeds (white 0, dark blue 100); '
-            f"{key}. Hover a cell for its numbers.{extra}</p>"
-            f'<div class="scroll">{heatmap_svg(losses, classes, cells, title, reference, links)}'
-            "</div>")
-
-
-# ---------------------------------------------------------------------------- curves per run
-def run_series(run: Run, only_selected: bool = False) -> list[Series]:
-    """A run's configurations as curves (one colour per lr x batch x parameters)."""
-    configs = configurations(run.document)
-    varying = varying_params(configs)
-    selection = run.document["selection"]
-    colours: dict[str, str] = {}
-    series = []
-    for config in configs:
-        if only_selected and not config.selected:
-            continue
-        key = f"lr {config.lr:g}, batch {config.batch_size}" + "".join(
-            f", {k}={config.params[k]:g}" for k in varying if k in config.params)
-        colour = colours.setdefault(key, PALETTE[len(colours) % len(PALETTE)])
-        seeds = len({c.seed for c in configs})
-        label = key + (f", seed {config.seed}" if seeds > 1 else "")
-        records = config.epochs
-        overall = (config.selected and config.lr == selection["lr"]
-                   and config.batch_size == selection["batch_size"]
-                   and config.seed == selection.get("seed", config.seed))
-        series.append(Series(label, [r["epoch"] for r in records],
-                             [r.get(config.val_key) for r in records],
-                             [r.get("test_map") for r in records], colour,
-                             config.best_epoch if config.selected else None, overall))
-    return series
-
-
-def run_card(run: Run) -> str:
-    """A run's section: its selected numbers, curves, configurations and provenance."""
-    document = run.document
-    selection = document["selection"]
-    variant = document.get("protocol", {}).get("val_variant", "clean")
-    val_key = "val_map" if variant == "clean" else "val_map_observed"
-    summary = document.get("summary", {})
-    if summary.get("seeds", 1) > 1:
-        headline = (f"test mAP {summary['test_map_mean']:.2f} ± {summary['test_map_std']:.2f} "
-                    f"over {plural(summary['seeds'], 'seed')}; best seed {selection['seed']}: ")
-    else:
-        headline = ""
-    headline += (f"val <b data-key=\"val\">{number(selection.get(val_key))}</b>, test "
-                 f"<b data-key=\"test\">{number(selection['test_map'])}</b> (lr "
-                 f"{selection['lr']:g}, batch {selection['batch_size']}, epoch "
-                 f"{selection['epoch']})")
-    series = run_series(run)
-    stage = "fine-tuned" if run.stage == "finetune" else "linear"
-    chart = curves_svg(series, f"{document['dataset']} / {run.loss} ({stage}): {run.run_id}")
-    return (f'<article class="run" id="{run.anchor}"><h4>{esc(run.name)} '
-            f'<span class="muted">({esc(STAGES.get(run.stage, run.stage))})</span></h4>'
-            f"<p>{headline}</p>{chart}{legend_html(series)}"
-            f"{configurations_html(run)}{provenance_html(run)}</article>")
-
-
-def configurations_html(run: Run) -> str:
-    """Every configuration's selected epoch and numbers (the selected ones marked)."""
-    configs = configurations(run.document)
-    varying = varying_params(configs)
-    rows = "".join(
-        f'<tr{" class=selected" if c.selected else ""}><td>{c.seed}</td><td>{c.lr:g}</td>'
-        f"<td>{c.batch_size}</td><td>{esc(', '.join(f'{k}={c.params[k]:g}' for k in varying))}"
-        f"</td><td>{c.best_epoch}</td><td data-v=\"{c.val_map!r}\">{number(c.val_map)}</td>"
-        f'<td data-v="{c.test_map!r}">{number(c.test_map)}</td>'
-        f"<td>{'&#9733;' if c.selected else ''}</td></tr>" for c in configs)
-    return ("<details><summary>configurations (each at its best validation epoch)</summary>"
-            '<table class="sortable small"><thead><tr><th>seed</th><th>lr</th><th>batch</th>'
-            "<th>params</th><th>best epoch</th><th>val mAP</th><th>test mAP</th>"
-            f"<th>selected</th></tr></thead><tbody>{rows}</tbody></table></details>")
-
-
-def provenance_html(run: Run) -> str:
-    """What made the run: command, time, version, inputs, settings and their fingerprint."""
-    document = run.document
-    inputs = [f"labels {document.get('labels', {}).get('path')} (sha256 "
-              f"{document.get('labels', {}).get('sha256')})"]
-    if "features" in document:
-        features = document["features"]
-        inputs.append(f"features {features.get('path')}: {features.get('dim')}-d "
-                      f"{features.get('backbone')} ({features.get('weights')} weights; sha256 "
-                      f"{features.get('sha256')})")
-    if "backbone" in document:
-        backbone = document["backbone"]
-        inputs.append(f"network {backbone.get('name')} ({backbone.get('weights')} weights), "
-                      f"{backbone.get('image_size')} px")
-    if document.get("init", {}).get("mode") == "linear":
-        inputs.append(f"LinearInit from {document['init'].get('run_dir')}")
-    machine, timings = document.get("machine", {}), document.get("timings", {})
-    lines = [f"<dt>command</dt><dd><code>{esc(command_text(document))}</code></dd>",
-             f"<dt>made</dt><dd>{esc(document.get('created'))}, featcache "
-             f"{esc(document.get('featcache_version'))}, {esc(machine.get('device'))}, "
-             f"{number(timings.get('seconds'), 1)} s</dd>",
-             f"<dt>inputs</dt><dd>{'<br>'.join(esc(text) for text in inputs)}</dd>",
-             f"<dt>fingerprint</dt><dd><code>{esc(document.get('fingerprint'))}</code></dd>",
-             f"<dt>loss parameters</dt><dd>{esc(_params(document['selection']['params']))}</dd>"]
-    notes = "".join(f"<li>{esc(note)}</li>" for note in document.get("notes", []))
-    settings = json.dumps(document.get("settings", {}), indent=1, sort_keys=True)
-    return (f'<dl class="provenance">{"".join(lines)}</dl>'
-            + (f'<ul class="notes">{notes}</ul>' if notes else "")
-            + f"<details><summary>settings (the fingerprint's input)</summary><pre>"
-              f"{esc(settings)}</pre></details>")
-
-
-def _params(params: dict) -> str:
-    return ", ".join(f"{k}={v:g}" for k, v in params.items()) or "none"
-
-
-def curves_section(runs: Sequence[Run]) -> str:
-    """Every run's card, grouped by loss in the registry's order."""
-    order = {name: i for i, name in enumerate(loss_names())}
-    losses = sorted({run.loss for run in runs}, key=lambda n: (order.get(n, len(order)), n))
-    parts = []
-    for loss in losses:
-        cards = "".join(run_card(run) for run in runs if run.loss == loss)
-        parts.append(f'<section class="loss" id="loss-{esc(loss)}"><h3>{esc(loss)}</h3>'
-                     f"{cards}</section>")
-    return "".join(parts)
 
 
 # ---------------------------------------------------------------------------- fine-tuning

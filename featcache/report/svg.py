@@ -1,7 +1,7 @@
-"""Inline SVG figures of the report: learning curves and the per-class AP heatmap.
+"""Inline SVG learning curves of the report (the per-class AP heatmap: :mod:`.heatmap`).
 
 Drawn as text (no matplotlib, no files): a page that embeds them works opened from disk, and
-every line and cell carries a ``<title>`` (the browser's tooltip) with its exact numbers. No
+every line and selected mark carries a ``<title>`` (the browser's tooltip) with its numbers. No
 ``xmlns`` attribute: inline SVG in HTML needs none, and the page holds no URL.
 """
 
@@ -11,8 +11,6 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from html import escape
-
-from featcache.errors import plural
 
 #: colours of the configurations (Tableau 10)
 PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1",
@@ -141,92 +139,3 @@ def _star(cx: float, cy: float, r: float) -> str:
 
 def _number(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
-
-
-@dataclass
-class HeatCell:
-    """One loss x class cell: mean AP over seeds, its sd, and the difference against ``an``."""
-
-    mean: float
-    sd: float
-    seeds: int
-    delta: float | None = None  # against the reference loss (None: no reference)
-    significant: bool = False  # |delta| is past the highlighting threshold
-
-
-def heat_colour(value: float) -> str:
-    """White (AP 0) to dark blue (AP 100)."""
-    t = min(max(value / 100.0, 0.0), 1.0)
-    start, end = (247, 251, 255), (8, 48, 107)
-    r, g, b = (round(a + (b_ - a) * t) for a, b_ in zip(start, end, strict=True))
-    return f"#{r:02x}{g:02x}{b:02x}"
-
-
-def _cell_tip(loss: str, name: str, cell: HeatCell, reference: str | None) -> str:
-    """A heat-map cell's tooltip: its AP (over seeds) and its difference to the reference."""
-    tip = f"{loss} / {name}: AP {cell.mean:.2f}"
-    if cell.seeds > 1:
-        tip += f" ± {cell.sd:.2f} over {plural(cell.seeds, 'seed')}"
-    if cell.delta is not None:
-        tip += f"; {cell.delta:+.2f} against {reference}"
-    return tip
-
-
-def heatmap_svg(rows: Sequence[str], classes: Sequence[str],
-                cells: dict[tuple[str, str], HeatCell], title: str, reference: str | None,
-                links: dict[str, str] | None = None) -> str:
-    """Losses (rows) x classes (columns), coloured by AP; a cell where a loss gains on the
-    reference loss is outlined green with a triangle up, one where it loses red with a
-    triangle down; the numbers in the cell when it is wide enough, always in its tooltip."""
-    cell_w = 46 if len(classes) <= 12 else 34 if len(classes) <= 30 else 14
-    cell_h = 22 if len(classes) <= 12 else 20
-    label_w = 10 + 7 * max((len(r) for r in rows), default=4)
-    top = 16 + 6 * min(max((len(c) for c in classes), default=4), 24)
-    width = label_w + cell_w * len(classes) + 90
-    height = top + cell_h * len(rows) + 8
-    parts = [f'<svg class="heatmap" viewBox="0 0 {width} {height}" width="{width}" '
-             f'height="{height}" role="img" aria-label="{escape(title)}">']
-    for j, name in enumerate(classes):
-        cx = label_w + cell_w * j + cell_w / 2
-        parts.append(f'<text transform="translate({cx + 3:.1f},{top - 4}) rotate(-60)" '
-                     f'class="tick">{escape(name[:24])}</text>')
-    for i, loss in enumerate(rows):
-        cy = top + cell_h * i
-        label = escape(loss)
-        if links and loss in links:
-            label = f'<a href="#{escape(links[loss])}">{label}</a>'
-        parts.append(f'<text x="{label_w - 6}" y="{cy + cell_h * 0.7:.1f}" class="row-label" '
-                     f'text-anchor="end">{label}</text>')
-        gains = losses = 0
-        for j, name in enumerate(classes):
-            cell = cells.get((loss, name))
-            x0 = label_w + cell_w * j
-            if cell is None:
-                parts.append(f'<rect x="{x0}" y="{cy}" width="{cell_w - 1}" height="{cell_h - 1}" '
-                             'class="empty"/>')
-                continue
-            tip = _cell_tip(loss, name, cell, reference)
-            stroke = ""
-            mark = ""
-            if cell.significant and cell.delta is not None:
-                up = cell.delta > 0
-                gains, losses = gains + up, losses + (not up)
-                colour = "#1a9850" if up else "#d73027"
-                stroke = f' stroke="{colour}" stroke-width="2.5"'
-                mark = (f'<text x="{x0 + cell_w - 5}" y="{cy + 8}" class="mark" fill="{colour}" '
-                        f'text-anchor="middle">{"&#9650;" if up else "&#9660;"}</text>')
-            text_colour = "#fff" if cell.mean > 55 else "#111"
-            parts.append(f'<g class="cell{" gain" if mark and cell.delta > 0 else ""}'
-                         f'{" loss" if mark and cell.delta < 0 else ""}">'
-                         f'<rect x="{x0 + 1}" y="{cy + 1}" width="{cell_w - 3}" '
-                         f'height="{cell_h - 3}" fill="{heat_colour(cell.mean)}"{stroke}/>'
-                         + (f'<text x="{x0 + cell_w / 2:.1f}" y="{cy + cell_h * 0.68:.1f}" '
-                            f'class="value" fill="{text_colour}" text-anchor="middle">'
-                            f'{cell.mean:.0f}</text>' if cell_w >= 30 else "")
-                         + mark + f"<title>{escape(tip)}</title></g>")
-        if reference is not None and loss != reference:
-            parts.append(f'<text x="{label_w + cell_w * len(classes) + 6}" '
-                         f'y="{cy + cell_h * 0.7:.1f}" class="tick">'
-                         f'&#9650;{gains} &#9660;{losses}</text>')
-    parts.append("</svg>")
-    return "".join(parts)

@@ -51,7 +51,10 @@ class SourceSplit:
     @property
     def labels(self) -> np.ndarray:
         """The matrix that says which classes are positive: clean labels, else the given ones."""
-        return self.clean if self.clean is not None else (self.observed == 1).astype(np.uint8)
+        if self.clean is not None:
+            return self.clean
+        assert self.observed is not None  # __post_init__ refuses a split with neither
+        return (self.observed == 1).astype(np.uint8)
 
     def take(self, rows: np.ndarray) -> SourceSplit:
         return SourceSplit(

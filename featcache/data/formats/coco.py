@@ -113,13 +113,14 @@ def _box(path: Path, index: int, entry: dict) -> tuple[float, float, float, floa
             for v in bbox)):
         raise InputError(f"{path}: annotations[{index}].bbox is {bbox!r}, expected "
                          "[x, y, width, height]")
-    return tuple(float(v) for v in bbox)
+    x, y, width, height = bbox
+    return float(x), float(y), float(width), float(height)
 
 
 def _read_split(path: Path, split: str,
                 objects: bool = False) -> tuple[list[tuple[int, str]], SourceSplit]:
     data = _load_json(path)
-    categories = []
+    categories: list[tuple[int, str]] = []
     column: dict[int, int] = {}
     for index, entry in enumerate(data["categories"]):
         category_id = _field(path, "categories", index, entry, "id")

@@ -37,19 +37,30 @@ SINGLE_HEADER = ["image", "label"]
 
 
 @dataclass
-class _CsvLabels:
-    """One parsed file: full labels (``header`` classes, ``matrix``) or single positives."""
+class _CsvFile:
+    """One parsed file: its images and the line of each."""
 
     path: Path
     images: list[str]
     lines: list[int]
-    header: list[str] | None = None
-    matrix: np.ndarray | None = None
-    positives: list[str] | None = None
 
-    @property
-    def single(self) -> bool:
-        return self.positives is not None
+
+@dataclass
+class _FullLabels(_CsvFile):
+    """A file of full labels: the ``header`` classes, a 0/1 ``matrix`` row per image."""
+
+    header: list[str]
+    matrix: np.ndarray
+
+
+@dataclass
+class _SinglePositives(_CsvFile):
+    """A file of single positives: one class name per image."""
+
+    positives: list[str]
+
+
+_CsvLabels = _FullLabels | _SinglePositives
 
 
 def read_csv_dataset(train: str | os.PathLike, test: str | os.PathLike, images: str | os.PathLike,
@@ -66,14 +77,15 @@ def read_csv_dataset(train: str | os.PathLike, test: str | os.PathLike, images: 
         files.append(path)
         where = path.name
     else:
-        full = [part for part in parsed.values() if not part.single]
+        full = [part for part in parsed.values() if isinstance(part, _FullLabels)]
+        single = [part for part in parsed.values() if isinstance(part, _SinglePositives)]
         if full:
             classes, where = full[0].header, full[0].path.name
-        else:
-            classes = sorted(set(parsed["train"].positives))
-            where = f"the labels of {parsed['train'].path.name}"
+        else:  # both files hold single positives: the training file's names
+            classes = sorted(set(single[0].positives))
+            where = f"the labels of {single[0].path.name}"
     for part in parsed.values():
-        if part.single:
+        if isinstance(part, _SinglePositives):
             _check_known(part, classes, where)
         else:
             check_same_classes(classes, part.header, where, part.path.name)
@@ -88,8 +100,9 @@ def read_csv_dataset(train: str | os.PathLike, test: str | os.PathLike, images: 
         test=splits["test"],
         image_root=Path(images),
         source_files=files,
-        details={"label_style": {role: "single positive" if part.single else "full"
-                                 for role, part in parsed.items()}},
+        details={"label_style": {
+            role: "single positive" if isinstance(part, _SinglePositives) else "full"
+            for role, part in parsed.items()}},
     )
 
 
@@ -112,7 +125,10 @@ def _read_file(path: Path) -> _CsvLabels:
     single = header == SINGLE_HEADER
     if not single:
         check_unique(header[1:], [1] * (len(header) - 1), path, "class in the header")
-    images, lines, rows = [], [], []
+    images: list[str] = []
+    lines: list[int] = []
+    positives: list[str] = []  # single positives
+    rows: list[list[bool]] = []  # full labels
     try:
         for record in reader:
             if not any(cell.strip() for cell in record):
@@ -126,21 +142,25 @@ def _read_file(path: Path) -> _CsvLabels:
                 raise malformed(path, line, "the image path is empty")
             images.append(image)
             lines.append(line)
-            rows.append(record[1].strip() if single else _binary_row(record, header, path, line))
+            if single:
+                positives.append(record[1].strip())
+            else:
+                rows.append(_binary_row(record, header, path, line))
     except csv.Error as exc:
         raise malformed(path, reader.line_num, f"not valid CSV ({exc})") from None
     if not images:
         raise InputError(f"{path} has a header but no rows")
     check_unique(images, lines, path, "image")
     if single:
-        empty = [line for line, label in zip(lines, rows, strict=True) if not label]
+        empty = [line for line, label in zip(lines, positives, strict=True) if not label]
         if empty:
             raise malformed(path, empty[0], "the label is empty")
-        return _CsvLabels(path, images, lines, positives=rows)
-    return _CsvLabels(path, images, lines, header=header[1:], matrix=np.array(rows, dtype=np.uint8))
+        return _SinglePositives(path, images, lines, positives=positives)
+    return _FullLabels(path, images, lines, header=header[1:],
+                       matrix=np.array(rows, dtype=np.uint8))
 
 
-def _binary_row(record: list[str], header: list[str], path: Path, line: int) -> list[int]:
+def _binary_row(record: list[str], header: list[str], path: Path, line: int) -> list[bool]:
     values = []
     for cell, column in zip(record[1:], header[1:], strict=True):
         cell = cell.strip()
@@ -151,7 +171,7 @@ def _binary_row(record: list[str], header: list[str], path: Path, line: int) -> 
     return values
 
 
-def _check_known(part: _CsvLabels, classes: list[str], where: str) -> None:
+def _check_known(part: _SinglePositives, classes: list[str], where: str) -> None:
     known = set(classes)
     unknown = [(line, label) for line, label in zip(part.lines, part.positives, strict=True)
                if label not in known]
@@ -164,7 +184,7 @@ def _check_known(part: _CsvLabels, classes: list[str], where: str) -> None:
 
 
 def _to_split(part: _CsvLabels, classes: list[str]) -> SourceSplit:
-    if not part.single:
+    if isinstance(part, _FullLabels):
         return SourceSplit(part.images, part.matrix)
     column = {name: index for index, name in enumerate(classes)}
     observed = np.zeros((len(part.images), len(classes)), dtype=np.int8)

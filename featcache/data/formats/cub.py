@@ -165,9 +165,9 @@ def _read_labels(path: Path, image_ids: list[int], attribute_ids: list[int]) -> 
 
 def _positions(values: np.ndarray, ids: list[int]) -> np.ndarray:
     """The index of each value in ``ids``, -1 where it is not there."""
-    ids = np.asarray(ids, dtype=np.int64)
-    order = np.argsort(ids)
-    found = np.searchsorted(ids, values, sorter=order)
-    found = np.clip(found, 0, len(ids) - 1)
+    known = np.asarray(ids, dtype=np.int64)
+    order = np.argsort(known)
+    found = np.searchsorted(known, values, sorter=order)
+    found = np.clip(found, 0, len(known) - 1)
     index = order[found]
-    return np.where(ids[index] == values, index, -1)
+    return np.where(known[index] == values, index, -1)

@@ -63,7 +63,8 @@ def read_voc(root: str | os.PathLike, year: str = "2012", train_split: str = "tr
     for split in (train_split, test_split):
         splits[split], read = _read_split(main, split)
         files += read
-    details = {"year": str(year), "train_split": train_split, "test_split": test_split}
+    details: dict[str, object] = {"year": str(year), "train_split": train_split,
+                                  "test_split": test_split}
     if objects:
         folder = require_dir(year_dir / "Annotations", "VOC annotation folder",
                              "the label-bias samplers read the boxes of Annotations/<id>.xml")
@@ -129,11 +130,12 @@ def _read_split(main: Path, split: str) -> tuple[SourceSplit, list[Path]]:
                              f"{what}. Every class file of a split must list the same images.")
         flags[name] = dict(zip(ids, values, strict=True))
         files.append(path)
+    assert reference is not None  # VOC_CLASSES is not empty
     images = sorted(f"{image_id}.jpg" for image_id in reference[1])
     clean = np.zeros((len(images), len(VOC_CLASSES)), dtype=np.uint8)
     for column, name in enumerate(VOC_CLASSES):
-        values = flags[name]
-        clean[:, column] = [values[image[: -len(".jpg")]] == 1 for image in images]
+        flag_of = flags[name]
+        clean[:, column] = [flag_of[image[: -len(".jpg")]] == 1 for image in images]
     return SourceSplit(images, clean), files
 
 

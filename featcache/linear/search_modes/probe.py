@@ -28,7 +28,6 @@ sizes, 25 epochs, the protocol's selection.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -38,33 +37,18 @@ import torch
 from featcache.errors import InputError, OptionError
 from featcache.linear.data import LinearData, SplitTensors, TrainingSplits
 from featcache.linear.search import SearchResult, SearchSpec, SeedResult, run_search
+from featcache.linear.search_modes import LinearSearchMode, register_linear_search_mode
 from featcache.losses import ResolvedParams
 from featcache.protocol.loss_choice import needs_spatial
+from featcache.protocol.search_modes.probe import (
+    L2_NORMALISED,
+    PROBE,
+    PROBE_WEIGHT_DECAYS,
+)
 from featcache.protocol.selection import LAST_EPOCH
 
-PROTOCOL, PROBE = "protocol", "probe"
-SEARCHES = (PROTOCOL, PROBE)
-#: base learning rates, for batch REFERENCE_BATCH (every decade from 1e-2 to 10)
-PROBE_LEARNING_RATES = (1e-2, 1e-1, 1.0, 10.0)
-#: CLIP_benchmark's first weight-decay sweep, np.logspace(-6, 2, 7), every second point
-PROBE_WEIGHT_DECAYS = tuple(float(v) for v in np.logspace(-6, 2, 7)[::2])
 #: DINOv2's scale_lr: lr x batch size / 256
 REFERENCE_BATCH = 256
-#: what a probe run's head expects of its input rows (best.pt ``features_transform``)
-L2_NORMALISED = "l2-normalised"
-
-
-def check_search(search: str, weight_decays: Sequence[float] | None) -> None:
-    """Refuse an unknown search, weight decays outside the probe search, negative decays."""
-    if search not in SEARCHES:
-        raise OptionError(f"--search {search!r}: choose one of {', '.join(SEARCHES)}")
-    if weight_decays is None:
-        return
-    if search != PROBE:
-        raise OptionError("--weight-decay belongs to --search probe (the protocol's search "
-                          "trains Adam without weight decay)")
-    if not weight_decays or any(not (math.isfinite(v) and v >= 0) for v in weight_decays):
-        raise OptionError(f"--weight-decay needs finite values >= 0, got {list(weight_decays)}")
 
 
 def probe_losses(losses: list[str], skipped: list[tuple[str, str]], every: bool) -> list[str]:
@@ -82,7 +66,7 @@ def probe_losses(losses: list[str], skipped: list[tuple[str, str]], every: bool)
 
 def probe_spec(spec: SearchSpec, weight_decays: Sequence[float] | None = None) -> SearchSpec:
     """``spec`` as a probe search: its learning rates are for batch 256, weight decays added."""
-    return replace(spec, search=PROBE, lr_reference_batch=REFERENCE_BATCH,
+    return replace(spec, search=PROBE.name, lr_reference_batch=REFERENCE_BATCH,
                    weight_decays=list(PROBE_WEIGHT_DECAYS if weight_decays is None
                                       else weight_decays))
 
@@ -131,12 +115,12 @@ def refit(data: LinearData, result: SearchResult, device, progress: bool = False
         chosen = seed.selected
         config = chosen.config
         params = ResolvedParams(values={k: [v] for k, v in config.params},
-                                sources=dict(spec.params.sources),
-                                estimates=dict(spec.params.estimates))
+                                sources=dict(spec.resolved_params.sources),
+                                estimates=dict(spec.resolved_params.estimates))
         one = SearchSpec(loss=spec.loss, learning_rates=[config.lr],
                          batch_sizes=[config.batch_size], params=params, seeds=[config.seed],
                          epochs=chosen.best_epoch + 1, val_variant=LAST_EPOCH,
-                         weight_decays=[config.weight_decay], search=PROBE)
+                         weight_decays=[config.weight_decay], search=PROBE.name)
         head = run_search(merged, one, device=device, progress=progress, jobs=1).seeds[0].selected
         if head.config.key() != config.key():  # the same initialisation as the selected head
             raise AssertionError(f"refit of {config.key()} trained {head.config.key()}")
@@ -151,7 +135,7 @@ def refit(data: LinearData, result: SearchResult, device, progress: bool = False
                        "test_map_before_refit": chosen.best.test_map,
                        "train_map": head.best.train_map, "train_loss": head.best.train_loss})
     record = {
-        "name": PROBE,
+        "name": PROBE.name,
         "features": L2_NORMALISED,
         "optimizer": "adamw (decoupled weight decay on the head's weight and bias)",
         "learning_rates_base": list(spec.learning_rates),
@@ -169,3 +153,26 @@ def refit(data: LinearData, result: SearchResult, device, progress: bool = False
                                          f"{len(merged.train)} train + validation rows; "
                                          "validation mAP is the selection's, test mAP the "
                                          "refit's"])
+
+
+class ProbeHooks(LinearSearchMode):
+    """``--search probe`` in stage two: pooled-feature losses only, the probe grid, L2-normalised
+    rows, the selection refit on train + validation."""
+
+    def losses(self, losses: list[str], skipped: list[tuple[str, str]], every: bool) -> list[str]:
+        return probe_losses(losses, skipped, every)
+
+    def spec(self, spec: SearchSpec, weight_decays: Sequence[float] | None) -> SearchSpec:
+        return probe_spec(spec, weight_decays)
+
+    def data(self, data: TrainingSplits) -> TrainingSplits:
+        return normalised(data)
+
+    def refit(self, data: TrainingSplits, result: SearchResult,
+              device: torch.device) -> SearchResult:
+        if not isinstance(data, LinearData):  # normalised() keeps only data in memory
+            raise TypeError("the probe search refits on data held in memory")
+        return refit(data, result, device)
+
+
+PROBE_HOOKS = register_linear_search_mode(ProbeHooks(PROBE))

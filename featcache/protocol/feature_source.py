@@ -1,0 +1,180 @@
+"""Which features files a training run reads: one :class:`FeatureSource`, for both stages.
+
+A dataset folder holds pooled files (``features-<tag>.h5``) and spatial ones
+(``spatial-<tag>.h5``), the tag being ``<backbone>[-<weights>][-protocol]``. Stage two's
+``--backbone`` names a tag (or a backbone whose only file it then takes); stage three's linear
+phase names a backbone, ``--weights`` and ``--image-size``. Each answer is resolved once, while
+the command's options are checked, into a :class:`FeatureSource`: the tag, the pooled file,
+its spatial sibling (the same backbone and weights) and whether the set came from images (a set
+imported from features has no feature maps to look for). The errors name the files there are
+and the command that makes a missing one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from featcache.backbones import backbone_names, backbone_spec
+from featcache.backbones.weights import describe_weights
+from featcache.data.featurefile import FeatureFile, read_feature_attrs
+from featcache.data.labelfile import LabelSet
+from featcache.errors import InputError, OptionError
+from featcache.paths import (
+    backbone_feature_files,
+    dataset_dir,
+    feature_file_tag,
+    feature_tag,
+    features_files_in,
+    find_features,
+    pooled_twin,
+    runs_dir,
+    spatial_features_path,
+)
+from featcache.protocol.loss_choice import WITHOUT_IMAGES, needs_spatial
+
+#: the backbone fine-tuning and its linear phase take when none is named
+DEFAULT_BACKBONE = "resnet50"
+
+
+@dataclass(frozen=True)
+class FeatureSource:
+    """The features files a run trains on, resolved once."""
+
+    #: ``<backbone>[-<weights>][-protocol]`` (None: no file names one)
+    tag: str | None
+    #: ``features-<tag>.h5``, when a chosen loss reads pooled features
+    pooled: Path | None
+    #: the spatial file of the same backbone and weights, when it exists and a loss reads maps
+    spatial: Path | None
+    #: False for a set imported from features (no images: no maps, no pseudo-labels)
+    from_images: bool = True
+
+    def file(self, spatial: bool) -> Path:
+        """The file a loss trains on: the spatial one for a loss that reads feature maps."""
+        path = self.spatial if spatial else self.pooled
+        if path is None:
+            raise LookupError(f"no {'spatial' if spatial else 'pooled'} features file resolved")
+        return path
+
+
+def came_from_images(labels: LabelSet) -> bool:
+    """Whether the labels file's set has images (else it was imported from features)."""
+    return labels.provenance.get("source_format") not in WITHOUT_IMAGES
+
+
+def reads_pooled(names: Sequence[str], from_images: bool) -> bool:
+    """Whether losses ``names`` (``--loss``) need the pooled file: unless only losses that read
+    feature maps are named (a set imported from features has only its pooled file, whose facts
+    say why the others cannot train)."""
+    return (names == ["all"] or not names or not from_images
+            or any(not needs_spatial(name) for name in names))
+
+
+def reads_maps(names: Sequence[str]) -> bool:
+    """Whether losses ``names`` (``--loss``) may read the spatial file (``all``, or a loss that
+    reads feature maps)."""
+    return names == ["all"] or any(needs_spatial(name) for name in names)
+
+
+# ------------------------------------------------------------------------- stage two's --backbone
+def pooled_features_path(dataset: str, backbone: str | None, cache: str | None,
+                         say: Callable[[str], None]) -> Path:
+    """``--backbone``'s pooled features file: ``features-<backbone>.h5``, else the only file
+    made with that backbone (whatever its weights: said). When none or several fit, the error
+    lists every features file with the ``--backbone`` value that picks it."""
+    try:
+        return find_features(dataset, backbone, cache)
+    except InputError as exc:
+        if backbone is None:
+            raise
+        missing = exc
+    root = dataset_dir(dataset, cache)
+    present = features_files_in(root)
+    made_with = [p for p in present if read_feature_attrs(p).get("backbone") == backbone]
+    if len(made_with) == 1:
+        say(f"--backbone {backbone}: using {made_with[0].name}, the only features file "
+            f"of that backbone in {root}")
+        return made_with[0]
+    if not present:
+        raise missing
+    listed = ", ".join(f"{p.name} (--backbone {feature_file_tag(p)})" for p in present)
+    what = (f"several features files of backbone {backbone}" if made_with
+            else f"no features file features-{backbone}.h5")
+    raise OptionError(f"{root} holds {what}; choose one of its features files: {listed}")
+
+
+def only_spatial_tag(dataset: str, cache: str | None) -> str | None:
+    """The tag of the dataset's only spatial features file, else of its only pooled one
+    (whose spatial file is then missing); None when neither says."""
+    root = dataset_dir(dataset, cache)
+    found = features_files_in(root, spatial=True)
+    if len(found) > 1:
+        names = ", ".join(feature_file_tag(p) for p in found)
+        raise InputError(f"{root} holds several spatial features files ({names}); choose one "
+                         "with --backbone")
+    if found:
+        return feature_file_tag(found[0])
+    pooled = features_files_in(root)
+    return feature_file_tag(pooled[0]) if len(pooled) == 1 else None
+
+
+def spatial_sibling(dataset: str, tag: str | None, cache: str | None,
+                    pooled: FeatureFile | None) -> Path | None:
+    """The spatial file of the same backbone and weights as ``tag``'s (``pooled``: its pooled
+    file, when open): ``spatial-<tag>.h5``, else the one named by the pooled file's backbone
+    alone when its weights are the same; None when there is none."""
+    if tag is None:
+        return None
+    path = spatial_features_path(dataset, tag, cache)
+    if not path.exists() and pooled is not None and pooled.backbone != tag:
+        named = spatial_features_path(dataset, pooled.backbone, cache)
+        if named.exists() and (read_feature_attrs(named).get("weights_sha256")
+                               == pooled.attrs.get("weights_sha256")):
+            path = named
+    return path if path.exists() else None
+
+
+# ------------------------------------------------------------------- stage three's linear phase
+def linear_phase_source(dataset: str, loss: str, backbone: str | None, weights: str | None,
+                        image_size: int | None, cache: str | None) -> FeatureSource:
+    """The features file LinearInit's linear phase trains on (the spatial one for a loss that
+    reads feature maps): ``backbone``'s (default resnet50), of ``weights`` and ``image_size``
+    when given; the error says which command makes one. Fine-tuning reads images, so the
+    source came from them."""
+    backbone = backbone or DEFAULT_BACKBONE
+    spec = backbone_spec(backbone)
+    root = dataset_dir(dataset, cache)
+    spatial = needs_spatial(loss)
+    make = (f"`featcache features --dataset {dataset}"
+            + (f" --backbone {backbone}" if backbone != DEFAULT_BACKBONE else "")
+            + (f" --weights {weights}" if weights else "")
+            + (f" --image-size {image_size}" if image_size else "")
+            + (" --spatial" if spatial else "") + "`")
+    found = backbone_feature_files(dataset, backbone, spatial, cache, backbones=backbone_names())
+    if weights is not None:
+        # made with these weights, with the backbone's own transform or the protocol's
+        weights_tag = describe_weights(spec, weights).tag
+        wanted = {feature_tag(spec.name, weights_tag, protocol) for protocol in (False, True)}
+        found = [p for p in found if feature_file_tag(p) in wanted]
+    if image_size is not None:
+        found = [p for p in found if read_feature_attrs(p).get("image_size") == image_size]
+    if not found:
+        raise InputError(
+            f"no finished linear {loss!r} run in {runs_dir(dataset, loss, cache)} "
+            f"fits, and there is no {'spatial ' if spatial else ''}features file in {root} to "
+            f"train one on: run {make} first (then this command trains the linear phase "
+            "itself), or use --init none"
+        )
+    if len(found) > 1:
+        names = ", ".join(p.name for p in found)
+        kind = "spatial features" if spatial else "features"
+        fix = ("they differ in transform (the backbone's own and --preprocess protocol): move "
+               "away the one the linear phase should not train on" if weights is not None
+               else "choose the weights of the linear phase with --weights")
+        raise OptionError(f"{root} holds several {kind} files for {backbone} ({names}); {fix}")
+    if not spatial:
+        return FeatureSource(feature_file_tag(found[0]), found[0], None)
+    twin = pooled_twin(found[0])
+    return FeatureSource(feature_file_tag(found[0]), twin if twin.exists() else None, found[0])
