@@ -10,7 +10,7 @@ from linear_fixtures import pseudo_label_sets, spatial_features_file, synthetic_
 from featcache.linear.data import load_linear_data
 from featcache.linear.member import Member
 from featcache.linear.search import SearchSpec
-from featcache.linear.stacking import Stackable, fit_all, split_group, stacked_groups
+from featcache.linear.stacking import Stackable, balanced, fit_all, stacked_groups, unstacked
 from featcache.linear.trainer import GroupTrainer
 from featcache.losses import loss_class, loss_names
 from featcache.protocol.grid import GridPoint
@@ -69,7 +69,7 @@ def test_every_loss_trained_in_a_stacked_group_equals_the_loss_alone(data):
         members = [member for _, member in group.members]
         stacked = GroupTrainer(group.data, members, EPOCHS, "clean", "none", CPU)
         together = stacked.run(progress=False, position=0)
-        for (index, member), results in zip(group.members, together, strict=True):
+        for (_, member), results in zip(group.members, together, strict=True):
             alone = GroupTrainer(group.data, [member], EPOCHS, "clean", "none", CPU)
             _same(results, alone.run(progress=False, position=0)[0], member.loss)
 
@@ -89,13 +89,18 @@ def test_groups_keep_losses_with_other_inputs_apart(data):
         assert len({m.configs[0].batch_size for _, m in group.members}) == 1
 
 
-def test_a_group_cut_into_pieces_keeps_every_loss_and_its_order(data):
+def test_groups_cut_for_the_workers_keep_every_loss_and_its_order(data):
     _, groups = _groups(data)
-    pieces = split_group(groups, len(groups) + 3)
-    assert len(pieces) == len(groups) + 3
-    assert [m for g in pieces for m in g.members] == [m for g in groups for m in g.members]
-    costs = sorted(p.cost() for p in pieces)
-    assert costs[-1] <= 3 * costs[len(costs) // 2]
+    assert balanced(groups, 1) == groups
+    for workers in (2, 4):
+        pieces = balanced(groups, workers)
+        assert [m for g in pieces for m in g.members] == [m for g in groups for m in g.members]
+        fair = sum(g.cost() for g in groups) / workers
+        assert all(p.cost() <= fair or len(p.members) == 1 for p in pieces)
+        assert len(pieces) > len(groups)
+    alone = unstacked(groups)
+    assert all(len(g.members) == 1 for g in alone)
+    assert [m for g in alone for m in g.members] == [m for g in groups for m in g.members]
 
 
 def test_a_stopped_head_of_one_loss_freezes_only_that_head(data):

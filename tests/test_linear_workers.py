@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from featcache.linear.search import workers_evaluate_elsewhere
+from featcache.linear.schedule import workers_evaluate_elsewhere
 from featcache.linear.workers import map_groups
 
 CPU = torch.device("cpu")

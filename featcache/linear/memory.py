@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import math
 import os
 import re
 import resource
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NoReturn
@@ -109,15 +111,35 @@ class SplitSizes:
 
 @dataclass(frozen=True)
 class GroupShape:
-    """What one training group keeps besides the features (per concurrent group)."""
+    """What one training group keeps besides the features (per concurrent group). A group of
+    several losses (:meth:`stacked`) counts their per-row tensors as a share of its heads."""
 
     heads: int
-    per_example_state: int = 0  # (H, N, L) float32 tensors the loss keeps
-    learned_state: int = 0  # of which trained by Adam (with gradient and two moments)
-    train_scores: bool = False  # the loss asks for predictions on the whole training split
+    per_example_state: float = 0  # (H, N, L) float32 tensors the loss keeps
+    learned_state: float = 0  # of which trained by Adam (with gradient and two moments)
+    train_scores: float = 0  # the loss asks for predictions on the whole training split
     train_map: bool = True  # predictions kept for the training-set mAP
     scoring_work: int = 0  # bytes a scoring pass needs beyond the scores (BoostLU's blocks)
     snapshots: int = 0  # epochs of heads kept for evaluation elsewhere (deferred evaluation)
+
+    @classmethod
+    def stacked(cls, shapes: Sequence[GroupShape], pieces: int = 1) -> GroupShape:
+        """One group of every loss of ``shapes``, cut into ``pieces`` groups of equal heads
+        (the largest a stacked run trains at once): each per-row tensor in its share of heads."""
+        if not shapes:
+            return cls(1)
+        total = sum(shape.heads for shape in shapes)
+
+        def share(field: Callable[[GroupShape], float]) -> float:
+            return sum(field(shape) * shape.heads for shape in shapes) / total
+
+        return cls(heads=max(1, math.ceil(total / max(1, pieces))),
+                   per_example_state=share(lambda s: s.per_example_state),
+                   learned_state=share(lambda s: s.learned_state),
+                   train_scores=share(lambda s: float(s.train_scores)),
+                   train_map=any(shape.train_map for shape in shapes),
+                   scoring_work=max(shape.scoring_work for shape in shapes),
+                   snapshots=max(shape.snapshots for shape in shapes))
 
     def heads_bytes(self, sizes: SplitSizes) -> int:
         """One copy of the heads' weights."""
@@ -127,8 +149,8 @@ class GroupShape:
         h, n, classes = self.heads, sizes.train, sizes.classes
         head = 6 * self.heads_bytes(sizes)  # weight, grad, two moments, best copy, scores
         per_row = h * n * classes * FLOAT32
-        state = (self.per_example_state + 3 * self.learned_state) * per_row
-        predictions = per_row * (int(self.train_map) + int(self.train_scores))
+        state = int((self.per_example_state + 3 * self.learned_state) * per_row)
+        predictions = int(per_row * (int(self.train_map) + self.train_scores))
         if self.train_map:  # the rows' positives in training order, bools (ranking: evaluation's)
             predictions += n * classes
         # kept epochs: the trainer's, then the main process's while others evaluate them
@@ -231,6 +253,9 @@ class Placement:
     jobs: int = 0  # processes the budget allows, when fewer than asked
     train_rows: int = 0  # rows of the training split (what a window is a share of)
     block_bytes: int = 0  # bytes of one read at the file's dtype
+    #: whether losses train stacked in shared groups (False: the budget holds one loss's group
+    #: at a time; the numbers are the same either way)
+    stacked: bool = True
 
     @property
     def in_memory(self) -> bool:

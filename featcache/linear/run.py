@@ -24,9 +24,11 @@ from featcache.fileio import write_text_atomic
 from featcache.heads import CAM_BLOCK, CAM_BLOCK_TENSORS
 from featcache.linear.data import TrainingSplits, read_linear_data, split_rows
 from featcache.linear.lossrun import LinearOutcome, LossRun
+from featcache.linear.member import evaluation_can_move
 from featcache.linear.memory import (
     FLOAT32,
     GroupShape,
+    Placement,
     SplitSizes,
     allocated_memory,
     default_budget,
@@ -39,15 +41,9 @@ from featcache.linear.options import LinearOptions
 from featcache.linear.outputs import run_settings, write_run
 from featcache.linear.plan import LinearPlan, RunOutputs, SplitRowsOf, plan_linear
 from featcache.linear.report import losses_table, run_summary
-from featcache.linear.search import (
-    SearchResult,
-    SearchSpec,
-    run_search,
-    run_searches,
-    workers_evaluate_elsewhere,
-)
+from featcache.linear.schedule import workers_evaluate_elsewhere
+from featcache.linear.search import SearchResult, SearchSpec, run_search, run_searches
 from featcache.linear.stream import load_streamed_data
-from featcache.linear.trainer import evaluation_can_move
 from featcache.linear.workers import on_main
 from featcache.linear.zeroshot import ZERO_SHOT
 from featcache.linear.zeroshot_choice import score_zero_shot
@@ -226,12 +222,7 @@ def load_training_data(labels: LabelSet, features: FeatureFile, device: torch.de
         loss = loss_class(name)
         kept = epochs if elsewhere and evaluation_can_move(loss, early_stop) else 0
         shapes.append(group_shape(loss, heads, labels.train.clean is not None, kept))
-    group = max(shapes, key=lambda shape: shape.bytes(sizes), default=GroupShape(1))
-    concurrency = min(workers, groups)
-    evaluators = workers - concurrency if group.snapshots else 0
-    placement = plan_placement(sizes, features.dtype.itemsize, features.chunk_rows, group,
-                               concurrency, budget, allocated_memory(), force_stream=stream,
-                               evaluators=evaluators)
+    placement = _placement(sizes, features, shapes, workers, groups, budget, stream)
     if placement.in_memory:
         if placement.jobs:
             say(placement.describe())
@@ -241,6 +232,27 @@ def load_training_data(labels: LabelSet, features: FeatureFile, device: torch.de
     data = load_streamed_data(labels, features, placement, device, pseudo_choice, known_rows)
     release_freed_memory()  # what reading and checking freed goes back before training grows
     return data
+
+
+def _placement(sizes: SplitSizes, features: FeatureFile, shapes: Sequence[GroupShape],
+               workers: int, groups: int, budget: int, stream: bool) -> Placement:
+    """The memory plan: the losses stacked in shared groups (:mod:`featcache.linear.stacking`;
+    cut into a piece per worker) when that fits in memory with every process asked for, else
+    one loss's group at a time, as its own plan allows (fewer processes, streaming)."""
+    concurrency = min(workers, groups)
+
+    def plan(group: GroupShape) -> Placement:
+        evaluators = workers - concurrency if group.snapshots else 0
+        return plan_placement(sizes, features.dtype.itemsize, features.chunk_rows, group,
+                              concurrency, budget, allocated_memory(), force_stream=stream,
+                              evaluators=evaluators)
+
+    if len(shapes) > 1 and not stream:
+        stacked = plan(GroupShape.stacked(shapes, pieces=concurrency))
+        if stacked.in_memory and not stacked.jobs:
+            return stacked
+    alone = plan(max(shapes, key=lambda shape: shape.bytes(sizes), default=GroupShape(1)))
+    return replace(alone, stacked=False) if len(shapes) > 1 else alone
 
 
 def planned_jobs(data: TrainingSplits, jobs: int) -> int:

@@ -6,8 +6,8 @@ batch size train as one group (:class:`~featcache.linear.trainer.GroupTrainer`):
 the batch, one batched matmul for all their heads, one optimizer update. Losses with other
 inputs (spatial maps, pseudo-labels, observed negatives, another features file) form groups
 of their own. Every number of a loss is the one it gets alone (bit for bit on the CPU), so a
-group may be cut into smaller groups at will: :func:`split_group` cuts the groups of a run
-into about as many pieces as there are workers to keep busy.
+group may be cut into smaller groups at will: :func:`balanced` cuts the groups of a run for
+the workers that share them, :func:`unstacked` where the memory plan allows no stacking.
 """
 
 from __future__ import annotations
@@ -95,19 +95,28 @@ def stacked_groups(searches: Sequence[Stackable],
             for key, members in groups.items()]
 
 
-def split_group(groups: Sequence[StackedGroup], pieces: int) -> list[StackedGroup]:
-    """``groups`` cut into smaller groups of whole losses so that there are about ``pieces``
-    of comparable cost (the costliest cut first); a group of one loss stays whole."""
+def balanced(groups: Sequence[StackedGroup], pieces: int) -> list[StackedGroup]:
+    """``groups`` cut into smaller groups of whole losses (the costliest first) until none is
+    more than its share of the work for ``pieces`` workers; a group of one loss stays whole,
+    and with one worker every group does."""
     out = list(groups)
-    while len(out) < pieces:
+    if pieces <= 1:
+        return out
+    fair = sum(group.cost() for group in out) / pieces
+    while out:
         largest = max(range(len(out)), key=lambda i: (out[i].cost(), -i))
         group = out[largest]
-        if len(group.members) < 2:
+        if group.cost() <= fair or len(group.members) < 2:
             break
         half = _halfway(group)
         out[largest:largest + 1] = [replace(group, members=group.members[:half]),
                                     replace(group, members=group.members[half:])]
     return out
+
+
+def unstacked(groups: Sequence[StackedGroup]) -> list[StackedGroup]:
+    """Every loss of ``groups`` in a group of its own (where memory allows no stacking)."""
+    return [replace(group, members=(member,)) for group in groups for member in group.members]
 
 
 def _halfway(group: StackedGroup) -> int:

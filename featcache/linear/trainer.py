@@ -48,7 +48,7 @@ from featcache.linear.evaluation import (
 )
 from featcache.linear.graphs import Body, GraphedEpoch, StepBuffers, graphs_enabled
 from featcache.linear.heads import StackedAdam, create_heads
-from featcache.linear.member import LossMember, Member, evaluation_can_move  # noqa: F401
+from featcache.linear.member import LossMember, Member
 from featcache.linear.rows import MemoryRows
 from featcache.losses import Targets
 from featcache.progress import progress as progress_bar
@@ -198,20 +198,21 @@ class GroupTrainer:
 
         if graphs_enabled(self.device):
             graphed = self.graphed(body, epoch)
-            for number, (index, x) in enumerate(self.batches()):
+            for number, (index, x) in enumerate(self.graph_batches()):
                 check_stop()
                 graphed(index, x, slots[number])
         else:
-            for number, (index, x) in enumerate(self.batches()):
+            for number, (index, rows) in enumerate(self.train_rows.epoch(self.order,
+                                                                         self.batch_size)):
                 check_stop()
-                body(x, index, slots[number])
+                body(rows, index, slots[number])
         return loss_sum, running
 
-    def batches(self) -> Iterator[tuple[Tensor, Tensor | None]]:
-        """One epoch's batches: (rows of the training split, their features, or None where a
-        graphed step gathers them from rows held on the device)."""
+    def graph_batches(self) -> Iterator[tuple[Tensor, Tensor | None]]:
+        """One epoch's batches for a graphed step: (rows of the training split, their features,
+        or None where the step gathers them from rows held on the device)."""
         rows = self.train_rows
-        if graphs_enabled(self.device) and isinstance(rows, MemoryRows):
+        if isinstance(rows, MemoryRows):
             return ((index, None) for index in rows.indices(self.order, self.batch_size))
         return rows.epoch(self.order, self.batch_size)
 
