@@ -22,6 +22,7 @@ import socket
 import sys
 import warnings
 from pathlib import Path
+from typing import Any
 
 from filelock import FileLock, Timeout
 
@@ -87,8 +88,8 @@ class OutputLock:
             return self
         self._made_dir = not self.path.parent.exists()
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        modern = ({"preserve_lock_file": True, "on_acquired": _record_holder}
-                  if _MODERN_FILELOCK else {})
+        modern: dict[str, Any] = ({"preserve_lock_file": True, "on_acquired": _record_holder}
+                                  if _MODERN_FILELOCK else {})
         lock = FileLock(self.path, timeout=0, thread_local=False, **modern)
         try:
             lock.acquire(blocking=False)
@@ -101,8 +102,9 @@ class OutputLock:
             warnings.warn(f"cannot lock {self.target} on this file system ({exc.strerror}): a "
                           "second process writing it at the same time would not be detected",
                           FeatcacheWarning, stacklevel=2)
-            lock = None
-        self._lock = lock
+            self._lock = None
+        else:
+            self._lock = lock
         self._depth = 1
         return self
 
