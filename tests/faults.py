@@ -70,14 +70,18 @@ def wait_for(condition, process: subprocess.Popen, timeout: float = 120) -> None
 
 
 def interrupt(process: subprocess.Popen, times: int = 1, gap: float = 0.3,
-              timeout: float = 60) -> tuple[float, str, str]:
-    """Ctrl-C ``times`` times (to the whole process group); (seconds from the first signal to
-    the exit, stdout, stderr)."""
+              timeout: float = 60, signum: int = signal.SIGINT, group: bool = True
+              ) -> tuple[float, str, str]:
+    """Ctrl-C (or ``signum``) ``times`` times, to the whole process group (else to the process
+    alone, as ``kill PID``); (seconds from the first signal to the exit, stdout, stderr)."""
     started = time.monotonic()
     for index in range(times):
         if index:
             time.sleep(gap)
-        os.killpg(process.pid, signal.SIGINT)
+        if group:
+            os.killpg(process.pid, signum)
+        else:
+            os.kill(process.pid, signum)
     try:
         out, err = process.communicate(timeout=timeout)
     finally:

@@ -194,6 +194,13 @@ def linear_run(extracted) -> Path:
     return extracted / "cache" / "toy" / "runs" / "an" / "r"
 
 
+def _own_copy(extracted: Path, tmp_path: Path) -> tuple[Path, Path]:
+    """A test's own copy of the damage fixture: (its root, the linear run's folder)."""
+    root = tmp_path / "w"
+    shutil.copytree(extracted, root, symlinks=True)
+    return root, root / "cache" / "toy" / "runs" / "an" / "r"
+
+
 def _predict(run_dir: Path, root: Path):
     return run(["predict", "--run", str(run_dir), "--features", f"cache/toy/{FEATURES}",
                 "--out", "-"], root, env={"FEATCACHE_CACHE": "cache"})
@@ -210,9 +217,7 @@ def _predictions(run_dir: Path, root: Path) -> str:
 @pytest.mark.slow
 def test_a_damaged_best_pt_is_refused_with_the_command_that_trains_it_again(
         extracted, linear_run, tmp_path):
-    root = tmp_path / "w"
-    shutil.copytree(extracted, root, symlinks=True)
-    run_dir = root / "cache" / "toy" / "runs" / "an" / "r"
+    root, run_dir = _own_copy(extracted, tmp_path)
     best = run_dir / "best.pt"
     before = _predictions(run_dir, root)
     with zipfile.ZipFile(best) as archive:
@@ -245,9 +250,7 @@ torch.save({"format": "featcache-linear-head", "format_version": 2, "weight": Pa
 @pytest.mark.slow
 def test_a_crafted_best_pt_is_refused_in_one_featcache_line_and_never_runs(
         extracted, linear_run, tmp_path):
-    root = tmp_path / "w"
-    shutil.copytree(extracted, root, symlinks=True)
-    run_dir = root / "cache" / "toy" / "runs" / "an" / "r"
+    root, run_dir = _own_copy(extracted, tmp_path)
     subprocess.run([sys.executable, "-c", CRAFTED, str(run_dir / "best.pt")], check=True)
     for args in (["predict", "--run", str(run_dir), "--features", f"cache/toy/{FEATURES}"],
                  ["finetune", "--dataset", "toy", "--backbone", "resnet18", "--loss", "an",

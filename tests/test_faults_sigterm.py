@@ -8,12 +8,11 @@ command passes on to its workers) or to its whole process group (``kill -TERM -P
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 
 import pytest
-from faults import group_gone, run, start, wait_for
+from faults import group_gone, interrupt, run, start, wait_for
 from helpers_images import make_dataset
 from linear_fixtures import synthetic_dataset
 
@@ -23,17 +22,9 @@ EXTRACT = ["features", "--dataset", "toy", "--backbone", "resnet18", "--weights"
 SLOW_EXTRACTION = "from featcache.features.extract import Extraction\n_slow(Extraction, 'forward', 0.4)"
 
 
-def terminate(process, target: str, timeout: float = 90) -> tuple[str, str]:
+def terminate(process, target: str) -> tuple[str, str]:
     """SIGTERM to the process (``kill PID``) or to its process group; (stdout, stderr)."""
-    if target == "group":
-        os.killpg(process.pid, signal.SIGTERM)
-    else:
-        os.kill(process.pid, signal.SIGTERM)
-    try:
-        out, err = process.communicate(timeout=timeout)
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
+    _, out, err = interrupt(process, timeout=90, signum=signal.SIGTERM, group=target == "group")
     return out, err
 
 

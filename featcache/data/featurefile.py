@@ -31,7 +31,10 @@ built from), ``featcache_version``, ``created``, and any extra provenance the wr
 A file is only ever written whole through :func:`~featcache.data.featurewrite.write_features`
 (atomic rename, after an up-front check that the disk can hold it), so a file under the final
 name is complete; stage one keeps its in-progress work elsewhere. Features are stored in chunks of 1024 rows, so a
-block of consecutive rows is one sequential read.
+block of consecutive rows is one sequential read. Each chunk of every numeric dataset carries a
+Fletcher32 checksum, checked by HDF5 when the chunk is read (:func:`featcache.hdf5.read_checked`
+names the rows of a chunk that fails and the command that makes the file again); files written
+before checksums have none and are read as before.
 
 Readers: :func:`load_features` reads everything into a :class:`FeatureSet`;
 :func:`open_features` checks the file and returns a :class:`FeatureFile` that reads blocks of
