@@ -36,6 +36,9 @@ from featcache.errors import Interrupted
 SIGNALS: dict[int, int] = {signal.SIGINT: 130, signal.SIGTERM: 143}
 SIGNAL_NAMES: dict[int, str] = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
 
+#: seconds a DataLoader worker outlives a SIGTERM at most (:func:`ignore_in_worker`)
+WORKER_GRACE_SECONDS = 60
+
 # The stop request is a plain flag, not a threading.Event: the signal handler sets it, and a
 # second signal landing while the first handler was inside Event.set (which holds a lock that
 # is not re-entrant) deadlocked the process in the nested handler.
@@ -190,13 +193,17 @@ def ignore_in_worker() -> None:
     PyTorch's own SIGTERM handler ended the worker at once, and the main process then failed
     with "DataLoader worker ... exited unexpectedly" instead of stopping cleanly. A worker
     whose main process is gone still ends on SIGTERM; PyTorch's loader ends a worker that
-    lingers at shutdown once its batch is done, and a second Ctrl-C kills the workers."""
+    lingers at shutdown once its batch is done, and a second Ctrl-C kills the workers. As a
+    last resort, a worker still alive :data:`WORKER_GRACE_SECONDS` after a SIGTERM ends itself
+    (its main process, which ends the loader within seconds of a stop, would otherwise wait
+    for it at exit)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     parent = os.getppid()
 
     def on_sigterm(_signum: int, _frame: object) -> None:
         if os.getppid() != parent:
             os._exit(SIGNALS[signal.SIGTERM])
+        signal.alarm(WORKER_GRACE_SECONDS)  # SIGALRM's default action ends the process
 
     signal.signal(signal.SIGTERM, on_sigterm)
 

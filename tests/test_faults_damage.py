@@ -262,3 +262,38 @@ def test_a_crafted_best_pt_is_refused_in_one_featcache_line_and_never_runs(
         assert line.endswith("--run-id r --overwrite`)")
         assert "pytorch.org" not in refused.stderr and "Weights only" not in refused.stderr
     assert not (root / "pwned").exists()
+
+
+def test_a_damaged_compressed_spatial_file_names_its_rows_and_the_spatial_command(tmp_path):
+    """Spatial files are compressed (gzip, byte shuffle): the checksum is checked before the
+    chunk is decompressed, and the command that remakes the file keeps --spatial."""
+    from linear_fixtures import synthetic_dataset
+
+    from featcache.data.featurefile import open_features
+    from featcache.data.featurewrite import write_features
+    from featcache.data.labelfile import load_labels
+    from featcache.errors import InputError
+
+    labels_path, pooled = synthetic_dataset(tmp_path, name="toy", dim=16)
+    labels = load_labels(labels_path)
+    with h5py.File(pooled, "r") as h5:
+        rows = {split: h5[f"{split}/features"][()] for split in ("train", "test")}
+    spatial = tmp_path / "toy" / "spatial-toy.h5"
+    write_features(spatial, labels, rows, {"backbone": "toy", "layout": "spatial",
+                                           "spatial_shape": [1, 1, 16]},
+                   dtype="float16", compression="gzip", chunk_bytes=40 * 16 * 2)
+    with h5py.File(spatial, "r") as h5:
+        dataset = h5["train/features"]
+        assert dataset.fletcher32 and dataset.compression == "gzip" and dataset.chunks[0] == 40
+        offset = dataset.id.get_chunk_info_by_coord((40, 0)).byte_offset
+    data = bytearray(spatial.read_bytes())
+    data[offset + 5] ^= 0x04
+    spatial.write_bytes(bytes(data))
+    with open_features(spatial, labels) as file, pytest.raises(InputError) as refused:
+        file.read("train")
+    assert str(refused.value).startswith(f"{spatial} is damaged: /train/features rows 40-79 "
+                                         "fail their checksum")
+    assert str(refused.value).endswith("make it again: `featcache features --dataset toy "
+                                       f"--backbone toy --cache {tmp_path} --spatial --overwrite`")
+    with open_features(spatial, labels) as file:  # the other chunks still read
+        assert file.read("train", 0, 40).shape == (40, 16)
