@@ -166,18 +166,21 @@ def checksum_filter(shape: tuple[int, ...] | None = None) -> dict:
     return {"fletcher32": True}
 
 
-def read_checked(dataset: h5py.Dataset, path: str | os.PathLike, remake: str,
-                 start: int = 0, stop: int | None = None) -> np.ndarray:
+def read_checked(dataset: h5py.Dataset, path: str | os.PathLike,
+                 remake: str | Callable[[], str], start: int = 0,
+                 stop: int | None = None) -> np.ndarray:
     """Rows ``start:stop`` of ``dataset`` (all of a scalar one); a chunk that fails its
     checksum (or, in a file without checksums, does not decompress) is refused with
-    :func:`damage_message`. Other read errors are raised as they are."""
+    :func:`damage_message` (``remake``: the advice, or what makes it, asked only then). Other
+    read errors are raised as they are."""
     try:
         return dataset[()] if dataset.ndim == 0 else dataset[start:stop]
     except OSError as exc:
         rows = failing_rows(dataset, start, stop)
         if not rows:
             raise
-        raise InputError(damage_message(path, dataset, rows, remake)) from exc
+        advice = remake() if callable(remake) else remake
+        raise InputError(damage_message(path, dataset, rows, advice)) from exc
 
 
 def failing_rows(dataset: h5py.Dataset, start: int = 0, stop: int | None = None

@@ -250,7 +250,7 @@ class FeatureFile:
             raise InputError(f"unknown official split {name!r}; choose train or test")
         try:
             return read_checked(self._h5()[name]["features"], self.path,
-                                remake_features(self.path, self.attrs), start, stop)
+                                lambda: remake_features(self.path, self.attrs), start, stop)
         except OSError as exc:
             raise damaged(self.path, exc, what="could not be read") from exc
 
