@@ -7,7 +7,8 @@ weights. :func:`load_checked` checks every member first (as ``unzip -t`` does) a
 damaged file in one line naming it, the part that fails and how to make it again. Files
 written without checksums (PyTorch's ``compute_crc32`` off: CRC fields 0) are read unchecked.
 
-It then loads with ``weights_only=True``: a file holding other objects (a crafted pickle that
+A file that is no zip archive (cut short, overwritten) is refused as truncated or corrupt. It
+is then loaded with ``weights_only=True``: a file holding other objects (a crafted pickle that
 would run code) is refused in one line naming the file, what it holds and why, instead of
 PyTorch's paragraph that ends in a URL.
 """
@@ -30,7 +31,7 @@ READ_BLOCK = 1 << 20
 def damaged_member(path: str | os.PathLike) -> str | None:
     """The first member of the zip archive ``path`` whose bytes fail their CRC-32 (None when
     every member with a checksum passes). Not a zip archive (a legacy ``torch.save`` file): None,
-    and ``torch.load`` says what it is."""
+    and :func:`load_checked` says so."""
     try:
         archive = zipfile.ZipFile(path)
     except (zipfile.BadZipFile, OSError):
@@ -55,6 +56,11 @@ def load_checked(path: str | os.PathLike, remake: str) -> Any:
     import torch
 
     path = Path(path)
+    if not path.is_file():
+        raise InputError(f"{path} does not exist; {remake}")
+    if not zipfile.is_zipfile(path):  # torch.save writes zip archives; a file cut short is none
+        raise InputError(f"{path} could not be loaded (truncated or corrupt?): it is not the zip "
+                         f"archive torch.save writes; {remake}")
     member = damaged_member(path)
     if member is not None:
         raise InputError(f"{path} is damaged: its part {member} fails its checksum (its bytes "
@@ -69,6 +75,10 @@ def load_checked(path: str | os.PathLike, remake: str) -> Any:
                          f"values{named}, which featcache never unpickles; use a file written by "
                          f"featcache ({remake})") from None
     except Exception as exc:  # torch raises several types for corrupt files
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise InputError(f"{path} could not be loaded (truncated or corrupt?): {reason}; "
-                         f"{remake}") from exc
+        raise InputError(f"{path} could not be loaded (truncated or corrupt?): "
+                         f"{_first_line(exc)}; {remake}") from exc
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
