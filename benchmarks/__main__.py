@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-BENCHMARKS = ("linear", "linear_kernels", "extract", "finetune", "jpeg_draft", "spatial")
+BENCHMARKS = ("linear", "linear_kernels", "extract", "finetune", "jpeg_draft", "spatial", "checksums")
 
 
 def main(argv: list[str]) -> None:

@@ -76,13 +76,28 @@ class LazyGroup(click.Group):
             except FeatcacheError as exc:
                 raise click.ClickException(str(exc)) from exc
             except (OSError, RuntimeError) as exc:
-                from featcache.fileio import disk_full_message, is_disk_full
+                from featcache.fileio import (
+                    disk_full_message,
+                    is_disk_full,
+                    is_read_only,
+                    read_only_message,
+                )
 
+                if is_read_only(exc):
+                    raise click.ClickException(read_only_message(exc, self._out_option(ctx))) from exc
                 if not is_disk_full(exc):
                     raise
                 where = getattr(exc, "filename", None)
                 raise click.ClickException(
                     disk_full_message(exc, Path(where) if where else None)) from exc
+
+
+    def _out_option(self, ctx: click.Context) -> str | None:
+        """``--out FILE`` when the command being run has it (else outputs go to the cache)."""
+        name = ctx.invoked_subcommand
+        command = self.get_command(ctx, name) if name else None
+        params = command.params if command is not None else []
+        return "--out FILE" if any(p.name == "out" for p in params) else None
 
 
 _default_showwarning = warnings.showwarning

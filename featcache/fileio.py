@@ -11,17 +11,22 @@ file is left as it was. Files built in memory (small HDF5 files, ``torch.save`` 
 with :func:`write_bytes_atomic`, which refuses before writing a byte when they cannot fit, and
 whose only writes are plain Python writes: a failed write never reaches HDF5's or PyTorch's C++
 writers (a failed HDF5 write once crashed the process, and ``torch.save`` to a path loses the
-error's cause). Long jobs call :func:`require_space` first, with their estimated output size.
+error's cause). Long jobs call :func:`require_space` first, with their estimated output size. A write refused
+by a read-only file system (``EROFS``: a shared, mounted or archived cache) is said in one line
+by :func:`read_only_message`.
 """
 
 from __future__ import annotations
 
 import errno
+import glob
 import hashlib
 import io
 import json
 import os
+import re
 import resource
+import shlex
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -45,6 +50,47 @@ WRITE_BLOCK = 16 << 20
 def temporary_sibling(path: Path, tag: str = "tmp") -> Path:
     """A hidden name in the same directory as ``path`` (same filesystem, so rename is atomic)."""
     return path.with_name(f".{path.name}.{tag}-{os.getpid()}")
+
+
+#: a temporary name made by :func:`temporary_sibling`: ``.<name>.<tag>-<pid>``
+TEMPORARY_NAME = re.compile(r"\.(?P<name>.+)\.(?P<tag>[a-z]+)-(?P<pid>\d+)")
+
+
+def remove_leftovers(target: str | os.PathLike) -> list[Path]:
+    """Remove the temporary files of ``target`` (beside it, and inside it when it is a folder,
+    at any depth) left by processes that are gone (``kill -9``, a power loss); the caller holds
+    ``target``'s lock. A temporary file of a live process is kept. Returns the removed files."""
+    target = Path(target)
+    found = list(target.parent.glob(f".{glob.escape(target.name)}.*-*"))
+    if target.is_dir() and not target.is_symlink():
+        found += target.rglob(".*-*")
+    removed = []
+    for path in found:
+        match = TEMPORARY_NAME.fullmatch(path.name)
+        if match is None or not path.is_file() or path.is_symlink() or _alive(int(match["pid"])):
+            continue
+        try:
+            path.unlink()
+        except OSError:  # gone already, or not ours to remove
+            continue
+        removed.append(path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs on this machine (a zombie, dead but not yet reaped, does
+    not count)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process, or a pid we may not signal: alive
+        return True
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state != "Z"
 
 
 def refuse_existing(path: str | os.PathLike, overwrite: bool) -> None:
@@ -74,7 +120,10 @@ def atomic_output(path: str | os.PathLike, overwrite: bool = False,
         _fsync_dir(path.parent)
     except BaseException as exc:
         written = _size(tmp)
-        tmp.unlink(missing_ok=True)
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:  # it could not be made either (a read-only file system)
+            pass
         if is_disk_full(exc) and not isinstance(exc, DiskFullError):
             raise DiskFullError(disk_full_message(exc, path, needed, written)) from exc
         raise
@@ -227,6 +276,40 @@ def _size(path: Path) -> int | None:
         return path.stat().st_size
     except OSError:
         return None
+
+
+# ------------------------------------------------------------------------------ read-only
+def is_read_only(exc: BaseException) -> bool:
+    """Whether ``exc`` (or an exception it was raised from) is a write refused by a read-only
+    file system."""
+    return any(isinstance(link, OSError) and link.errno == errno.EROFS for link in _chain(exc))
+
+
+def read_only_message(exc: BaseException, out_option: str | None = None) -> str:
+    """One line for a write refused by a read-only file system: what could not be written, the
+    cache (above a folder holding a dataset's ``labels.h5``) or folder that is read-only, and
+    how to write elsewhere: ``out_option`` (``--out FILE``) when the command has one, else a
+    writable cache (``--cache DIR``) holding a copy or links of the dataset's files."""
+    where = next((link.filename for link in _chain(exc) if isinstance(link, OSError)
+                  and link.errno == errno.EROFS and link.filename), None)
+    path = Path(os.fsdecode(where)).absolute() if where else None
+    if path is not None and (target := re.fullmatch(r"\.(.+)\.tmp-\d+", path.name)):
+        path = path.with_name(target.group(1))  # the output, not its temporary name
+    dataset = (None if path is None else
+               next((folder for folder in path.parents if (folder / "labels.h5").is_file()), None))
+    if path is None:
+        what = "an output: the file system is read-only"
+    elif dataset is not None:
+        what = f"{path}: the cache {dataset.parent} is read-only"
+    else:
+        what = f"{path}: {path.parent} is on a read-only file system"
+    if out_option:
+        fix = f"write it elsewhere with {out_option}"
+    else:
+        fix = "put the outputs in a writable cache with --cache DIR (or FEATCACHE_CACHE=DIR)"
+        if dataset is not None:
+            fix += f", the dataset's files linked there first: `cp -rs {shlex.quote(str(dataset))} DIR/`"
+    return f"cannot write {what}; {fix}"
 
 
 # ------------------------------------------------------------------------------ hashing

@@ -9,6 +9,12 @@ larger than memory, so they are written row block by row block instead
 (:func:`featcache.data.featurewrite.write_features`), after an up-front check that the disk can
 hold the estimated size, through a :class:`StreamingSink` that keeps a failed write from HDF5. Scalars and strings are stored as they are; dicts and lists as JSON
 strings, decoded back on read.
+
+Every numeric dataset carries a checksum per HDF5 chunk (HDF5's Fletcher32 filter:
+:func:`checksum_filter`), which HDF5 checks on every read of the chunk; a chunk whose bytes
+changed after it was written (a failing disk, a bad copy) is refused by :func:`read_checked`
+in one line naming the file, the rows and the command that makes it again, instead of being
+read as other numbers. Files written before checksums (no filter) are read as before.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
+from featcache.errors import InputError, plural
 from featcache.fileio import refuse_existing, write_bytes_atomic
 
 
@@ -147,3 +154,65 @@ def decode_attrs(attrs, skip: Iterable[str] = ()) -> dict:
             value = value.item()
         out[key] = value
     return out
+
+
+# ------------------------------------------------------------------------------ checksums
+def checksum_filter(shape: tuple[int, ...] | None = None) -> dict:
+    """``create_dataset`` keywords that give a dataset of ``shape`` a checksum per chunk
+    (Fletcher32; HDF5 needs chunks, which it chooses when not given); none for an empty or
+    scalar dataset, which has no chunk to check."""
+    if shape is not None and (len(shape) == 0 or 0 in shape):
+        return {}
+    return {"fletcher32": True}
+
+
+def read_checked(dataset: h5py.Dataset, path: str | os.PathLike,
+                 remake: str | Callable[[], str], start: int = 0,
+                 stop: int | None = None) -> np.ndarray:
+    """Rows ``start:stop`` of ``dataset`` (all of a scalar one); a chunk that fails its
+    checksum (or, in a file without checksums, does not decompress) is refused with
+    :func:`damage_message` (``remake``: the advice, or what makes it, asked only then). Other
+    read errors are raised as they are."""
+    try:
+        return dataset[()] if dataset.ndim == 0 else dataset[start:stop]
+    except OSError as exc:
+        rows = failing_rows(dataset, start, stop)
+        if not rows:
+            raise
+        advice = remake() if callable(remake) else remake
+        raise InputError(damage_message(path, dataset, rows, advice)) from exc
+
+
+def failing_rows(dataset: h5py.Dataset, start: int = 0, stop: int | None = None
+                 ) -> list[tuple[int, int]]:
+    """(first, last) rows of the chunks of ``dataset[start:stop]`` that cannot be read,
+    adjacent ones merged; empty for a dataset without chunks."""
+    if dataset.chunks is None or dataset.ndim == 0:
+        return []
+    start, stop, _ = slice(start, stop).indices(dataset.shape[0])
+    if start >= stop:
+        return []
+    region = (slice(start, stop), *(slice(0, n) for n in dataset.shape[1:]))
+    failed: list[tuple[int, int]] = []
+    for chunk in dataset.iter_chunks(region):
+        try:
+            dataset[chunk]
+        except OSError:
+            first, last = chunk[0].start, chunk[0].stop - 1
+            if failed and failed[-1][1] + 1 >= first:  # continues (or overlaps) the last one
+                failed[-1] = (failed[-1][0], max(failed[-1][1], last))
+            else:
+                failed.append((first, last))
+    return failed
+
+
+def damage_message(path: str | os.PathLike, dataset: h5py.Dataset,
+                   rows: list[tuple[int, int]], remake: str) -> str:
+    """One line: which file, dataset and rows are damaged, and the command that makes it
+    again (``remake``: "make it again: `featcache ...`")."""
+    shown = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in rows[:5])
+    if len(rows) > 5:
+        shown += f", … ({plural(sum(b - a + 1 for a, b in rows), 'row')} in all)"
+    why = "fail their checksum" if dataset.fletcher32 else "cannot be decoded"
+    return (f"{path} is damaged: {dataset.name} rows {shown} {why} (its bytes changed after it "
+            f"was written: a failing disk or an incomplete copy); {remake}")

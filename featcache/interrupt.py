@@ -33,8 +33,11 @@ from pathlib import Path
 from featcache.errors import Interrupted
 
 #: signals handled, and the exit status of each (128 + the signal number, as shells report)
-SIGNALS = {signal.SIGINT: 130, signal.SIGTERM: 143}
-SIGNAL_NAMES = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
+SIGNALS: dict[int, int] = {signal.SIGINT: 130, signal.SIGTERM: 143}
+SIGNAL_NAMES: dict[int, str] = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
+
+#: seconds a DataLoader worker outlives a SIGTERM at most (:func:`ignore_in_worker`)
+WORKER_GRACE_SECONDS = 60
 
 # The stop request is a plain flag, not a threading.Event: the signal handler sets it, and a
 # second signal landing while the first handler was inside Event.set (which holds a lock that
@@ -51,6 +54,15 @@ def check_stop() -> None:
         signum = _state["signal"]
         name = SIGNAL_NAMES.get(signum, "a stop request")
         raise Interrupted(f"stopped by {name}", SIGNALS.get(signum, 130))
+
+
+@contextmanager
+def on_stop(detail: str) -> Iterator[None]:
+    """A stop inside the block says ``detail`` too (what was kept, what to run again)."""
+    try:
+        yield
+    except Interrupted as exc:
+        raise exc.adding(detail) from None
 
 
 def request_stop(signum: int | None = None) -> None:
@@ -173,9 +185,27 @@ def die_with_parent() -> None:
 
 
 def ignore_in_worker() -> None:
-    """In a DataLoader worker: leave SIGINT to the main process (a terminal's Ctrl-C reaches
-    the whole process group), which stops the loader itself."""
+    """In a DataLoader worker: leave Ctrl-C and SIGTERM to the main process, which stops the
+    loader at its next batch and ends the workers itself (a terminal's Ctrl-C, ``timeout``, a
+    batch scheduler or ``kill -TERM -PGID`` reach the whole process group, and the main process
+    passes a signal sent to it alone on to its workers).
+
+    PyTorch's own SIGTERM handler ended the worker at once, and the main process then failed
+    with "DataLoader worker ... exited unexpectedly" instead of stopping cleanly. A worker
+    whose main process is gone still ends on SIGTERM; PyTorch's loader ends a worker that
+    lingers at shutdown once its batch is done, and a second Ctrl-C kills the workers. As a
+    last resort, a worker still alive :data:`WORKER_GRACE_SECONDS` after a SIGTERM ends itself
+    (its main process, which ends the loader within seconds of a stop, would otherwise wait
+    for it at exit)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    parent = os.getppid()
+
+    def on_sigterm(_signum: int, _frame: object) -> None:
+        if os.getppid() != parent:
+            os._exit(SIGNALS[signal.SIGTERM])
+        signal.alarm(WORKER_GRACE_SECONDS)  # SIGALRM's default action ends the process
+
+    signal.signal(signal.SIGTERM, on_sigterm)
 
 
 def exit_now(signum: int, quiet: bool = False) -> None:

@@ -6,9 +6,17 @@ writes. The kernel releases it when the process ends, however it ends (``kill -9
 so a stale lock never blocks anyone; DataLoader workers forked meanwhile do not inherit it
 (``filelock`` 4 closes it in forked children). The file records its holder (pid, host, start
 time, command), so that a second writer is told, in one line, who holds it and what to do.
+Whoever takes the lock removes the hidden temporary files of that output left by writers that
+were killed (:func:`featcache.fileio.remove_leftovers`; a live process's are kept).
 The file is removed on release, while still locked (so that a process that opened it
 meanwhile finds it unlinked and starts over, as ``filelock`` does); a killed process leaves it
 behind, unlocked and harmless.
+
+On a read-only file system (a shared, mounted or archived cache) no lock file can be made, and
+none is needed: nothing there can be written by anyone. The lock is then not taken
+(:attr:`OutputLock.read_only`), so that a finished output can still be read; a command that
+goes on to write fails on its first write with ``EROFS``, which the command line reports in
+one line (:func:`featcache.fileio.read_only_message`).
 """
 
 from __future__ import annotations
@@ -22,10 +30,12 @@ import socket
 import sys
 import warnings
 from pathlib import Path
+from typing import Any
 
 from filelock import FileLock, Timeout
 
 from featcache.errors import FeatcacheWarning, LockedError
+from featcache.fileio import remove_leftovers
 
 #: filelock 4 records the holder through ``on_acquired`` and closes the lock in forked
 #: children; older releases (which PyTorch may have installed) lock all the same, without both
@@ -73,6 +83,7 @@ class OutputLock:
         self._lock: FileLock | None = None
         self._depth = 0
         self._made_dir = False
+        self.read_only = False  # taken on a read-only file system: no lock, nothing written
 
     def __repr__(self) -> str:
         return f"OutputLock({str(self.target)!r})"
@@ -86,23 +97,28 @@ class OutputLock:
             self._depth += 1
             return self
         self._made_dir = not self.path.parent.exists()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        modern = ({"preserve_lock_file": True, "on_acquired": _record_holder}
-                  if _MODERN_FILELOCK else {})
+        modern: dict[str, Any] = ({"preserve_lock_file": True, "on_acquired": _record_holder}
+                                  if _MODERN_FILELOCK else {})
         lock = FileLock(self.path, timeout=0, thread_local=False, **modern)
         try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
             lock.acquire(blocking=False)
         except Timeout:
             raise LockedError(f"{self.target} is being written by another featcache process "
                               f"({describe_holder(self.path)}); {self.advice}") from None
         except OSError as exc:
+            if exc.errno == errno.EROFS:
+                self._lock, self._depth, self._made_dir, self.read_only = None, 1, False, True
+                return self
             if exc.errno not in (errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP):
                 raise
             warnings.warn(f"cannot lock {self.target} on this file system ({exc.strerror}): a "
                           "second process writing it at the same time would not be detected",
                           FeatcacheWarning, stacklevel=2)
-            lock = None
-        self._lock = lock
+            self._lock = None
+        else:
+            self._lock = lock
+            remove_leftovers(self.target)  # ours to clean now: no live writer holds the lock
         self._depth = 1
         return self
 

@@ -10,6 +10,7 @@ whole group, like Ctrl-C.
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -31,21 +32,25 @@ def _slow(cls, name, seconds, mark=""):
 
 
 def start(args: list[str], cwd: Path, prelude: str = "", env: dict | None = None,
-          shell_prefix: str = "") -> subprocess.Popen:
+          shell_prefix: str = "", read_only: Path | None = None) -> subprocess.Popen:
     """``featcache ARGS`` in a new process group; ``shell_prefix`` (e.g. ``ulimit -f 64;``)
-    runs it through ``sh -c``."""
+    runs it through ``sh -c``; ``read_only``: a folder the command sees mounted read-only
+    (:func:`read_only_mount`)."""
     code = f"{SLEEP_IN}\n{prelude}\nimport sys\nfrom featcache.cli import main\nsys.argv = ['featcache', *{args!r}]\nmain()\n"
     command = [sys.executable, "-c", code]
     if shell_prefix:
         command = ["sh", "-c", f'{shell_prefix} exec "$0" "$@"', *command]
+    if read_only is not None:
+        command = [*read_only_mount(read_only), *command]
     return subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True,
                             env={**os.environ, "COLUMNS": "120", **(env or {})})
 
 
 def run(args: list[str], cwd: Path, prelude: str = "", env: dict | None = None,
-        shell_prefix: str = "", timeout: float = 300) -> subprocess.CompletedProcess:
-    process = start(args, cwd, prelude, env, shell_prefix)
+        shell_prefix: str = "", timeout: float = 300, read_only: Path | None = None
+        ) -> subprocess.CompletedProcess:
+    process = start(args, cwd, prelude, env, shell_prefix, read_only)
     out, err = process.communicate(timeout=timeout)
     return subprocess.CompletedProcess(process.args, process.returncode, out, err)
 
@@ -65,14 +70,18 @@ def wait_for(condition, process: subprocess.Popen, timeout: float = 120) -> None
 
 
 def interrupt(process: subprocess.Popen, times: int = 1, gap: float = 0.3,
-              timeout: float = 60) -> tuple[float, str, str]:
-    """Ctrl-C ``times`` times (to the whole process group); (seconds from the first signal to
-    the exit, stdout, stderr)."""
+              timeout: float = 60, signum: int = signal.SIGINT, group: bool = True
+              ) -> tuple[float, str, str]:
+    """Ctrl-C (or ``signum``) ``times`` times, to the whole process group (else to the process
+    alone, as ``kill PID``); (seconds from the first signal to the exit, stdout, stderr)."""
     started = time.monotonic()
     for index in range(times):
         if index:
             time.sleep(gap)
-        os.killpg(process.pid, signal.SIGINT)
+        if group:
+            os.killpg(process.pid, signum)
+        else:
+            os.kill(process.pid, signum)
     try:
         out, err = process.communicate(timeout=timeout)
     finally:
@@ -92,3 +101,26 @@ def group_gone(process) -> bool:
         if int(fields[2]) == process.pid and fields[0] != "Z":  # (state, ppid, pgrp, ...)
             return False
     return True
+
+
+def read_only_mount(folder: Path) -> list[str]:
+    """The command prefix that runs a command with ``folder`` bind-mounted read-only over itself,
+    in a private mount namespace (``unshare``; a user namespace, so no privilege is needed where
+    the kernel allows them): what a read-only shared or archived cache is. Root, who may write
+    where permission bits say no, gets EROFS there like anyone."""
+    quoted = shlex.quote(str(folder))
+    return ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c",
+            f'mount --bind -o ro {quoted} {quoted} && exec "$0" "$@"']
+
+
+def can_mount_read_only(scratch: Path) -> str | None:
+    """None when :func:`read_only_mount` works here, else why not (for ``pytest.skip``)."""
+    scratch.mkdir(parents=True, exist_ok=True)
+    try:
+        probe = subprocess.run([*read_only_mount(scratch), "sh", "-c", f"touch {shlex.quote(str(scratch))}/x"],
+                               capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"unshare is not available: {exc}"
+    if "Read-only file system" not in probe.stderr:
+        return f"a read-only bind mount is not possible here: {probe.stderr.strip() or probe.returncode}"
+    return None

@@ -39,7 +39,7 @@ def _hold(target) -> subprocess.Popen:
 def test_a_second_train_linear_on_the_same_run_is_refused_and_the_first_keeps_its_settings(
         cache_dir, tmp_path):
     synthetic_dataset(cache_dir, name="toy")
-    slow = "from featcache.linear.trainer import GroupTrainer\n_slow(GroupTrainer, 'train_epoch', 0.5)"
+    slow = "from featcache.linear.trainer import GroupTrainer\n_slow(GroupTrainer, 'train_epoch', 3.0)"
     first = start(["train-linear", "--dataset", "toy", "--loss", "an", "--epochs", "4",
                    "--run-id", "same", *FAST], tmp_path, slow)
     run_dir = cache_dir / "toy" / "runs" / "an" / "same"

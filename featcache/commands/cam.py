@@ -46,6 +46,7 @@ def command(run_paths, image, class_names, top, out, alpha, cmap, device, overwr
     from featcache.api.cam import class_activation_maps, draw_maps
     from featcache.api.runs import load_run
     from featcache.errors import OptionError, plural, unknown_name
+    from featcache.interrupt import check_stop, on_stop
     from featcache.paths import check_out
 
     check_out(out, "--out", (".png",), "a PNG figure", inputs=[image, *run_paths],
@@ -56,12 +57,15 @@ def command(run_paths, image, class_names, top, out, alpha, cmap, device, overwr
     runs = [load_run(path) for path in run_paths]
     names = list(class_names)
     rows = []
-    for run in runs:
-        if run.classes != runs[0].classes:
-            raise OptionError(f"runs {runs[0].path} and {run.path} predict different classes; "
-                              "compare runs of one dataset")
-        maps = class_activation_maps(run, image, names or None, top, device)
-        names = names or [m.name for m in maps.maps]  # the first run's top classes for all
-        rows.append(maps)
+    with on_stop(f"{out} was not written; run the same command again"):
+        for run in runs:
+            if run.classes != runs[0].classes:
+                raise OptionError(f"runs {runs[0].path} and {run.path} predict different "
+                                  "classes; compare runs of one dataset")
+            check_stop()
+            maps = class_activation_maps(run, image, names or None, top, device)
+            names = names or [m.name for m in maps.maps]  # the first run's top classes for all
+            rows.append(maps)
+        check_stop()
     draw_maps(rows, out, title=str(image), alpha=alpha, cmap=cmap, overwrite=overwrite)
     click.echo(f"class activation maps of {', '.join(names)} from {plural(len(rows), 'run')} -> {out}")

@@ -86,9 +86,9 @@ def run_recipe(recipe: Recipe, command_line: click.Command, cache: str | None = 
             message = exc.format_message() if isinstance(exc, click.ClickException) else str(exc)
             raise FeatcacheError(f"{recipe.path} step {number} ({step.name}) failed: {message}\n"
                                  f"  the step was: {line}") from exc
+    stop_before("its report" if recipe.report else "its end")  # the last step was stopped
     if dry_run or not recipe.report:
         return
-    stop_before("its report")
     table, out = write_report(recipe, cache)
     click.echo("")
     click.echo(table.markdown())

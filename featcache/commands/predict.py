@@ -65,6 +65,7 @@ def command(run_path, features_path, images, out, fmt, top_k, threshold, split, 
         write_text,
     )
     from featcache.api.runs import load_run
+    from featcache.interrupt import on_stop
     from featcache.paths import check_out
     from featcache.runtime import default_workers, pick_device
 
@@ -81,10 +82,11 @@ def command(run_path, features_path, images, out, fmt, top_k, threshold, split, 
         ids, probs = given.ids, run.predict_proba(given.features)
     else:
         where = pick_device(device)
-        kept, features = run.run_images(
-            images, batch_size=batch_size, device=str(where),
-            workers=default_workers(where) if workers is None else workers, precision=precision,
-            skip_bad=skip_bad, progress=not quiet)
+        with on_stop("no predictions were written; run the same command again"):
+            kept, features = run.run_images(
+                images, batch_size=batch_size, device=str(where),
+                workers=default_workers(where) if workers is None else workers,
+                precision=precision, skip_bad=skip_bad, progress=not quiet)
         ids = [str(path) for path in kept]
         probs = run.predict_proba(features)
     fmt = guess_format(out, fmt)

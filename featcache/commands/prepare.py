@@ -360,11 +360,35 @@ def _check_name(name: str) -> None:
 
 
 def _command_record(ctx: click.Context) -> dict:
-    """The command and the options it ran with (keyed by their flags), for the provenance."""
+    """The command and the options it ran with (keyed by their flags), for the provenance,
+    and the command line that makes the file again (what a damaged file's error prints)."""
     flags = {param.name: param.opts[0] for param in ctx.command.params}
     options = {flags.get(key, key): (str(value) if isinstance(value, Path) else value)
                for key, value in ctx.params.items() if value is not None}
-    return {"command": ctx.command_path, "options": options}
+    return {"command": ctx.command_path, "options": options, "command_line": _command_line(ctx)}
+
+
+def _command_line(ctx: click.Context) -> str:
+    """``featcache prepare ... --overwrite``: this command with every value it ran with."""
+    import shlex
+
+    words = ["featcache", *ctx.command_path.split()[1:]]
+    for param in ctx.command.params:
+        value = ctx.params.get(param.name)
+        if param.name == "overwrite" or value is None or value == ():
+            continue
+        values = list(value) if isinstance(value, (list, tuple)) else [value]
+        if isinstance(param, click.Argument):
+            words += [str(v) for v in values]
+        elif isinstance(param, click.Option) and param.is_flag:
+            if value is True or (value is not False and value == param.flag_value):
+                words.append(param.opts[0])
+            elif value is False and param.secondary_opts:
+                words.append(param.secondary_opts[0])
+        else:
+            for item in values:
+                words += [param.opts[0], str(item)]
+    return shlex.join([*words, "--overwrite"])
 
 
 def _notify(message: str) -> None:

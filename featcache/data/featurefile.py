@@ -31,7 +31,10 @@ built from), ``featcache_version``, ``created``, and any extra provenance the wr
 A file is only ever written whole through :func:`~featcache.data.featurewrite.write_features`
 (atomic rename, after an up-front check that the disk can hold it), so a file under the final
 name is complete; stage one keeps its in-progress work elsewhere. Features are stored in chunks of 1024 rows, so a
-block of consecutive rows is one sequential read.
+block of consecutive rows is one sequential read. Each chunk of every numeric dataset carries a
+Fletcher32 checksum, checked by HDF5 when the chunk is read (:func:`featcache.hdf5.read_checked`
+names the rows of a chunk that fails and the command that makes the file again); files written
+before checksums have none and are read as before.
 
 Readers: :func:`load_features` reads everything into a :class:`FeatureSet`;
 :func:`open_features` checks the file and returns a :class:`FeatureFile` that reads blocks of
@@ -53,7 +56,7 @@ import numpy as np
 from featcache.data.labelfile import ImageNames, LabelSet
 from featcache.errors import InputError, plural
 from featcache.fileio import sha256_file
-from featcache.hdf5 import decode_attrs
+from featcache.hdf5 import decode_attrs, read_checked
 from featcache.paths import cache_root, feature_file_tag
 
 FORMAT = "featcache-features"
@@ -107,7 +110,8 @@ def read_text_embeddings(path: str | os.PathLike) -> TextEmbeddings | None:
     with h5py.File(path, "r") as h5:
         if "text/embeddings" not in h5:
             return None
-        return TextEmbeddings(h5["text/embeddings"][()].astype(np.float32),
+        embeddings = read_checked(h5["text/embeddings"], path, remake_features(path, attrs))
+        return TextEmbeddings(embeddings.astype(np.float32),
                               list(h5["text/classes"].asstr()[()]), dict(attrs.get("text") or {}))
 
 
@@ -117,7 +121,15 @@ def read_train_rows(path: str | os.PathLike, key: str, start: int, stop: int) ->
         if f"train/{key}" not in h5:
             raise InputError(f"{path} has no /train/{key}; extract it with `featcache features "
                              + ("--crops GxG`" if key == "crops" else "`"))
-        return h5[f"train/{key}"][start:stop].astype(np.float32)
+        remake = remake_features(path, decode_attrs(h5.attrs))
+        return read_checked(h5[f"train/{key}"], path, remake, start, stop).astype(np.float32)
+
+
+def remake_features(path: str | os.PathLike, attrs: Mapping) -> str:
+    """``make it again: `featcache features ... --overwrite``` for the features or spatial
+    file ``path`` (``attrs``: its root attributes)."""
+    spatial = " --spatial" if attrs.get("layout") == SPATIAL else ""
+    return f"make it again: `{features_command(path, attrs)}{spatial} --overwrite`"
 
 
 def damaged(path: Path, exc: OSError, labels: LabelSet | None = None, what: str = "is not a "
@@ -237,7 +249,8 @@ class FeatureFile:
         if name not in OFFICIAL_SPLITS:
             raise InputError(f"unknown official split {name!r}; choose train or test")
         try:
-            return self._h5()[name]["features"][start:stop]
+            return read_checked(self._h5()[name]["features"], self.path,
+                                lambda: remake_features(self.path, self.attrs), start, stop)
         except OSError as exc:
             raise damaged(self.path, exc, what="could not be read") from exc
 
@@ -256,8 +269,7 @@ class FeatureFile:
             raise InputError(
                 f"{self.path}: {plural(broken.size, f'{name} row holds', f'{name} rows hold')} NaN "
                 f"or Inf features ({'row' if broken.size == 1 else 'rows'} {shown}"
-                f"{', …' if broken.size > 5 else ''}); make the file again: "
-                f"`{features_command(self.path, self.attrs)} --overwrite`"
+                f"{', …' if broken.size > 5 else ''}); {remake_features(self.path, self.attrs)}"
             )
 
     def _h5(self) -> h5py.File:
@@ -311,7 +323,8 @@ def open_features(path: str | os.PathLike, labels: LabelSet | None = None) -> Fe
                 shapes[name] = (int(rows), int(width))
                 dtype = dataset.dtype
                 chunk_rows.append(dataset.chunks[0] if dataset.chunks else 1024)
-                flags[name] = group["bad"][()].astype(bool)
+                flags[name] = read_checked(group["bad"], path,
+                                           remake_features(path, attrs)).astype(bool)
                 if labels is not None:
                     part = labels.test if name == "test" else labels.train
                     _check_images(path, name, group["images"], part.images, labels.path)

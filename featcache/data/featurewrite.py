@@ -26,7 +26,7 @@ from featcache.data.featurefile import (
 from featcache.data.labelfile import LabelSet
 from featcache.errors import InputError, plural
 from featcache.fileio import atomic_output, require_space
-from featcache.hdf5 import StreamingSink, encode_attr
+from featcache.hdf5 import StreamingSink, checksum_filter, encode_attr
 
 #: rows per HDF5 chunk of /<split>/features
 BLOCK_ROWS = 1024
@@ -88,7 +88,7 @@ def write_features(path: str | os.PathLike, labels: LabelSet,
             group.create_dataset("images", data=np.asarray(part.images, dtype=object), dtype=text)
             flags = (np.zeros(len(part.images), dtype=np.uint8) if name not in bad
                      else bad[name].astype(np.uint8))
-            group.create_dataset("bad", data=flags)
+            group.create_dataset("bad", data=flags, **checksum_filter(flags.shape))
         write_extra(h5, extra or {})
         h5.attrs["complete"] = True
     return path
@@ -154,7 +154,8 @@ def _write_rows(group: h5py.Group, name: str, rows: int, first: np.ndarray, rest
     height = (min(rows, BLOCK_ROWS) if chunk_bytes is None
               else chunk_rows(rows, width, dtype, chunk_bytes))
     dataset = group.create_dataset("features", shape=(rows, width), dtype=dtype,
-                                   chunks=(height, width), **hdf5_filters(compression))
+                                   chunks=(height, width), **hdf5_filters(compression),
+                                   **checksum_filter())
     filled = 0
     for block in itertools.chain([first], rest):
         block = np.asarray(block, dtype=dtype)
@@ -178,9 +179,10 @@ def write_extra(h5: h5py.File, extra: Mapping[str, np.ndarray]) -> None:
         if array.dtype.kind in "OUS":
             h5.create_dataset(key, data=array.astype(object), dtype=h5py.string_dtype("utf-8"))
         elif array.ndim >= 2 and array.shape[0]:
-            h5.create_dataset(key, data=array, chunks=(min(len(array), 256), *array.shape[1:]))
+            h5.create_dataset(key, data=array, chunks=(min(len(array), 256), *array.shape[1:]),
+                              **checksum_filter(array.shape))
         else:
-            h5.create_dataset(key, data=array)
+            h5.create_dataset(key, data=array, **checksum_filter(array.shape))
 
 
 def add_text_embeddings(path: str | os.PathLike, embeddings: np.ndarray, classes: Iterable[str],

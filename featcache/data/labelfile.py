@@ -30,7 +30,13 @@ import numpy as np
 from featcache import __version__
 from featcache.errors import InputError, plural
 from featcache.fileio import sha256_file
-from featcache.hdf5 import decode_attrs, encode_attr, write_hdf5_atomic
+from featcache.hdf5 import (
+    checksum_filter,
+    decode_attrs,
+    encode_attr,
+    read_checked,
+    write_hdf5_atomic,
+)
 
 FORMAT = "featcache-labels"
 FORMAT_VERSION = 1
@@ -38,6 +44,16 @@ FORMAT_VERSION = 1
 REMAKE = ("make it again with the command that made it and --overwrite (`featcache prepare "
           "--help` lists the formats)")
 SPLITS = ("train", "val", "test")
+
+
+def remake_labels(path: str | os.PathLike, attrs) -> str:
+    """How to make the labels file ``path`` (root attributes ``attrs``) again: the command
+    recorded by ``featcache prepare`` (files made before it was recorded: :data:`REMAKE`)."""
+    line = attrs.get("command_line")
+    if not line:
+        return REMAKE
+    return (f"make it again: `{line}`, then the features extracted from it (they belong to the "
+            "labels file they were made from)")
 
 
 class ImageNames:
@@ -244,12 +260,14 @@ def write_labels(labels: LabelSet, path: str | os.PathLike, overwrite: bool = Fa
         for name, part in (("train", labels.train), ("test", labels.test)):
             group = h5.create_group(name)
             group.create_dataset("images", data=np.asarray(part.images, dtype=object), dtype=text)
-            group.create_dataset("observed", data=part.observed.astype(np.int8), compression="gzip")
+            group.create_dataset("observed", data=part.observed.astype(np.int8), compression="gzip",
+                                 **checksum_filter(part.observed.shape))
             if part.clean is not None:
-                group.create_dataset("labels", data=part.clean.astype(np.uint8), compression="gzip")
+                group.create_dataset("labels", data=part.clean.astype(np.uint8), compression="gzip",
+                                     **checksum_filter(part.clean.shape))
         split = h5.create_group("split")
-        split.create_dataset("train", data=labels.train_index.astype(np.int64))
-        split.create_dataset("val", data=labels.val_index.astype(np.int64))
+        for name, index in (("train", labels.train_index), ("val", labels.val_index)):
+            split.create_dataset(name, data=index.astype(np.int64), **checksum_filter(index.shape))
 
     write_hdf5_atomic(path, fill, overwrite=overwrite)
     return path
@@ -301,18 +319,19 @@ def load_labels(path: str | os.PathLike, image_names: bool = True) -> LabelSet:
                              f"version {FORMAT_VERSION}. Re-create it with `featcache prepare`.")
         try:
             classes = [c for c in h5["classes"].asstr()[()]]
+            remake = remake_labels(path, h5.attrs)
             parts = {}
             for name in ("train", "test"):
                 group = h5[name]
                 parts[name] = SplitLabels(
                     images=(np.array(group["images"].asstr()[()], dtype=object) if image_names
                             else ImageNames(path, name, count=len(group["images"]))),
-                    observed=group["observed"][()].astype(np.int8, copy=False),
-                    clean=(group["labels"][()].astype(np.uint8, copy=False) if "labels" in group
-                           else None),
+                    observed=read_checked(group["observed"], path, remake).astype(np.int8, copy=False),
+                    clean=(read_checked(group["labels"], path, remake).astype(np.uint8, copy=False)
+                           if "labels" in group else None),
                 )
-            train_index = h5["split/train"][()].astype(np.int64)
-            val_index = h5["split/val"][()].astype(np.int64)
+            train_index = read_checked(h5["split/train"], path, remake).astype(np.int64)
+            val_index = read_checked(h5["split/val"], path, remake).astype(np.int64)
         except KeyError as exc:
             raise InputError(f"{path} is missing a required key: {exc}") from exc
         except OSError as exc:

@@ -32,7 +32,13 @@ from featcache import __version__
 from featcache.data.labelfile import LabelSet
 from featcache.errors import InputError, OptionError
 from featcache.fileio import sha256_file
-from featcache.hdf5 import decode_attrs, encode_attr, write_hdf5_atomic
+from featcache.hdf5 import (
+    checksum_filter,
+    decode_attrs,
+    encode_attr,
+    read_checked,
+    write_hdf5_atomic,
+)
 
 FORMAT = "featcache-pseudo-labels"
 FORMAT_VERSION = 1
@@ -95,7 +101,7 @@ def write_pseudo_labels(path: str | os.PathLike, labels: LabelSet, matrix: np.nd
         for key, value in attrs.items():
             h5.attrs[key] = encode_attr(value)
         group = h5.create_group("train")
-        group.create_dataset("pseudo", data=matrix.astype(np.int8))
+        group.create_dataset("pseudo", data=matrix.astype(np.int8), **checksum_filter(matrix.shape))
         group.create_dataset("images", data=np.asarray(labels.train.images, dtype=object),
                              dtype=h5py.string_dtype("utf-8"))
 
@@ -137,7 +143,7 @@ def load_pseudo_labels(path: str | os.PathLike, labels: LabelSet) -> PseudoLabel
                     f"{str(attrs.get('labels_sha256'))[:12]}…, not {labels.path}; run `featcache "
                     f"pseudo-label --dataset {labels.dataset} --rule {attrs.get('rule')} "
                     "--overwrite` again")
-            matrix = h5["train/pseudo"][()]
+            matrix = read_checked(h5["train/pseudo"], path, _remake(path))
             images = h5["train/images"].asstr()[()]
     except KeyError as exc:
         raise InputError(f"{path} is missing a required key: {exc}") from exc

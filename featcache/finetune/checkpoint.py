@@ -26,6 +26,7 @@ import torch
 from featcache.errors import FeatcacheWarning, InputError, plural
 from featcache.fileio import save_torch_atomic, write_bytes_atomic
 from featcache.protocol.runs import describe_differences, read_json
+from featcache.torchfile import load_checked
 
 FORMAT = "featcache-finetune-checkpoint"
 FORMAT_VERSION = 1
@@ -98,11 +99,8 @@ def keep_epoch_copy(checkpoint: Path, epoch: int) -> Path:
 
 def load_checkpoint(path: Path, identity: dict) -> dict:
     """A checkpoint written for ``identity``; refuses a corrupt or incompatible one."""
-    try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # torch raises several types for corrupt files
-        raise InputError(f"checkpoint {path} could not be loaded (corrupt?): {exc}; delete it to "
-                         "restart this configuration, or start a new run without --resume") from exc
+    payload = load_checked(path, "delete it to restart this configuration, or start a new run "
+                                 "without --resume")
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise InputError(f"{path} is not a featcache fine-tuning checkpoint")
     if payload.get("format_version") != FORMAT_VERSION:

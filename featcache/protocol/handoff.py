@@ -13,11 +13,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-
 from featcache.errors import InputError
 from featcache.fileio import save_torch_atomic
-from featcache.protocol.runs import RunFolder
+from featcache.protocol.runs import RunFolder, rerun_advice
+from featcache.torchfile import load_checked
 
 HEAD_FILE = "best.pt"
 HEAD_FORMAT = "featcache-linear-head"
@@ -33,10 +32,7 @@ def save_head(path: Path, payload: dict) -> None:
 def load_saved(path: Path, expected_format: str, what: str) -> dict:
     """A dict saved with ``torch.save`` by featcache, checked to be of ``expected_format``
     (a run's ``best.pt`` of either stage); the errors name the file and what is wrong."""
-    try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # torch raises several types for corrupt files
-        raise InputError(f"{path} could not be loaded (corrupt?): {exc}") from exc
+    payload = load_checked(path, rerun_advice(path.parent))
     if not isinstance(payload, dict) or payload.get("format") != expected_format:
         raise InputError(f"{path} is not a featcache {what}")
     return payload

@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import json
+import shlex
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -60,6 +61,25 @@ def _differences(old: dict, new: dict, prefix: str = "") -> list[str]:
 def _short(value) -> str:
     text = json.dumps(value) if isinstance(value, (dict, list)) else str(value)
     return text if len(text) <= 40 else text[:37] + "..."
+
+
+def rerun_advice(run_dir: Path) -> str:
+    """How to train the run in ``run_dir`` again: its recorded command line with its run id
+    and ``--overwrite`` when it was a ``featcache train-linear`` or ``finetune`` command, else
+    in words."""
+    run_dir = Path(run_dir)
+    try:
+        argv = list((read_json(run_dir / RESULTS) or {}).get("command") or [])
+    except InputError:
+        argv = []
+    if (len(argv) > 1 and Path(argv[0]).name in ("featcache", "__main__.py", "cli.py")
+            and argv[1] in ("train-linear", "finetune")):
+        words = ["featcache", *(a for a in argv[1:] if a not in ("--resume", "--overwrite"))]
+        if "--run-id" not in words:
+            words += ["--run-id", run_dir.name]
+        return f"train the run again: `{shlex.join([*words, '--overwrite'])}`"
+    return (f"train the run again with the command that made it, with --run-id {run_dir.name} "
+            "--overwrite")
 
 
 def read_json(path: Path, advice: str = "") -> dict | None:
