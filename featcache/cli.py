@@ -57,7 +57,12 @@ class LazyGroup(click.Group):
     def resolve_command(self, ctx: click.Context, args: list[str]):
         if args and args[0] not in COMMANDS and not args[0].startswith("-"):
             ctx.fail(unknown_name("command", args[0], COMMANDS, listing="featcache --help"))
-        return super().resolve_command(ctx, args)
+        name, command, rest = super().resolve_command(ctx, args)
+        if command is not None and name is not None and not ctx.resilient_parsing:
+            from featcache.commands.repeated import join_repeated_options
+
+            rest = join_repeated_options(command, name, rest, ctx)
+        return name, command, rest
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows = [(name, help_text) for name, (_, help_text) in COMMANDS.items()]

@@ -5,13 +5,14 @@ from __future__ import annotations
 import click
 
 from featcache.commands.common import cache_option, parse_number_list
+from featcache.commands.repeated import ListOption
 
 
 @click.command("estimate-k")
 @click.option("--dataset", required=True, help="Dataset name under the cache (or its directory).")
-@click.option("--labeled", "labeled", default="5,10,25", show_default=True,
+@click.option("--labeled", "labeled", cls=ListOption, default="5,10,25", show_default=True,
               help="M: how many fully labelled training images k is estimated from "
-                   "(comma-separated; the supplement's Table A2 uses 5, 10 and 25).")
+                   "(comma-separated or repeated; the supplement's Table A2 uses 5, 10 and 25).")
 @click.option("--draws", type=click.IntRange(min=1), default=100_000, show_default=True,
               help="Random sets of M images drawn (the supplement's 10^5).")
 @click.option("--seed", type=int, default=1200, show_default=True, help="Seed of the draws.")

@@ -26,10 +26,10 @@ from featcache.errors import plural
                    "these labels (trained first, with LinearInit's fixed hyperparameters, when there "
                    "is none); none: a fresh head (the papers' 'Fine-tuned' column); PATH: a linear "
                    "run directory or its best.pt.")
-@learning_rates_option(help="Learning rates of the grid (backbone; the head gets "
-                            "--head-lr-mult times it).")
-@batch_sizes_option(help="Batch sizes of the grid (global: shared among the ranks under "
-                         "torchrun; --bsize is an alias).")
+@learning_rates_option(help="Learning rates of the grid, comma-separated or repeated (backbone; "
+                            "the head gets --head-lr-mult times it).")
+@batch_sizes_option(help="Batch sizes of the grid, comma-separated or repeated (global: shared "
+                         "among the ranks under torchrun; --bsize is an alias).")
 @click.option("--epochs", default=10, show_default=True, type=click.IntRange(min=1),
               help="Fine-tuning epochs (the reference code's 10; Cole et al.'s paper says 5 for "
                    "LinearInit: --epochs 5).")

@@ -17,12 +17,13 @@ from featcache.commands.common import (
     tensorboard_option,
     val_option,
 )
+from featcache.commands.repeated import ListOption
 
 
 @click.command("train-linear")
 @click.option("--dataset", required=True, help="Dataset name under the cache (or its directory).")
-@click.option("--loss", "loss_names", default="an-ls", show_default=True,
-              help="A loss, a comma-separated list, or 'all' (`featcache losses` lists them). "
+@click.option("--loss", "loss_names", cls=ListOption, default="an-ls", show_default=True,
+              help="A loss, a comma-separated (or repeated) list, or 'all' (`featcache losses` lists them). "
                    "BoostLU losses (ll-r+boostlu, ...) train on the spatial features file "
                    "(`featcache features --spatial`), the others on the pooled one. "
                    "'zero-shot' (in 'all' when the features file has class-prompt embeddings, "
@@ -36,8 +37,8 @@ from featcache.commands.common import (
 @click.option("--eps-pos", type=float, default=None, help="an-ls: smoothing of observed positives.")
 @click.option("--eps-neg", type=float, default=None, help="an-ls: smoothing of assumed negatives.")
 @val_option
-@click.option("--seeds", default="0", show_default=True,
-              help="Comma-separated seeds; each repeats the whole search (mean +- std reported).")
+@click.option("--seeds", cls=ListOption, default="0", show_default=True,
+              help="Comma-separated (or repeated) seeds; each repeats the whole search (mean +- std reported).")
 @click.option("--early-stop", type=click.Choice(["none", "kim", "zhou"]), default="none",
               show_default=True,
               help="Optional per-head early stopping rule of Kim et al. (3-point drop) or Zhou et al. "
@@ -49,7 +50,7 @@ from featcache.commands.common import (
                    "rate (AdamW), --lr given for batch 256 and scaled by batch/256 (default "
                    "1e-2,1e-1,1,10), the selection refit on train + validation "
                    "(docs/linear.md).")
-@click.option("--weight-decay", "weight_decays", default=None, metavar="WD[,WD...]",
+@click.option("--weight-decay", "weight_decays", cls=ListOption, default=None, metavar="WD[,WD...]",
               help="--search probe: the weight decays of the grid (default 1e-6,4.6e-4,0.215,"
                    "100: CLIP_benchmark's first sweep, every second point).")
 @click.option("--backbone", default=None, help="Which features file (default: the only one).")
