@@ -80,6 +80,14 @@ class LazyGroup(click.Group):
                 ctx.exit(exc.exit_code)
             except FeatcacheError as exc:
                 raise click.ClickException(str(exc)) from exc
+            except UnicodeEncodeError as exc:
+                if not _writing_stdout(exc):
+                    raise
+                shown = exc.object[exc.start:exc.end]
+                raise click.ClickException(
+                    f"the output encoding {exc.encoding} (PYTHONIOENCODING or the locale) cannot "
+                    f"write {shown!r}, part of what this command prints: run it again with "
+                    "PYTHONIOENCODING=utf-8 (or a UTF-8 locale, e.g. LC_ALL=C.UTF-8)") from exc
             except (OSError, RuntimeError) as exc:
                 from featcache.fileio import disk_full_message, is_disk_full
 
@@ -91,6 +99,17 @@ class LazyGroup(click.Group):
 
 
 _default_showwarning = warnings.showwarning
+
+
+def _writing_stdout(exc: UnicodeEncodeError) -> bool:
+    """Whether ``exc`` came from printing to stdout in an encoding that lacks a character (a
+    class name in a latin-1 terminal), not from featcache's own encoding of text."""
+    import codecs
+
+    try:
+        return codecs.lookup(exc.encoding).name == codecs.lookup(sys.stdout.encoding or "").name
+    except LookupError:
+        return False
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:

@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from featcache.data.bias import BIASED, OBSERVERS, Observer, observe_biased, read_class_weights
+from featcache.data.classnames import check_class_names
 from featcache.data.formats import SourceDataset, SourceSplit, first_few
 from featcache.data.images import VERIFY_LIMIT, survey_images
 from featcache.data.labelfile import LabelSet, SplitLabels, write_labels
@@ -138,6 +139,8 @@ def _prepare_locked(source: SourceDataset, path: Path, options: PrepareOptions,
                     extra: dict | None, notify: Notify) -> PrepareResult:
     refuse_existing(path, options.overwrite)
     _check_options(source, options)
+    check_class_names(source.classes, ", ".join(str(f) for f in source.source_files[:3])
+                      or source.name)
     observer = make_observer(options, source.classes)
     if not options.labels_only and source.image_root is None:
         raise OptionError(f"{source.name} has no image folder; use --labels-only")
