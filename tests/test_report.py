@@ -295,3 +295,28 @@ def test_a_moved_cache_still_finds_the_linear_start(cache, tmp_path):
     shutil.copytree(cache / NAME, moved, ignore=shutil.ignore_patterns("*.h5", "*.pt"))
     section = parse(build_report(moved)).section("finetune")
     assert section.count("linear start: runs/role/linear-role") == 1
+
+
+def test_a_dataset_with_a_zero_shot_run_is_reported_with_dashes(tmp_path, cache_dir):
+    """Issue 36, item 9: `report` crashed on a folder holding CLIP's zero-shot row (no lr,
+    batch or epoch). The real commands on CLIP's tiny random test tower (clip-vit-b16 takes
+    minutes of CPU for the same path)."""
+    from faults import run
+
+    for args in (("prepare", "shapes", "--num-train", "20", "--num-test", "10"),
+                 ("features", "--dataset", "shapes", "--backbone", "test-clip", "--weights",
+                  "random", "--text", "--image-size", "32", "--device", "cpu", "--workers", "0"),
+                 ("train-linear", "--dataset", "shapes", "--loss", "an,zero-shot", "--epochs", "1",
+                  "--lr", "1e-2", "--bsize", "8", "--run-id", "z", "--quiet", "--no-plots",
+                  "--device", "cpu")):
+        made = invoke(*args)
+        assert made.exit_code == 0, made.output
+    assert (cache_dir / "shapes" / "runs" / "zero-shot" / "z" / "results.json").is_file()
+    reported = run(["report", str(cache_dir / "shapes")], cwd=tmp_path)
+    assert reported.returncode == 0, reported.stderr
+    html = (cache_dir / "shapes" / "report.html").read_text(encoding="utf-8")
+    card = html[html.index('id="run-runs--zero-shot--z"'):]
+    card = card[:card.index("</article>")]
+    assert "(lr -, batch -, epoch -)" in card and "configurations (each" not in card
+    table = invoke("table", cache_dir / "shapes" / "runs" / "zero-shot" / "z")
+    assert re.search(r"\| zero-shot \| shapes +\| +0 \| - +\|", table.output), table.output

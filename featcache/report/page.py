@@ -56,6 +56,12 @@ def number(value: float | None, digits: int = 2) -> str:
     return "" if value is None else f"{value:.{digits}f}"
 
 
+def setting(value: float | None) -> str:
+    """A selected setting, or "-" where a run has none (the zero-shot row: no lr, batch or
+    epoch), as ``featcache table`` shows it."""
+    return "-" if value is None else f"{value:g}"
+
+
 def command_text(document: dict) -> str:
     """The command that made a run, as typed (``featcache train-linear ...``)."""
     argv = list(document.get("command") or [])
@@ -208,8 +214,8 @@ def run_card(run: Run) -> str:
         headline = ""
     headline += (f"val <b data-key=\"val\">{number(selection.get(val_key))}</b>, test "
                  f"<b data-key=\"test\">{number(selection['test_map'])}</b> (lr "
-                 f"{selection['lr']:g}, batch {selection['batch_size']}, epoch "
-                 f"{selection['epoch']})")
+                 f"{setting(selection['lr'])}, batch {setting(selection['batch_size'])}, epoch "
+                 f"{setting(selection['epoch'])})")
     series = run_series(run)
     stage = "fine-tuned" if run.stage == "finetune" else "linear"
     chart = curves_svg(series, f"{document['dataset']} / {run.loss} ({stage}): {run.run_id}")
@@ -222,6 +228,8 @@ def run_card(run: Run) -> str:
 def configurations_html(run: Run) -> str:
     """Every configuration's selected epoch and numbers (the selected ones marked)."""
     configs = configurations(run.document)
+    if not configs:  # the zero-shot row trains nothing
+        return ""
     varying = varying_params(configs)
     rows = "".join(
         f'<tr{" class=selected" if c.selected else ""}><td>{c.seed}</td><td>{c.lr:g}</td>'
