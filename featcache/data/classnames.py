@@ -14,9 +14,14 @@ LINE_BREAKING = ("Cc", "Zl", "Zp")
 
 
 def check_class_names(classes: Sequence[str], where: str) -> None:
-    """Refuse an empty name or one holding a control character (a newline would break every
+    """Refuse fewer than 2 classes, an empty name or one holding a control character (a newline would break every
     table row naming it); warn about names that differ only in case or spaces (``cat``,
     ``Cat``, ``cat  ``), which become separate classes. ``where`` names the source."""
+    if len(classes) < 2:
+        raise InputError(f"{where}: names only {plural(len(classes), 'class', 'classes')} "
+                         f"({', '.join(map(repr, classes)) or 'none'}): every image kept has it "
+                         "(images without a positive label are dropped), so every AP would be "
+                         "100 by construction; a multi-label dataset needs at least 2 classes")
     for number, name in enumerate(classes, start=1):
         if not str(name).strip():
             raise InputError(f"{where}: class {number} has an empty name; give every class a name")
