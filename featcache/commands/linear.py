@@ -61,8 +61,9 @@ from featcache.commands.repeated import ListOption
 @click.option("--jobs", type=click.IntRange(min=1), default=None,
               help="CPU only: worker processes, one core each: (seed, batch size) groups train "
                    "in them, and a worker without a group to train evaluates trained groups' "
-                   "epochs (default: one per core; under torchrun, the cores shared among the "
-                   "ranks). Results do not depend on it.")
+                   "epochs (default and most: one per core; under torchrun, the cores shared "
+                   "among the ranks; more is capped, said in one line). Results do not depend "
+                   "on it.")
 @click.option("--max-memory", default=None, metavar="SIZE",
               help="Memory budget for what stage two allocates (features, labels, training "
                    "state, worker processes; not the interpreter's and libraries' own pages), "

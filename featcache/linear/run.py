@@ -79,7 +79,14 @@ from featcache.protocol.loss_choice import (
 from featcache.protocol.runs import RunFolder, new_run_id, open_finished_or_new
 from featcache.protocol.selection import resolve_val_variant
 from featcache.protocol.tensorboard_log import log_run, require_tensorboard
-from featcache.runtime import Ranks, describe_device, pick_device, ranks, usable_cpus
+from featcache.runtime import (
+    Ranks,
+    describe_device,
+    pick_device,
+    ranks,
+    usable_cpus,
+    worker_processes,
+)
 
 
 def _stderr(message: str) -> None:
@@ -113,7 +120,9 @@ def _run_linear(options: LinearOptions, budget: int, job: Ranks, say: Callable[[
     first_rows = split_rows(labels, files.first)
     options, specs, skipped, zero_shot = _search_specs(options, labels, files, first_rows,
                                                        zero_shot_asked, say)
-    jobs = options.jobs or max(1, usable_cpus() // job.local_world)
+    jobs, capped = worker_processes(options.jobs, job.local_world)
+    if capped and device.type == "cpu":
+        say(capped)
     run_id = on_main(job, lambda: options.run_id or new_run_id())
     say(f"run id {run_id}: {runs_root(options.dataset, options.cache)}/<loss>/{run_id}")
     options = replace(options, jobs=jobs)
