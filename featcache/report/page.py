@@ -21,8 +21,9 @@ from featcache import __version__
 from featcache.errors import plural
 from featcache.losses import loss_names
 from featcache.protocol.configurations import configurations, varying_params
-from featcache.protocol.results_table import STAGES
+from featcache.protocol.results_table import STAGES, features_text
 from featcache.published import SOURCES
+from featcache.report.advice import missing_reference_note, typed_command
 from featcache.report.groups import (
     MIN_HIGHLIGHT,
     TableGroup,
@@ -64,12 +65,8 @@ def setting(value: float | None) -> str:
 
 def command_text(document: dict) -> str:
     """The command that made a run, as typed (``featcache train-linear ...``)."""
-    argv = list(document.get("command") or [])
-    if not argv:
-        return "(not recorded)"
-    if Path(argv[0]).name in ("featcache", "__main__.py", "cli.py"):
-        argv[0] = "featcache"
-    return shlex.join(argv)
+    argv = typed_command(document)
+    return shlex.join(argv) if argv else "(not recorded)"
 
 
 def provenance_tip(run: Run) -> str:
@@ -152,10 +149,7 @@ def heatmap_html(group: TableGroup, index: int, number_text: str = "") -> str:
              f"{group.table.datasets[0]}")
     links = {loss: f"loss-{loss}" for loss in losses}
     if reference is None:
-        command = "train-linear" if group.stage == "linear" else "finetune"
-        key = (f"no {esc('an')} run in this table: nothing to compare against (run "
-               f"<code>featcache {command} --loss an</code> with the same settings to see gains "
-               "and losses)")
+        key = missing_reference_note(group)
     else:
         key = (f"outlined green &#9650;: the loss gains on <b>{reference}</b> for that class, "
                f"red &#9660;: it loses (a difference of at least {MIN_HIGHLIGHT:g} AP point, or "
@@ -250,8 +244,8 @@ def provenance_html(run: Run) -> str:
               f"{document.get('labels', {}).get('sha256')})"]
     if "features" in document:
         features = document["features"]
-        inputs.append(f"features {features.get('path')}: {features.get('dim')}-d "
-                      f"{features.get('backbone')} ({features.get('weights')} weights; sha256 "
+        inputs.append(f"features {features.get('path')}: {features_text(features)} "
+                      f"({features.get('weights')} weights; sha256 "
                       f"{features.get('sha256')})")
     if "backbone" in document:
         backbone = document["backbone"]
