@@ -103,7 +103,7 @@ def worker_processes(asked: int | None, ranks_here: int = 1) -> tuple[int, str |
     cores = max(1, usable_cpus() // max(1, ranks_here))
     if asked is None or asked <= cores:
         return asked or cores, None
-    shared = f", shared among {ranks_here} ranks" if ranks_here > 1 else ""
+    shared = f", shared among {plural(ranks_here, 'rank')}" if ranks_here > 1 else ""
     return cores, (f"--jobs {asked}: {plural(usable_cpus(), 'CPU')} can run "
                    f"{plural(cores, 'worker process', 'worker processes')} at once{shared} (one "
                    f"core each); running {cores}")

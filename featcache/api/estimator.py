@@ -56,7 +56,7 @@ from featcache.api.head_logits import (  # noqa: F401 - re-exported: the estimat
 from featcache.api.scoring import protocol_map
 from featcache.api.targets import LABELS, class_matrix, read_target, targets_for
 from featcache.data.sampling import split_train_val
-from featcache.errors import FeatcacheWarning, LossNeedError, OptionError
+from featcache.errors import FeatcacheWarning, LossNeedError, OptionError, plural
 from featcache.linear.data import LinearData
 from featcache.linear.search import SearchSpec, run_search
 from featcache.losses import OBSERVED_NEGATIVES, SPATIAL_FEATURES, HeadKind, loss_class, loss_names
@@ -249,7 +249,7 @@ class SPMLClassifier(ClassifierMixin, BaseEstimator):
         """``batch_size``, clipped (with a warning) to the training rows."""
         if self.batch_size <= rows:
             return int(self.batch_size)
-        warnings.warn(f"batch_size={self.batch_size} is larger than the {rows} training rows: "
+        warnings.warn(f"batch_size={self.batch_size} is larger than the {plural(rows, 'training row')}: "
                       f"trained with batch_size={rows} (one batch per epoch)", FeatcacheWarning,
                       stacklevel=4)
         return rows

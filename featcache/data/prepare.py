@@ -154,7 +154,7 @@ def _prepare_locked(source: SourceDataset, path: Path, options: PrepareOptions,
         parts, report["merged_split"] = _merge_and_split(parts, options.merge)
         kept = {}
         notify(f"merged both official splits ({plural(report['merged_split']['rows'], 'image')}) and "
-               f"drew {options.merge.train_size} training images with seed {options.merge.seed}")
+               f"drew {plural(options.merge.train_size, 'training image')} with seed {options.merge.seed}")
 
     observed = {split: _observe(parts[split], options, observer, split) for split in OFFICIAL}
     if source.val_rows is None:
@@ -297,7 +297,7 @@ def _kept_rows(source: SourceDataset, split: str, options: PrepareOptions, repor
                 "write the labels without checking images"
             )
         if absent.size:
-            notify(f"{split}: dropped {absent.size} missing images ({first_few(missing)})")
+            notify(f"{split}: dropped {plural(absent.size, 'missing image')} ({first_few(missing)})")
             rows = np.delete(rows, absent)
     if rows.size == 0:
         raise InputError(f"no {split} images are left after dropping images without positives "
