@@ -12,6 +12,32 @@ cache_option = click.option(
     help=f"Cache root (default: ${CACHE_ENV} or ./{DEFAULT_CACHE}).",
 )
 
+def dataset_option(help: str = "Dataset name under the cache (or its directory)."):
+    """``--dataset NAME``; without it, the only dataset prepared in the cache
+    (:func:`chosen_dataset`)."""
+    return click.option("--dataset", default=None, metavar="NAME",
+                        help=help + "  [default: the only dataset prepared in the cache]")
+
+
+def chosen_dataset(dataset: str | None, cache: str | None) -> str:
+    """``--dataset``, else the only dataset prepared in the cache (said in a note); with none
+    or several prepared, one line naming them."""
+    if dataset is not None:
+        return dataset
+    from featcache.errors import OptionError
+    from featcache.paths import cache_root, prepared_datasets
+
+    prepared, root = prepared_datasets(cache), cache_root(cache)
+    if len(prepared) == 1:
+        click.echo(f"note: --dataset {prepared[0]}: the only dataset prepared in {root}", err=True)
+        return prepared[0]
+    if not prepared:
+        raise OptionError(f"--dataset NAME is missing and no dataset is prepared in {root}: "
+                          "prepare one first (`featcache prepare --help` lists the formats)")
+    raise OptionError(f"--dataset NAME is missing: give one of the datasets prepared in {root}: "
+                      f"{', '.join(prepared)}")
+
+
 overwrite_option = click.option(
     "--overwrite", is_flag=True, default=False,
     help="Replace an existing output (the old one stays until the new one is complete).",

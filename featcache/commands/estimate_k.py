@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import click
 
-from featcache.commands.common import cache_option, parse_number_list
+from featcache.commands.common import (
+    cache_option,
+    chosen_dataset,
+    dataset_option,
+    parse_number_list,
+)
 from featcache.commands.repeated import ListOption
 
 
 @click.command("estimate-k")
-@click.option("--dataset", required=True, help="Dataset name under the cache (or its directory).")
+@dataset_option()
 @click.option("--labeled", "labeled", cls=ListOption, default="5,10,25", show_default=True,
               help="M: how many fully labelled training images k is estimated from "
                    "(comma-separated or repeated; the supplement's Table A2 uses 5, 10 and 25).")
@@ -41,7 +46,7 @@ def command(dataset, labeled, draws, seed, sweep, json_path, cache):
     from featcache.published import published_k_interval
     from featcache.tables import Table
 
-    labels = load_labels(existing_labels(dataset, cache))
+    labels = load_labels(existing_labels(chosen_dataset(dataset, cache), cache))
     if labels.train.clean is None:
         raise InputError(f"{labels.path} holds single positives only (no clean training labels): "
                          "there are no fully labelled images to estimate k from")

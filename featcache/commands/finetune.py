@@ -7,6 +7,8 @@ import click
 from featcache.commands.common import (
     batch_sizes_option,
     cache_option,
+    chosen_dataset,
+    dataset_option,
     learning_rates_option,
     parse_params,
     preprocess_option,
@@ -19,7 +21,7 @@ from featcache.errors import plural
 
 
 @click.command("finetune")
-@click.option("--dataset", required=True, help="Dataset name under the cache (or its directory).")
+@dataset_option()
 @click.option("--loss", required=True, help="The loss (`featcache losses` lists them).")
 @click.option("--init", "init", default="best", show_default=True, metavar="best|none|PATH",
               help="best: the finished linear run of this loss with the best validation mAP on "
@@ -131,6 +133,7 @@ def command(dataset, loss, init, learning_rates, batch_sizes, epochs, head_lr_mu
     from featcache.finetune.run import run_finetune
     from featcache.linear.run import train_linear_phase
 
+    dataset = chosen_dataset(dataset, cache)
     params = parse_params(param_pairs)
     for name, values in params.items():
         if len(values) != 1:

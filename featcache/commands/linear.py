@@ -7,6 +7,8 @@ import click
 from featcache.commands.common import (
     batch_sizes_option,
     cache_option,
+    chosen_dataset,
+    dataset_option,
     device_option,
     learning_rates_option,
     overwrite_option,
@@ -21,7 +23,7 @@ from featcache.commands.repeated import ListOption
 
 
 @click.command("train-linear")
-@click.option("--dataset", required=True, help="Dataset name under the cache (or its directory).")
+@dataset_option()
 @click.option("--loss", "loss_names", cls=ListOption, default="an-ls", show_default=True,
               help="A loss, a comma-separated (or repeated) list, or 'all' (`featcache losses` lists them). "
                    "BoostLU losses (ll-r+boostlu, ...) train on the spatial features file "
@@ -101,6 +103,7 @@ def command(ctx, dataset, loss_names, learning_rates, batch_sizes, epochs, param
     """
     from featcache.paths import check_name, existing_labels
 
+    dataset = chosen_dataset(dataset, cache)
     if run_id is not None:  # a path where a name belongs is refused before anything else
         check_name(run_id, "--run-id")
     existing_labels(dataset, cache)  # a wrong name is said at once, not after torch's import
