@@ -58,8 +58,7 @@ def number(value: float | None, digits: int = 2) -> str:
 
 
 def setting(value: float | None) -> str:
-    """A selected setting, or "-" where a run has none (the zero-shot row: no lr, batch or
-    epoch), as ``featcache table`` shows it."""
+    """A selected setting, or "-" where a run has none (zero-shot), as ``table`` shows it."""
     return "-" if value is None else f"{value:g}"
 
 
