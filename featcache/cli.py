@@ -57,7 +57,12 @@ class LazyGroup(click.Group):
     def resolve_command(self, ctx: click.Context, args: list[str]):
         if args and args[0] not in COMMANDS and not args[0].startswith("-"):
             ctx.fail(unknown_name("command", args[0], COMMANDS, listing="featcache --help"))
-        return super().resolve_command(ctx, args)
+        name, command, rest = super().resolve_command(ctx, args)
+        if command is not None and name is not None and not ctx.resilient_parsing:
+            from featcache.commands.repeated import join_repeated_options
+
+            rest = join_repeated_options(command, name, rest, ctx)
+        return name, command, rest
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows = [(name, help_text) for name, (_, help_text) in COMMANDS.items()]
@@ -75,6 +80,14 @@ class LazyGroup(click.Group):
                 ctx.exit(exc.exit_code)
             except FeatcacheError as exc:
                 raise click.ClickException(str(exc)) from exc
+            except UnicodeEncodeError as exc:
+                if not _writing_stdout(exc):
+                    raise
+                shown = exc.object[exc.start:exc.end]
+                raise click.ClickException(
+                    f"the output encoding {exc.encoding} (PYTHONIOENCODING or the locale) cannot "
+                    f"write {shown!r}, part of what this command prints: run it again with "
+                    "PYTHONIOENCODING=utf-8 (or a UTF-8 locale, e.g. LC_ALL=C.UTF-8)") from exc
             except (OSError, RuntimeError) as exc:
                 from featcache.fileio import (
                     disk_full_message,
@@ -101,6 +114,17 @@ class LazyGroup(click.Group):
 
 
 _default_showwarning = warnings.showwarning
+
+
+def _writing_stdout(exc: UnicodeEncodeError) -> bool:
+    """Whether ``exc`` came from printing to stdout in an encoding that lacks a character (a
+    class name in a latin-1 terminal), not from featcache's own encoding of text."""
+    import codecs
+
+    try:
+        return codecs.lookup(exc.encoding).name == codecs.lookup(sys.stdout.encoding or "").name
+    except LookupError:
+        return False
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:

@@ -84,8 +84,29 @@ def existing_labels(dataset: str, cache: str | os.PathLike | None = None) -> Pat
     hint = did_you_mean(dataset, prepared)
     known = (f"; prepared datasets in {cache_root(cache)}: {', '.join(prepared)}"
              if prepared and not hint else "")
+    if dataset in OFFICIAL_LAYOUTS and not hint:  # a benchmark: its own prepare command
+        command = f"featcache prepare {dataset}" + (" --root DIR" if OFFICIAL_LAYOUTS[dataset]
+                                                    else "")
+        if cache is not None:
+            command += f" --cache {cache}"
+        where = (f", DIR being {OFFICIAL_LAYOUTS[dataset]} (`featcache prepare {dataset} --help`)"
+                 if OFFICIAL_LAYOUTS[dataset] else "")
+        raise InputError(f"no dataset {dataset!r}: {path} does not exist{known}. Prepare it "
+                         f"with `{command}`{where}")
     raise InputError(f"no dataset {dataset!r}: {path} does not exist{known}. Prepare it with "
                      f"`featcache prepare` (see `featcache prepare --help`){hint}")
+
+
+#: the datasets `featcache prepare NAME` reads from their official layout, with the folder its
+#: --root names ("": no --root, shapes is generated)
+OFFICIAL_LAYOUTS = {
+    "voc": "the VOC folder (holding VOCdevkit or ImageSets/Main)",
+    "coco": "the folder holding annotations/instances_{train,val}2014.json",
+    "nuswide": "the folder holding ImageList/, Groundtruth/ and Concepts81.txt",
+    "cub": "the folder holding attributes.txt and CUB_200_2011/",
+    "l48": "the L48 folder format_ML48S.py writes",
+    "shapes": "",
+}
 
 
 #: file name prefixes of the pooled and the spatial features files

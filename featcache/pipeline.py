@@ -41,7 +41,10 @@ seeds); runs matching ``reference_run_id`` (optional) draw a band, mean +- std. 
 default path such as ``shared = "{recipe_dir}/../../shared/data"`` does not depend on the
 working directory); [vars] values may use both. An argument that names a path through a
 [vars] variable is a step input: a run refuses before its first step when an input of a step
-that will run is missing (naming the ``--set`` that fixes it), and a dry run lists them. Steps re-use finished work (features files are kept when
+that will run is missing (naming the ``--set`` that fixes it), and a dry run lists them; so
+does each step that cannot run as written (its command, options and values, or a
+``--dataset`` neither prepared nor prepared by an earlier step:
+:mod:`featcache.commands.recipe_check`). Steps re-use finished work (features files are kept when
 up to date, a linear run id that finished with the same settings is reused), so an
 interrupted pipeline is resumed by running it again.
 """

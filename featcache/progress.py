@@ -76,13 +76,19 @@ ABBREVIATED = ("it", "img", "B", "s")
 
 class LogLines(tqdm):
     """tqdm for logs: whole lines (never a carriage return or a cursor movement): a start line,
-    a status line at most every ``mininterval`` seconds, and an end line with the rate when the
-    bar closes (kept or not); a bar with nothing to do (total 0) prints nothing."""
+    a status line at most every ``mininterval`` seconds (none when one more step ends the bar),
+    and an end line with the rate when the bar closes (kept or not); a bar with nothing to do
+    (total 0) prints nothing."""
 
     def __init__(self, *args, **kwargs):
         self._last_line = -float("inf")
         self._started = False
+        self._step = 0  # the last update's size
         super().__init__(*args, **kwargs)
+
+    def update(self, n=1):
+        self._step = n
+        return super().update(n)
 
     def _write(self, text: str) -> None:
         self.fp.write(text.strip() + "\n")
@@ -105,6 +111,10 @@ class LogLines(tqdm):
             self._write(f"{self._label()}: start{total}")
             return False
         if now - self._last_line < self.mininterval:
+            return False
+        if self.total and self.total - self.n <= self._step:
+            # one more step finishes the bar and the end line says so: a status line here
+            # ("99% 448/450", then "done, 450 img") would read as if the bar had stopped
             return False
         self._last_line = now
         self._write(msg or self.__str__())

@@ -23,7 +23,7 @@ from typing import Protocol
 import torch
 import torch.distributed as dist
 
-from featcache.errors import FeatcacheError, OptionError
+from featcache.errors import FeatcacheError, OptionError, plural
 from featcache.interrupt import check_stop
 from featcache.notices import notice_cpu_fallback
 
@@ -94,6 +94,20 @@ def usable_cpus() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not Linux
         return os.cpu_count() or 1
+
+
+def worker_processes(asked: int | None, ranks_here: int = 1) -> tuple[int, str | None]:
+    """Stage two's CPU worker processes, one core each: ``asked`` (``--jobs``) capped at what
+    can run at once, the CPUs of this process shared among the ``ranks_here`` ranks on this
+    machine (default: that many); and a line saying so when ``asked`` was capped (more
+    processes than cores only take turns, and each costs memory)."""
+    cores = max(1, usable_cpus() // max(1, ranks_here))
+    if asked is None or asked <= cores:
+        return asked or cores, None
+    shared = f", shared among {plural(ranks_here, 'rank')}" if ranks_here > 1 else ""
+    return cores, (f"--jobs {asked}: {plural(usable_cpus(), 'CPU')} can run "
+                   f"{plural(cores, 'worker process', 'worker processes')} at once{shared} (one "
+                   f"core each); running {cores}")
 
 
 def cpu_threads() -> int:

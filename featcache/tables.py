@@ -75,7 +75,10 @@ class Table:
     def markdown(self) -> str:
         """An aligned Markdown table, under the title when there is one, above the caption
         and notes when there are."""
-        cells = [[self._emphasis(r, c, self._text(column, value).replace("|", "\\|"), "**", "**")
+        # a cell is one line: "|" escaped, a line break (a class name from an old labels
+        # file) shown as a space
+        cells = [[self._emphasis(r, c, " ".join(self._text(column, value).replace("|", "\\|")
+                                                .splitlines()), "**", "**")
                   for c, (column, value) in enumerate(zip(self.columns, row, strict=True))]
                  for r, row in enumerate(self.rows)]
         right = self._numeric_columns()

@@ -112,8 +112,10 @@ def linear_run(cache: Path) -> Path:
 
 
 def finetune(cache: Path, *args: str):
-    """``featcache finetune --dataset toy ...`` in-process, quiet, small and fast."""
-    return invoke("finetune", "--dataset", NAME, "--cache", cache, "--quiet", "--no-plots",
+    """``featcache finetune --dataset toy ...`` in-process, quiet, small and fast (``args`` may
+    name another --dataset: an option is given once)."""
+    dataset = () if "--dataset" in args else ("--dataset", NAME)
+    return invoke("finetune", *dataset, "--cache", cache, "--quiet", "--no-plots",
                   "--workers", "0", "--device", "cpu", *args)
 
 

@@ -456,3 +456,83 @@ def test_the_readme_grid_search_recipe_runs_and_its_folds_keep_every_class(array
     search = scope["search"]
     assert search.best_params_["lr"] in (1e-2, 1e-3, 1e-4)
     assert 0 < search.best_score_ <= 100
+
+
+class Frame:
+    """What a DataFrame offers ``score`` (pandas is not a dependency): column names and
+    values."""
+
+    def __init__(self, values, columns):
+        self.values, self.columns = np.asarray(values), list(columns)
+
+    def __array__(self, dtype=None, copy=None):
+        return self.values if dtype is None else self.values.astype(dtype)
+
+    def __len__(self):
+        return len(self.values)
+
+
+@pytest.mark.shared_data
+def test_a_label_matrix_is_scored_only_when_its_columns_match_classes(shared_data):
+    """Issue 36, item 10: fitted on class names (classes_ sorted), scored with scene's label
+    matrix in the file's own column order: the columns were silently misaligned."""
+    npz = np.load(shared_data / "scene" / "scene.npz")
+    names = npz["label_names"].astype(str)
+    assert list(names) != sorted(names)  # the file's order is not the sorted one
+    observed = observe_uniform(npz["Y_train"])
+    y = names[observed.argmax(axis=1)]  # each row's observed positive, by name
+    X_test, Y_test = npz["X_test"], npz["Y_test"]
+    clf = SPMLClassifier(loss="an-ls", epochs=5).fit(npz["X_train"], y)
+    assert list(clf.classes_) == sorted(names)
+    aligned = Y_test[:, [list(names).index(c) for c in clf.classes_]]
+    right = mean_average_precision(torch.from_numpy(clf.predict_proba(X_test)),
+                                   torch.from_numpy(aligned).float()).item()
+    with pytest.raises(ValueError, match="y is a label matrix without column names, but the "
+                       "classifier was fitted on class labels: classes_ .* are their sorted "
+                       "order"):
+        clf.score(X_test, Y_test)
+    assert clf.score(X_test, Frame(Y_test, names)) == pytest.approx(right)  # matched by name
+    with pytest.raises(ValueError, match=r"y's columns .* are not the classes .*: missing "
+                                         r"\['Beach'\], unknown \['beach'\]"):
+        clf.score(X_test, Frame(Y_test, ["beach", *names[1:]]))
+    search = GridSearchCV(SPMLClassifier(loss="an-ls", epochs=5), {"lr": [1e-3]},
+                          cv=KFold(3, shuffle=True, random_state=0)).fit(npz["X_train"], y)
+    with pytest.raises(ValueError, match="without column names"):
+        search.score(X_test, Y_test)
+    with pytest.raises(ValueError, match="y_full is a label matrix without column names"):
+        SPMLClassifier(loss="bce", epochs=1).fit(npz["X_train"], y, y_full=npz["Y_train"])
+    # given classes= (the matrix's order), the columns follow it
+    ordered = SPMLClassifier(loss="an-ls", epochs=5, classes=names).fit(npz["X_train"], y)
+    assert ordered.score(X_test, Y_test) == pytest.approx(right, abs=0.5)
+    assert right > 50  # the misaligned score was about half of it
+
+
+@pytest.mark.parametrize("y, message", [
+    (np.array(["a"] * 20), r"y holds only one class \(\['a'\]\): a classifier needs at least 2 "
+                           r"classes \(with one, every row is positive and mAP is 100 by "
+                           r"construction\)"),
+    (np.array(["a"] * 10 + [None] + ["b"] * 9, dtype=object),
+     "y row 10 holds None: every row needs its observed positive"),
+    (np.array(["a"] * 10 + [1] * 10, dtype=object), "y mixes labels of the kinds number, string"),
+])
+def test_one_class_and_missing_or_mixed_labels_are_refused(y, message):
+    """Issue 36, item 11: one class fitted silently; None raised a bare TypeError."""
+    X = np.random.default_rng(0).random((20, 4)).astype(np.float32)
+    with pytest.raises(ValueError, match=message):
+        SPMLClassifier(**FAST).fit(X, y)
+
+
+def test_a_one_class_feature_set_is_refused_at_prepare(tmp_path, cache_dir):
+    """Issue 36, item 11: a one-class npz trained to "val 100.00 test 100.00" without a word."""
+    rng = np.random.default_rng(0)
+    npz = tmp_path / "one.npz"
+    np.savez(npz, X_train=rng.random((20, 4)), X_test=rng.random((10, 4)),
+             Y_train=np.ones((20, 1), dtype=np.uint8), Y_test=np.ones((10, 1), dtype=np.uint8),
+             label_names=np.array(["cat"]))
+    result = invoke("prepare", "features", "--npz", npz, "--name", "one")
+    assert result.exit_code == 1
+    assert result.output == (f"Error: {npz}: names only 1 class ('cat'): every image kept has it "
+                             "(images without a positive label are dropped), so every AP would "
+                             "be 100 by construction; a multi-label dataset needs at least 2 "
+                             "classes\n")
+    assert not (cache_dir / "one").exists()

@@ -212,3 +212,53 @@ def test_a_generated_set_says_what_is_not_available_like_an_imported_one(tmp_pat
     for name in ("an+boostlu", "ignore", "vlpl"):
         reason = loss_class(name).unmet_need(facts) or ""
         assert NOT_FOR_IMPORTED in reason and "featcache features" not in reason, reason
+
+
+def test_without_dataset_the_only_prepared_one_is_taken_else_they_are_named(tmp_path, cache_dir):
+    """Issue 36, item 15: `train-linear --loss an-ls` and `finetune --init best` without
+    --dataset said only "Missing option '--dataset'"."""
+    from faults import run
+
+    none = run(["train-linear", "--loss", "an-ls"], cwd=tmp_path)
+    assert none.returncode == 1 and none.stderr == (
+        f"Error: --dataset NAME is missing and no dataset is prepared in {cache_dir}: prepare "
+        "one first (`featcache prepare --help` lists the formats)\n")
+    assert invoke(*shlex.split(suggested(none.stderr)[0])[1:]).exit_code == 0
+    assert invoke("prepare", "features", "--npz", feature_set(tmp_path / "a.npz"), "--name",
+                  "first").exit_code == 0
+    only = run(["train-linear", "--loss", "an-ls", *FAST, "--run-id", "r"], cwd=tmp_path)
+    assert only.returncode == 0, only.stderr
+    assert f"note: --dataset first: the only dataset prepared in {cache_dir}" in only.stderr
+    assert (cache_dir / "first" / "runs" / "an-ls" / "r" / "results.json").is_file()
+    assert invoke("prepare", "features", "--npz", feature_set(tmp_path / "b.npz", seed=1),
+                  "--name", "second").exit_code == 0
+    for args in (["train-linear", "--loss", "an-ls"], ["finetune", "--loss", "role", "--init",
+                                                       "best"]):
+        several = run(args, cwd=tmp_path)
+        assert several.returncode == 1 and several.stderr == (
+            f"Error: --dataset NAME is missing: give one of the datasets prepared in "
+            f"{cache_dir}: first, second\n"), several.stderr
+
+
+def test_make_features_on_an_unprepared_benchmark_prints_its_prepare_command(tmp_path, cache_dir):
+    """Issue 36, item 15: `make features DATASET=voc` before `prepare` now names
+    `featcache prepare voc --root DIR`; with DIR the VOC folder it works as printed."""
+    import subprocess
+    from pathlib import Path
+
+    from dataset_fixtures import VOC_SPLITS, write_voc
+
+    repo = Path(__file__).resolve().parents[1]
+    made = subprocess.run(["make", "-s", "-o", ".venv/.installed", "features", "DATASET=voc"],
+                          cwd=repo, capture_output=True, text=True)
+    assert made.returncode != 0
+    line = next(x for x in made.stderr.splitlines() if x.startswith("Error: "))
+    assert line == (f"Error: no dataset 'voc': {cache_dir / 'voc' / 'labels.h5'} does not exist. "
+                    "Prepare it with `featcache prepare voc --root DIR`, DIR being the VOC folder "
+                    "(holding VOCdevkit or ImageSets/Main) (`featcache prepare voc --help`)")
+    write_voc(tmp_path / "pascal", VOC_SPLITS)
+    command = suggested(line)[0].replace("DIR", str(tmp_path / "pascal"))
+    assert run_suggestion(command).exit_code == 0
+    assert (cache_dir / "voc" / "labels.h5").is_file()
+    for advice in suggested(line)[1:]:
+        assert run_suggestion(advice).exit_code == 0  # `featcache prepare voc --help`

@@ -50,3 +50,33 @@ def test_evaluation_leaves_a_worker_only_for_other_local_cpu_workers():
     assert not workers_evaluate_elsewhere(CPU, 1, None)
     assert not workers_evaluate_elsewhere(CPU, 2, SimpleNamespace(world=2))  # torchrun ranks
     assert not workers_evaluate_elsewhere(torch.device("cuda"), 2, None)
+
+
+def test_more_jobs_than_cores_are_capped_and_said(tmp_path, cache_dir):
+    """Issue 36, item 13: `--jobs 100000` on 2 cores started about 67 worker processes."""
+    from faults import run
+    from linear_fixtures import synthetic_dataset
+
+    from featcache.runtime import usable_cpus
+
+    synthetic_dataset(cache_dir)
+    pools = tmp_path / "pools.txt"
+    prelude = f"""
+import concurrent.futures as _futures
+_init = _futures.ProcessPoolExecutor.__init__
+def _recorded(self, max_workers=None, *args, **kwargs):
+    with open({str(pools)!r}, "a") as out:
+        out.write(f"{{max_workers}}\\n")
+    _init(self, max_workers, *args, **kwargs)
+_futures.ProcessPoolExecutor.__init__ = _recorded
+"""
+    result = run(["train-linear", "--dataset", "toy", "--loss", "an", "--epochs", "1", "--lr",
+                  "1e-2,1e-3", "--bsize", "8,16", "--seeds", "0,1", "--jobs", "100000",
+                  "--quiet", "--no-plots", "--device", "cpu"], cwd=tmp_path, prelude=prelude)
+    assert result.returncode == 0, result.stderr
+    cores = usable_cpus()
+    said = (f"--jobs 100000: {cores} CPU{'s' if cores > 1 else ''} can run {cores} worker "
+            f"process{'es' if cores > 1 else ''} at once (one core each); running {cores}")
+    assert said in result.stderr.splitlines()
+    started = [int(n) for n in pools.read_text().split()] if pools.exists() else []
+    assert all(n <= cores for n in started), started  # never more processes than cores

@@ -75,9 +75,15 @@ def test_variables_can_be_overridden_and_unknown_ones_are_refused(tmp_path):
 def test_a_failing_step_names_the_recipe_and_the_step(cache_dir, tmp_path):
     recipe = tmp_path / "toy.toml"
     recipe.write_text(RECIPE)
-    result = invoke("pipeline", "run", recipe)  # no toy dataset prepared
+    result = invoke("pipeline", "run", recipe)  # no toy dataset prepared: refused up front
     assert result.exit_code != 0
-    assert "step 1 (first) failed" in result.output and "no dataset 'toy'" in result.output
+    assert "step 1 (first): no dataset 'toy'" in result.output
+    assert "step 2 (second): no dataset 'toy2'" in result.output
+    for name in ("toy", "toy2"):
+        synthetic_dataset(cache_dir, name)
+    (cache_dir / "toy" / "features-toy.h5").unlink()  # fails as it runs
+    result = invoke("pipeline", "run", recipe)
+    assert result.exit_code != 0 and "step 1 (first) failed: " in result.output
 
 
 @pytest.mark.parametrize("path, description", list_recipes(REPO / "pipelines"))
@@ -290,3 +296,59 @@ def test_the_readme_real_feature_table_has_every_loss_the_pipeline_trains():
     if missing:  # a loss added as one new module: the table is made again by the pipeline
         warnings.warn(f"README.md's real-feature table lacks {missing}: run `make "
                       "real-features`", stacklevel=1)
+
+
+CHECKED = """
+name = "checked"
+[[steps]]
+name = "make shapes"
+command = ["prepare", "shapes", "--num-train", "10", "--num-test", "10"]
+[[steps]]
+name = "k of shapes"
+command = ["estimate-k", "--dataset", "shapes", "--draws", "10", "--labeled", "5"]
+[[steps]]
+name = "last"
+command = {last}
+"""
+
+
+@pytest.mark.parametrize("last, message", [
+    ('["trian-linear", "--dataset", "shapes"]',
+     "step 3 (last): unknown command 'trian-linear'; did you mean 'train-linear'?"),
+    ('["train-linear", "--dataset", "shapes", "--lrr", "1e-2"]',
+     "step 3 (last): featcache train-linear: No such option '--lrr'"),
+    ('["train-linear", "--dataset", "shapes", "--epochs", "0"]',
+     "step 3 (last): featcache train-linear: Invalid value for '--epochs'"),
+    ('["train-linear", "--dataset", "shapes", "--epochs", "1", "--epochs", "2"]',
+     "step 3 (last): --epochs is given twice"),
+    ('["prepare", "vocc", "--root", "x"]', "step 3 (last): featcache prepare: No such command 'vocc'"),
+    ('["train-linear", "--dataset", "shapez"]',
+     "step 3 (last): no dataset 'shapez' ({labels} does not exist) and no earlier step "
+     "prepares it; did you mean 'shapes'?; prepare it first (`featcache prepare --help` lists "
+     "the formats) or add a prepare step before this one"),
+])
+def test_every_step_is_checked_before_the_first_runs(tmp_path, cache_dir, last, message):
+    """Issue 36, item 8: a recipe whose last step could not run ran its first steps first."""
+    recipe = tmp_path / "checked.toml"
+    recipe.write_text(CHECKED.format(last=last))
+    result = invoke("pipeline", "run", recipe)
+    assert result.exit_code == 1
+    assert len(result.output.strip().splitlines()) == 1, result.output
+    expected = message.format(labels=cache_dir / "shapez" / "labels.h5")
+    assert result.output.startswith(f"Error: {recipe}: {expected}"), result.output
+    assert result.output.rstrip().endswith("; no step was run")
+    assert not (cache_dir / "shapes").exists()  # step 1 did not run
+    dry = invoke("pipeline", "run", recipe, "--dry-run")  # a dry run lists the problem
+    assert dry.exit_code == 0 and f"note: {expected}" in dry.stderr
+
+
+def test_a_dataset_an_earlier_step_prepares_passes_and_cache_reaches_each_step(tmp_path):
+    """The recipe above with a last step that can run; --cache goes to the steps that take
+    it, after their command (`prepare shapes --cache DIR`, not `prepare --cache DIR shapes`)."""
+    recipe = tmp_path / "checked.toml"
+    recipe.write_text(CHECKED.format(last='["losses", "an"]'))
+    cache = tmp_path / "elsewhere"
+    result = invoke("pipeline", "run", recipe, "--cache", cache)
+    assert result.exit_code == 0, result.output
+    assert (cache / "shapes" / "labels.h5").is_file()
+    assert "[3/3] last: featcache losses an" in result.output

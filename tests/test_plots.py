@@ -24,3 +24,36 @@ def test_a_one_epoch_run_plots_its_start_at_epoch_0_with_markers():
 def test_without_a_start_the_curves_begin_at_epoch_1():
     fig = series_figure([("lr=0.01 bs=8", [1, 2], [50.0, 52.0], [49.0, 51.0])], (2, 52.0))
     assert list(fig.axes[0].lines[0].get_xdata()) == [1, 2]
+
+
+def test_a_one_epoch_fine_tuning_draws_its_linearinit_start(tmp_path, monkeypatch):
+    """Issue 36, item 15: `finetune --epochs 1` drew a lone star and dot: the run's outputs
+    stopped handing the LinearInit start to the figure (the test above only covered the
+    figure)."""
+    import json
+
+    from dataset_fixtures import invoke
+    from helpers_finetune import NAME, copy_cache
+
+    from featcache.finetune import outputs
+
+    drawn = []
+
+    def spy(curves, selected, path, title="", start=None, start_label="start"):
+        drawn.append((curves, start, start_label))
+        return real(curves, selected, path, title, start, start_label)
+
+    real = outputs.plot_series
+    monkeypatch.setattr(outputs, "plot_series", spy)
+    cache = copy_cache(tmp_path.parent, tmp_path / "cache")
+    result = invoke("finetune", "--dataset", NAME, "--cache", cache, "--loss", "role", "--epochs",
+                    "1", "--lr", "1e-3", "--bsize", "4", "--quiet", "--workers", "0", "--device",
+                    "cpu", "--run-id", "one")
+    assert result.exit_code == 0, result.output
+    run = cache / NAME / "finetune" / "role" / "one"
+    init = json.loads((run / "results.json").read_text())["init"]
+    [(curves, start, label)] = drawn
+    assert start == (init["val_map"], init["test_map"]) and label == "LinearInit start"
+    fig = series_figure(curves, (1, 0.0), start=start, start_label=label)
+    assert list(fig.axes[0].lines[0].get_xdata()) == [0, 1]  # a segment from the start
+    assert (run / "curves.png").stat().st_size > 0

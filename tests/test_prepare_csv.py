@@ -167,3 +167,29 @@ def test_missing_image_and_labels_only(folder, cache_dir):
     labels = load_labels(cache_dir / "mine" / "labels.h5")
     assert len(labels.test) == 2 and labels.provenance["images_checked"] is False
     assert np.array_equal(labels.test.clean, [[0, 1, 1], [1, 0, 0]])
+
+
+def test_an_image_in_both_files_is_refused_naming_it(folder, cache_dir):
+    """Issue 36, item 6: leakage between the splits was accepted without a word."""
+    test = FULL_TEST + "./img/a.jpg,1,0,0\nimg/b.jpg,0,1,0\n"  # ./img/a.jpg is img/a.jpg
+    result = prepare(folder, FULL_TRAIN, test)
+    assert result.exit_code == 1
+    assert result.output == (
+        f"Error: {folder / 'test.csv'}, line 4: ./img/a.jpg is also in {folder / 'train.csv'} "
+        "(line 2); 2 images of the test file are training images (./img/a.jpg, img/b.jpg), so "
+        "test mAP would be measured on images the heads trained on: list each image in one "
+        "file\n")
+    assert not (cache_dir / "mine").exists()
+
+
+def test_class_names_that_differ_only_in_case_are_said(folder, cache_dir):
+    """Issue 36, item 12: `cat`, ` cat ` and `Cat` became two classes without a word."""
+    train = "image,label\nimg/a.jpg,cat\nimg/b.jpg, cat \nimg/d.jpg,Cat\nimg/e.jpg,dog\n"
+    result = prepare(folder, train, "image,label\nimg/t1.jpg,dog\n")
+    assert result.exit_code == 0, result.output
+    warning = [line for line in result.output.splitlines() if "differ only in case" in line]
+    assert warning == [
+        f"featcache: warning: {folder / 'train.csv'}, {folder / 'test.csv'}: 1 set of class "
+        "names differ only in case or spaces ('Cat' and 'cat') and are kept as separate classes; "
+        "if each set is one class, write its names alike and prepare again with --overwrite"]
+    assert load_labels(cache_dir / "mine" / "labels.h5").classes == ["Cat", "cat", "dog"]

@@ -253,7 +253,7 @@ def test_nuswide_missing_images_are_always_dropped_and_counted(tmp_path, cache_d
     nus_fixture(tmp_path, missing={"cat/0004_99.jpg", "sky/0004_4.jpg"})
     result = invoke("prepare", "nuswide", "--root", tmp_path)
     assert result.exit_code == 0, result.output
-    assert "train: dropped 1 missing images (cat/0004_99.jpg)" in result.output
+    assert "train: dropped 1 missing image (cat/0004_99.jpg)" in result.output
     assert "train: dropped 1 of 6 images with no positive label" in result.output
     labels = load_labels(cache_dir / "nuswide" / "labels.h5")
     assert labels.train.images.tolist() == ["actor/0001_2124494179.jpg",

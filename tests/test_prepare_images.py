@@ -66,8 +66,8 @@ def _csv_dataset(folder, kinds: dict[str, str]):
         write_image(folder / "images" / name, kind, seed=len(name))
     rows = "\n".join(f"{name},{'cat' if i % 2 else 'dog'}" for i, name in enumerate(kinds))
     (folder / "train.csv").write_text(f"image,label\n{rows}\n")
-    first = next(iter(kinds))
-    (folder / "test.csv").write_text(f"image,label\n{first},dog\n")
+    write_image(folder / "images" / "test.jpg", "jpeg", seed=99)  # a test image of its own
+    (folder / "test.csv").write_text("image,label\ntest.jpg,dog\n")
 
 
 def _prepare(folder, *extra):
@@ -85,7 +85,7 @@ def test_prepare_verifies_images_and_summarises_modes_and_sizes(tmp_path, cache_
     assert result.exit_code == 0, result.output
     line = next(x for x in result.output.splitlines() if "images verified" in x)
     assert line.startswith("note: images verified: 7 decoded (")
-    for mode in ("RGB 2", "I;16 1", "P 1", "CMYK 1", "RGBA 1", "L 1"):  # a.jpg is in both splits
+    for mode in ("RGB 2", "I;16 1", "P 1", "CMYK 1", "RGBA 1", "L 1"):  # a.jpg and test.jpg
         assert mode in line, mode
     assert "sizes 56x44 to 56x44 (median 56x44)" in line
     assert "1 deeper than 8 bits, scaled to 8 bits" in line

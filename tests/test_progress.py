@@ -129,3 +129,36 @@ def test_stage_two_evaluation_on_other_workers_reports_progress_too(log, tmp_pat
     assert "evaluating trained groups:" in capsys.readouterr().err
     (bar,) = bars
     assert (bar.n, bar.total) == (4, 4)  # 2 groups x 2 epochs, all evaluated elsewhere
+
+
+def test_no_status_line_just_before_the_last_step(log):
+    """Issue 36, item 15: the features bar of 450 images in batches of 64 said "448/450"
+    (its last status line, 30 s after the one before), then "done, 450 img"."""
+    capsys, clock = log
+    bar = progress(total=450, desc="features x", unit="img")
+    for step in [64] * 7 + [2]:
+        clock.now += 15.0  # a status line is due after every other batch
+        bar.update(step)
+    bar.close()
+    lines = capsys.readouterr().err.splitlines()
+    assert not any("448/450" in line for line in lines), lines
+    assert "384/450" in lines[-2]  # the status line before: then the end line
+    assert lines[-1] == "features x: done, 450 img in 02:00 (3.8 img/s)"
+
+
+def test_the_features_command_logs_no_status_line_before_its_last_batch(tmp_path):
+    """The same through `featcache features` (10 images, batches of 4: 4, 8, then 10)."""
+    from faults import run
+    from helpers_images import make_dataset
+
+    make_dataset(tmp_path, num_train=6, num_test=4)
+    result = run(["features", "--dataset", "toy", "--cache", str(tmp_path / "cache"),
+                  "--backbone", "resnet18", "--weights", "random", "--image-size", "32",
+                  "--device", "cpu", "--workers", "0", "--batch-size", "4"], cwd=tmp_path,
+                 env={progress_module.PROGRESS_ENV: "lines", progress_module.INTERVAL_ENV: "0"})
+    assert result.returncode == 0, result.stderr
+    bar = [line for line in result.stderr.splitlines()
+           if line.startswith("features features-resnet18-random: ")]
+    assert bar[0].endswith("start, 10 img") and bar[-1].startswith(
+        "features features-resnet18-random: done, 10 img in ")
+    assert not any("8/10" in line for line in bar), bar

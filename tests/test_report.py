@@ -214,10 +214,12 @@ def test_cam_figures_are_embedded(page):
 
 
 def test_cam_constant_is_the_same_on_both_sides():
+    from featcache.api.cam import CAM_RUNS as runs_written
     from featcache.api.cam import CAM_SOFTWARE as written
+    from featcache.report.runs import CAM_RUNS as runs_read
     from featcache.report.runs import CAM_SOFTWARE as read
 
-    assert written == read
+    assert written == read and runs_written == runs_read
 
 
 def test_runs_subset_title_and_out(cache, tmp_path):
@@ -296,3 +298,98 @@ def test_a_moved_cache_still_finds_the_linear_start(cache, tmp_path):
     shutil.copytree(cache / NAME, moved, ignore=shutil.ignore_patterns("*.h5", "*.pt"))
     section = parse(build_report(moved)).section("finetune")
     assert section.count("linear start: runs/role/linear-role") == 1
+
+
+@pytest.mark.slow
+def test_a_dataset_with_a_zero_shot_run_is_reported_with_dashes(tmp_path, cache_dir):
+    """Issue 36, item 9: `report` crashed on a folder holding CLIP's zero-shot row (no lr,
+    batch or epoch). The real commands on CLIP's tiny random test tower (clip-vit-b16 takes
+    minutes of CPU for the same path)."""
+    from faults import run
+
+    for args in (("prepare", "shapes", "--num-train", "20", "--num-test", "10"),
+                 ("features", "--dataset", "shapes", "--backbone", "test-clip", "--weights",
+                  "random", "--text", "--image-size", "32", "--device", "cpu", "--workers", "0"),
+                 ("train-linear", "--dataset", "shapes", "--loss", "an,zero-shot", "--epochs", "1",
+                  "--lr", "1e-2", "--bsize", "8", "--run-id", "z", "--quiet", "--no-plots",
+                  "--device", "cpu")):
+        made = invoke(*args)
+        assert made.exit_code == 0, made.output
+    assert (cache_dir / "shapes" / "runs" / "zero-shot" / "z" / "results.json").is_file()
+    reported = run(["report", str(cache_dir / "shapes")], cwd=tmp_path)
+    assert reported.returncode == 0, reported.stderr
+    html = (cache_dir / "shapes" / "report.html").read_text(encoding="utf-8")
+    card = html[html.index('id="run-runs--zero-shot--z"'):]
+    card = card[:card.index("</article>")]
+    assert "(lr -, batch -, epoch -)" in card and "configurations (each" not in card
+    table = invoke("table", cache_dir / "shapes" / "runs" / "zero-shot" / "z")
+    assert re.search(r"\| zero-shot \| shapes +\| +0 \| - +\|", table.output), table.output
+
+
+def test_runs_leaves_out_the_cam_figures_of_the_runs_it_leaves_out(cache, tmp_path):
+    """Issue 36, item 14: `--runs s01` still showed the figure of the fine-tuned run ft."""
+    html = build_report(cache / NAME, ["s01"])
+    assert 'id="cam"' not in html and "cam-test.png" not in html
+    shown = build_report(cache / NAME, ["s01", "ft"])  # every run of the figure chosen
+    assert "cam-test.png" in parse(shown).section("cam")
+
+
+def test_the_runs_of_an_older_cam_figure_are_read_from_its_row_labels():
+    from featcache.report.runs import _figure_runs
+
+    text = {"Description": "an, linear\ns01, test mAP 61.2; role, fine-tuned\nft, test mAP 70.0"}
+    assert _figure_runs(text) == ["runs/an/s01", "finetune/role/ft"]
+    assert _figure_runs({"Description": "my own label"}) is None
+    assert _figure_runs({"featcache runs": '["runs/an/a"]'}) == ["runs/an/a"]
+
+
+def test_spatial_runs_are_captioned_as_maps_and_advised_what_can_run(cache_dir, tmp_path):
+    """Issue 36, item 14: IGNORE's table said "24-d toy features" for 2x2x6 maps, and its
+    heatmap advised `train-linear --loss an`, which cannot train on the spatial file."""
+    from faults import run
+    from linear_fixtures import spatial_features_file, synthetic_dataset
+
+    labels_path, _ = synthetic_dataset(cache_dir)
+    spatial_features_file(labels_path)
+    trained = run(["train-linear", "--dataset", "toy", "--loss", "an-ls,ignore", "--param",
+                   "warm_up=1", "--run-id", "r", "--epochs", "2", "--lr", "1e-2", "--bsize", "16",
+                   "--quiet", "--no-plots", "--device", "cpu"], cwd=tmp_path)
+    assert trained.returncode == 0, trained.stderr
+    html = build_report(cache_dir / "toy")
+    assert "toy: 2x2x6 toy feature maps" in html and "24-d" not in html
+    assert ("no an run in this table: its losses train on feature maps (a spatial features "
+            "file), which an does not; compare them with an in the table of the pooled "
+            "features") in html
+    advised = re.search(r"no an run in this table: nothing to compare against \(run <code>"
+                        r"([^<]+)</code>", html).group(1)
+    import html as html_module
+
+    command = html_module.unescape(advised)
+    assert command == ("featcache train-linear --loss an --dataset toy --run-id r --epochs 2 "
+                       "--lr 1e-2 --bsize 16 --quiet --no-plots --device cpu")
+    pasted = run(shlex.split(command)[1:], cwd=tmp_path)  # works as printed
+    assert pasted.returncode == 0, pasted.stderr
+    again = build_report(cache_dir / "toy")
+    assert "nothing to compare against" not in again and "feature maps (a spatial" in again
+
+
+@pytest.mark.slow
+def test_the_fine_tuning_heatmap_advises_a_command_that_joins_its_table(cache, tmp_path):
+    """Issue 36, item 14: the advice `featcache finetune --loss an` "with the same settings"
+    could not be pasted; it now spells the settings (a fresh head: an has no LinearInit)."""
+    import html as html_module
+
+    copy = tmp_path / "cache"
+    shutil.copytree(cache / NAME, copy / NAME, ignore=shutil.ignore_patterns("*.png"))
+    html = build_report(copy / NAME, ["ft"])
+    advised = html_module.unescape(re.search(
+        r"no an run in this table: nothing to compare against \(run <code>([^<]+)</code>",
+        html).group(1))
+    assert advised == (f"featcache finetune --dataset {NAME} --loss an --init none --backbone "
+                       "resnet50 --weights random --image-size 32 --lr 0.001 --bsize 4 --epochs "
+                       f"2 --head-lr-mult 1 --val clean --seed 0 --precision fp32 --run-id ft "
+                       f"--cache {copy}")
+    pasted = invoke(*shlex.split(advised)[1:], "--quiet", "--no-plots", "--device", "cpu")
+    assert pasted.exit_code == 0, pasted.output
+    again = build_report(copy / NAME, ["ft"])
+    assert "nothing to compare against" not in again  # an joined the fine-tuning table

@@ -14,9 +14,12 @@ PACKAGE = Path(__file__).resolve().parents[1] / "featcache"
 NOUNS = ("rows|fields|entries|losses|datasets|files|images|classes|columns|values|names|labels|"
          "keys|seeds|epochs|GPUs|ranks|heads|runs|cells|blocks|tiles|configurations|examples|"
          "positives|weights|steps|workers|splits|tokens|batches")
-#: a count written straight before a plural noun, e.g. f"{len(rows)} rows"
+#: a count written straight before a plural noun, e.g. f"{len(rows)} rows", also with one
+#: word between (f"{n} training rows": "cannot split 1 training rows"), but not a verb or
+#: preposition ("{name} holds values", "{n} of images")
 COUNTED = re.compile(r"\{(len\([^{}]*\)|[\w.]+\.size|[\w.]+|\w+\[[^{}]*\]|[\w.]+\.shape\[\d\])\} "
-                     rf"(?:\{{[^{{}}]*\}} )?({NOUNS})\b")
+                     r"(?:\{[^{}]*\} |(?!(?:of|with|has|holds|indexes|names)\b)[a-z-]+ )?"
+                     rf"({NOUNS})\b")
 #: f-strings where the braces hold no count (a name or a size in pixels)
 NOT_COUNTS = ("{dataset} seeds", "{run_size}x{run_size} images", "{kind} files",
               "{backbone['image_size']}x{backbone['image_size']} images", "{grid}x{grid} tiles",
@@ -61,3 +64,11 @@ def test_one_bad_entry_and_one_broken_row_are_singular(tmp_path):
     x[0, 1] = np.nan
     with pytest.raises(InputError, match=r"in 1 row \(row 0\)"):
         check_feature_matrix(tmp_path / "x.npz", "X_train", x)
+
+
+def test_one_training_row_is_singular():
+    """Issue 36, item 15: "cannot split 1 training rows"."""
+    from featcache.data.sampling import split_train_val
+
+    with pytest.raises(InputError, match="^cannot split 1 training row into train and validation"):
+        split_train_val(1)

@@ -19,6 +19,7 @@ logit shown is the boosted one its predictions use.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +37,8 @@ from featcache.runtime import pick_device
 
 #: the PNG "Software" text of a CAM figure (how `featcache report` tells it from other PNGs)
 CAM_SOFTWARE = "featcache cam"
+#: the PNG text that lists the runs of a CAM figure, one row each (JSON: ``runs/an/demo``, ...)
+CAM_RUNS = "featcache runs"
 
 
 @dataclass
@@ -66,6 +69,8 @@ class RunMaps:
     image: np.ndarray  # (H, W, 3) uint8, the image as decoded
     probabilities: dict[str, float]
     maps: list[ClassMap]
+    #: the run's folder under its dataset's: ``runs/an/demo``, ``finetune/role/demo``
+    run: str = ""
 
 
 def read_image(path: str | Path):
@@ -164,7 +169,8 @@ def class_activation_maps(run, path: str | Path, classes: Sequence[str] | None =
         image=np.asarray(image),
         probabilities={n: float(p) for n, p in zip(names, probs, strict=True)},
         maps=[ClassMap(names[i], float(probs[i]), float(logits[i]), upsampled[k])
-              for k, i in enumerate(chosen)])
+              for k, i in enumerate(chosen)],
+        run="/".join(Path(run.path).resolve().parts[-3:]))
 
 
 #: the default colour map: perceptually uniform, dark (nothing) to bright (a confident class)
@@ -224,7 +230,8 @@ def draw_maps(rows: Sequence[RunMaps], out: str | Path, title: str = "", alpha: 
     out = Path(out)
     # what `featcache report` needs to find the figure and say what it shows
     metadata = {"Software": CAM_SOFTWARE, "Title": title,
-                "Description": "; ".join(row.label for row in rows)}
+                "Description": "; ".join(row.label for row in rows),
+                CAM_RUNS: json.dumps([row.run for row in rows])}
     with atomic_output(out, overwrite=overwrite) as tmp:
         fig.savefig(tmp, format="png", metadata=metadata)
     plt.close(fig)

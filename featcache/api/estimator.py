@@ -53,9 +53,9 @@ from featcache.api.head_logits import (  # noqa: F401 - re-exported: the estimat
     probabilities,
 )
 from featcache.api.scoring import protocol_map
-from featcache.api.targets import LABELS, label_matrix, read_target, targets_for
+from featcache.api.targets import LABELS, class_matrix, read_target, targets_for
 from featcache.data.sampling import split_train_val
-from featcache.errors import FeatcacheWarning, LossNeedError, OptionError
+from featcache.errors import FeatcacheWarning, LossNeedError, OptionError, plural
 from featcache.linear.data import LinearData
 from featcache.linear.search import SearchSpec, run_search
 from featcache.losses import OBSERVED_NEGATIVES, SPATIAL_FEATURES, loss_class, loss_names
@@ -204,7 +204,8 @@ class SPMLClassifier(ClassifierMixin, BaseEstimator):
         ``y_full`` (n, L, 0/1) gives the full labels that oracle losses (``bce``) train on and
         from which ``k`` and observed negatives' availability follow; ``y_pseudo`` (n, L: 1, 0,
         -1) the pseudo-labels that ``vlpl`` and ``gpr`` train on (e.g. a ``featcache
-        pseudo-label`` file's ``/train/pseudo``). Their columns follow ``classes_``.
+        pseudo-label`` file's ``/train/pseudo``). Their columns follow ``classes_`` (matched as
+        :meth:`score` matches a label matrix's).
         """
         names = list(y.columns) if hasattr(y, "columns") else None
         X, y = validate_data(self, X, y, multi_output=True, dtype=np.float32)
@@ -214,8 +215,8 @@ class SPMLClassifier(ClassifierMixin, BaseEstimator):
         X, observed = X[target.kept], target.observed
         full = None
         if y_full is not None:
-            full = label_matrix(y_full, "y_full", (0, 1), rows=rows,
-                                classes=observed.shape[1])[target.kept]
+            full = class_matrix(y_full, self.classes_, "y_full", (0, 1), rows,
+                                self._columns_follow_classes())[target.kept]
             wrong = np.argwhere((observed == 1) & (full == 0))
             if wrong.size:
                 row, column = wrong[0]
@@ -223,8 +224,8 @@ class SPMLClassifier(ClassifierMixin, BaseEstimator):
                                  "y_full says it is negative")
         pseudo = None
         if y_pseudo is not None:
-            pseudo = label_matrix(y_pseudo, "y_pseudo", (-1, 0, 1), rows=rows,
-                                  classes=observed.shape[1])[target.kept]
+            pseudo = class_matrix(y_pseudo, self.classes_, "y_pseudo", (-1, 0, 1), rows,
+                                  self._columns_follow_classes())[target.kept]
         data, variant = self._data(X, observed, full, eval_set, pseudo)
         self._check_needs(data)
         self.batch_size_ = self._batch_size(len(data.train))
@@ -247,7 +248,7 @@ class SPMLClassifier(ClassifierMixin, BaseEstimator):
         """``batch_size``, clipped (with a warning) to the training rows."""
         if self.batch_size <= rows:
             return int(self.batch_size)
-        warnings.warn(f"batch_size={self.batch_size} is larger than the {rows} training rows: "
+        warnings.warn(f"batch_size={self.batch_size} is larger than the {plural(rows, 'training row')}: "
                       f"trained with batch_size={rows} (one batch per epoch)", FeatcacheWarning,
                       stacklevel=4)
         return rows
@@ -261,7 +262,8 @@ class SPMLClassifier(ClassifierMixin, BaseEstimator):
             if not isinstance(eval_set, (tuple, list)) or len(eval_set) != 2:
                 raise OptionError("eval_set must be a pair (X_val, Y_val)")
             X_val = validate_data(self, eval_set[0], reset=False, dtype=np.float32)
-            Y_val = targets_for(eval_set[1], self.classes_, "eval_set's Y_val", len(X_val))
+            Y_val = targets_for(eval_set[1], self.classes_, "eval_set's Y_val", len(X_val),
+                                self._columns_follow_classes())
             val = (X_val, Y_val, (Y_val == 1).astype(np.uint8))
             variant = "clean"
         elif self.validation_fraction is not None:
@@ -362,19 +364,28 @@ class SPMLClassifier(ClassifierMixin, BaseEstimator):
 
     def score(self, X, y, sample_weight=None) -> float:
         """mAP (percent) of the probabilities against ``y``: class labels (each row's one
-        positive) or a label matrix (its 1 entries), with the protocol's conventions: AP as
+        positive) or a label matrix (its 1 entries; a DataFrame's columns are matched to
+        ``classes_`` by name, a plain matrix's by position, refused after class labels whose
+        sorted ``classes_`` need not be its column order), with the protocol's conventions: AP as
         scikit-learn defines it, computed on float32 probabilities as stage two does, and AP 0
         for a class without positives (warned)."""
         if sample_weight is not None:
             raise OptionError("SPMLClassifier.score does not support sample_weight")
         check_is_fitted(self)
         X = validate_data(self, X, reset=False, dtype=np.float32)
-        targets = targets_for(y, self.classes_, "y", len(X))
+        targets = targets_for(y, self.classes_, "y", len(X), self._columns_follow_classes())
         probs = torch.from_numpy(self.predict_proba(X))
         return protocol_map(probs, targets, [str(c) for c in self.classes_])
 
     def _binary_labels(self) -> bool:
         return self.target_form_ == LABELS and len(self.classes_) == 2
+
+    def _columns_follow_classes(self) -> bool:
+        """Whether a label matrix without column names has ``classes_``'s column order: the
+        estimator was fitted on a matrix, given ``classes=``, or its classes are 0 .. L - 1
+        (not the sorted names of class labels)."""
+        return (self.target_form_ != LABELS or self.classes is not None
+                or np.array_equal(self.classes_, np.arange(len(self.classes_))))
 
 
 # ---------------------------------------------------------------------- shared helpers

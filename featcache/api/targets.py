@@ -48,6 +48,8 @@ def read_target(y, classes=None, column_names=None) -> Target:
     y = _dense(y)
     if y.ndim == 2 and y.shape[1] == 1:
         y = column_or_1d(y, warn=True)
+    if y.ndim == 1:
+        _check_label_values(y)
     kind = type_of_target(y, input_name="y")
     if y.ndim == 1:
         if kind not in ("binary", "multiclass"):
@@ -55,12 +57,14 @@ def read_target(y, classes=None, column_names=None) -> Target:
                              "(ints or strings: the observed positive of each row) or a label "
                              f"matrix (n_samples, n_classes) of {MATRIX_VALUES}")
         names = _label_classes(y, classes)
+        _check_several(names)
         return Target(LABELS, one_hot(y, names, "y"), names, np.ones(len(y), dtype=bool))
     if y.ndim != 2:
         raise ValueError(f"y must be class labels (n_samples,) or a label matrix "
                          f"(n_samples, n_classes); got shape {y.shape}")
     matrix = label_matrix(y, "y", (-1, 0, 1))
     names = _matrix_classes(matrix.shape[1], classes, column_names)
+    _check_several(names)
     empty = np.logical_not(matrix.any(axis=1))  # rows without an observed label
     if empty.all():
         raise ValueError("y has no observed label in any row (every entry is 0): nothing to "
@@ -113,16 +117,82 @@ def label_matrix(y, name: str, allowed: tuple[int, ...], rows: int | None = None
     return y.astype(np.int8)
 
 
-def targets_for(y, classes: np.ndarray, name: str, rows: int) -> np.ndarray:
+def targets_for(y, classes: np.ndarray, name: str, rows: int,
+                columns_follow_classes: bool = True) -> np.ndarray:
     """Evaluation labels as an (n, L) matrix: class labels (the observed positives), or a
-    label matrix whose 1 entries are the positives."""
-    y = _dense(y)
-    if y.ndim == 1:
+    label matrix whose 1 entries are the positives.
+
+    A matrix's columns must be matched to ``classes``: a DataFrame's by their names (put in
+    ``classes`` order), a plain matrix's by position, which is refused unless
+    ``columns_follow_classes`` (the estimator knows its column order: it was fitted on a matrix,
+    given ``classes=``, or its classes are 0 .. L - 1): after class labels, ``classes_`` is
+    their sorted order, not a matrix's."""
+    if np.ndim(y) == 1:
+        y = _dense(y)
         if len(y) != rows:
             raise ValueError(f"{name} has {plural(len(y), 'label')} but its features have "
                              f"{plural(rows, 'row')}")
         return one_hot(y, classes, name)
-    return label_matrix(y, name, (-1, 0, 1), rows=rows, classes=len(classes))
+    return class_matrix(y, classes, name, (-1, 0, 1), rows, columns_follow_classes)
+
+
+def class_matrix(y, classes: np.ndarray, name: str, allowed: tuple[int, ...], rows: int,
+                 columns_follow_classes: bool = True) -> np.ndarray:
+    """A label matrix whose columns are matched to ``classes`` (see :func:`targets_for`), as
+    an int8 (n, L) matrix of ``allowed`` values."""
+    column_names = list(y.columns) if hasattr(y, "columns") else None
+    y = _dense(y)
+    if column_names is not None and y.ndim == 2:
+        y = y[:, _column_order(column_names, classes, name)]
+    elif not columns_follow_classes:
+        raise ValueError(f"{name} is a label matrix without column names, but the classifier "
+                         f"was fitted on class labels: classes_ {_short(classes)} are their "
+                         "sorted order, which need not be the matrix's column order. Pass "
+                         f"{name} as a DataFrame whose columns name the classes, or as class "
+                         "labels, or fit with classes=[...] in the matrix's column order")
+    return label_matrix(y, name, allowed, rows=rows, classes=len(classes))
+
+
+def _column_order(column_names: list, classes: np.ndarray, name: str) -> list[int]:
+    """The position of each class of ``classes`` among a DataFrame's columns."""
+    position = {str(column): i for i, column in enumerate(column_names)}
+    wanted = [str(c) for c in classes.tolist()]
+    missing = [c for c in wanted if c not in position]
+    extra = [c for c in position if c not in set(wanted)]
+    if missing or extra or len(position) != len(column_names):
+        raise ValueError(f"{name}'s columns {_short(np.asarray(column_names))} are not the "
+                         f"classes {_short(classes)}"
+                         + (f": missing {_short(np.asarray(missing))}" if missing else "")
+                         + (f", unknown {_short(np.asarray(extra))}" if extra else ""))
+    return [position[c] for c in wanted]
+
+
+def _check_label_values(y: np.ndarray) -> None:
+    """Class labels that are all of one kind (ints or strings), none missing."""
+    if y.dtype != object:
+        return
+    missing = [row for row, label in enumerate(y.tolist())
+               if label is None or (isinstance(label, float) and label != label)]
+    if missing:
+        raise ValueError(f"y row {missing[0]} holds {y[missing[0]]!r}: every row needs its "
+                         f"observed positive ({plural(len(missing), 'row')} without one); "
+                         "leave those rows out, or give a label matrix whose all-0 rows are "
+                         "left out with a warning")
+    kinds = {"string" if isinstance(label, str) else
+             "number" if isinstance(label, (int, float, np.number)) else type(label).__name__
+             for label in y.tolist()}
+    if len(kinds) > 1:
+        raise ValueError(f"y mixes labels of the kinds {', '.join(sorted(kinds))}: give every "
+                         "row's label as the same kind (all strings, or all ints)")
+
+
+def _check_several(classes: np.ndarray) -> None:
+    """One class is refused, as scikit-learn's classifiers refuse it: every row would be
+    positive for it, and its mAP 100 by construction."""
+    if len(classes) < 2:
+        raise ValueError(f"y holds only one class ({_short(classes)}): a classifier needs at "
+                         "least 2 classes (with one, every row is positive and mAP is 100 by "
+                         "construction)")
 
 
 def _dense(y) -> np.ndarray:

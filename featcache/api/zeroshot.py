@@ -21,7 +21,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 from featcache.api.scoring import protocol_map
 from featcache.api.targets import label_matrix
 from featcache.data.featurefile import read_text_embeddings
-from featcache.errors import InputError, OptionError
+from featcache.errors import InputError, OptionError, plural
 from featcache.linear.zeroshot import zero_shot_scores
 
 
@@ -84,7 +84,8 @@ class ZeroShotClassifier(ClassifierMixin, BaseEstimator):
             label_matrix(np.asarray(y), "y", (-1, 0, 1), rows=len(X), classes=len(texts))
         names = list(self.classes) if self.classes is not None else list(range(len(texts)))
         if len(names) != len(texts):
-            raise ValueError(f"{len(names)} class names for {len(texts)} class-prompt embeddings")
+            raise ValueError(f"{plural(len(names), 'class name')} for "
+                             f"{plural(len(texts), 'class-prompt embedding')}")
         self.classes_ = np.array(names)
         self.coef_ = torch.nn.functional.normalize(torch.from_numpy(texts), dim=-1).numpy()
         return self

@@ -193,7 +193,7 @@ def load_state_dict(net: nn.Module, path: Path) -> None:
             problems.append(f"missing {plural(len(missing), 'key')} (first: {', '.join(missing[:3])})")
         if result.unexpected_keys:
             extra = result.unexpected_keys
-            problems.append(f"{len(extra)} unexpected keys (first: {', '.join(extra[:3])})")
+            problems.append(f"{plural(len(extra), 'unexpected key')} (first: {', '.join(extra[:3])})")
         raise InputError(f"weights file {path} does not fit the {type(net).__name__} backbone: "
                          + "; ".join(problems))
 

@@ -4,12 +4,39 @@ from __future__ import annotations
 
 import click
 
+from featcache.commands.repeated import ListOption
 from featcache.paths import CACHE_ENV, DEFAULT_CACHE
 
 cache_option = click.option(
     "--cache", "cache", type=click.Path(file_okay=False), default=None,
     help=f"Cache root (default: ${CACHE_ENV} or ./{DEFAULT_CACHE}).",
 )
+
+def dataset_option(help: str = "Dataset name under the cache (or its directory)."):
+    """``--dataset NAME``; without it, the only dataset prepared in the cache
+    (:func:`chosen_dataset`)."""
+    return click.option("--dataset", default=None, metavar="NAME",
+                        help=help + "  [default: the only dataset prepared in the cache]")
+
+
+def chosen_dataset(dataset: str | None, cache: str | None) -> str:
+    """``--dataset``, else the only dataset prepared in the cache (said in a note); with none
+    or several prepared, one line naming them."""
+    if dataset is not None:
+        return dataset
+    from featcache.errors import OptionError
+    from featcache.paths import cache_root, prepared_datasets
+
+    prepared, root = prepared_datasets(cache), cache_root(cache)
+    if len(prepared) == 1:
+        click.echo(f"note: --dataset {prepared[0]}: the only dataset prepared in {root}", err=True)
+        return prepared[0]
+    if not prepared:
+        raise OptionError(f"--dataset NAME is missing and no dataset is prepared in {root}: "
+                          "prepare one first (`featcache prepare --help` lists the formats)")
+    raise OptionError(f"--dataset NAME is missing: give one of the datasets prepared in {root}: "
+                      f"{', '.join(prepared)}")
+
 
 overwrite_option = click.option(
     "--overwrite", is_flag=True, default=False,
@@ -68,15 +95,16 @@ def _numbers(kind, option: str):
     return convert
 
 
-def learning_rates_option(help: str = "Learning rates of the grid (comma-separated)."):
+def learning_rates_option(help: str = "Learning rates of the grid (comma-separated or repeated)."):
     """``--lr 1e-2,1e-3,...``: the grid's learning rates, parsed and checked."""
-    return click.option("--lr", "learning_rates", default="1e-2,1e-3,1e-4,1e-5", show_default=True,
-                        callback=_numbers(float, "--lr"), help=help)
+    return click.option("--lr", "learning_rates", cls=ListOption, default="1e-2,1e-3,1e-4,1e-5",
+                        show_default=True, callback=_numbers(float, "--lr"), help=help)
 
 
-def batch_sizes_option(help: str = "Batch sizes of the grid (comma-separated; --bsize is an alias)."):
+def batch_sizes_option(help: str = "Batch sizes of the grid (comma-separated or repeated; "
+                                   "--bsize is an alias)."):
     """``--batch-size 8,16`` (alias ``--bsize``): the grid's batch sizes, parsed and checked."""
-    return click.option("--batch-size", "--bsize", "batch_sizes", default="8,16",
+    return click.option("--batch-size", "--bsize", "batch_sizes", cls=ListOption, default="8,16",
                         show_default=True, callback=_numbers(int, "--batch-size"), help=help)
 
 
@@ -108,7 +136,8 @@ def check_no_repeats(values: list, option: str) -> None:
 
 
 def parse_params(pairs: tuple[str, ...]) -> dict[str, list]:
-    """Parse repeated ``--param name=value[,value...]`` into {name: [values]}.
+    """Parse repeated ``--param name=value[,value...]`` into {name: [values]} (a name given
+    twice gets the values of both, as ``name=V1,V2``).
 
     A value is a number or ``estimate:M[:SEED]`` (estimated from M fully labelled training
     images, for the parameters that support it: EPR's and ROLE's k).
@@ -122,10 +151,7 @@ def parse_params(pairs: tuple[str, ...]) -> dict[str, list]:
             raise click.BadParameter(f"{pair!r} is not NAME=VALUE", param_hint="--param")
         name, value = pair.split("=", 1)
         name = name.strip()
-        if name in params:
-            raise click.BadParameter(f"{name} is given twice; give several values as "
-                                     f"{name}=V1,V2", param_hint="--param")
-        values = []
+        values = params.get(name, [])
         for item in [item.strip() for item in value.split(",") if item.strip()] or [value]:
             try:
                 request = EstimateRequest.parse(item)

@@ -4,14 +4,20 @@ from __future__ import annotations
 
 import click
 
-from featcache.commands.common import cache_option, parse_number_list
+from featcache.commands.common import (
+    cache_option,
+    chosen_dataset,
+    dataset_option,
+    parse_number_list,
+)
+from featcache.commands.repeated import ListOption
 
 
 @click.command("estimate-k")
-@click.option("--dataset", required=True, help="Dataset name under the cache (or its directory).")
-@click.option("--labeled", "labeled", default="5,10,25", show_default=True,
+@dataset_option()
+@click.option("--labeled", "labeled", cls=ListOption, default="5,10,25", show_default=True,
               help="M: how many fully labelled training images k is estimated from "
-                   "(comma-separated; the supplement's Table A2 uses 5, 10 and 25).")
+                   "(comma-separated or repeated; the supplement's Table A2 uses 5, 10 and 25).")
 @click.option("--draws", type=click.IntRange(min=1), default=100_000, show_default=True,
               help="Random sets of M images drawn (the supplement's 10^5).")
 @click.option("--seed", type=int, default=1200, show_default=True, help="Seed of the draws.")
@@ -40,7 +46,7 @@ def command(dataset, labeled, draws, seed, sweep, json_path, cache):
     from featcache.published import published_k_interval
     from featcache.tables import Table
 
-    labels = load_labels(existing_labels(dataset, cache))
+    labels = load_labels(existing_labels(chosen_dataset(dataset, cache), cache))
     if labels.train.clean is None:
         raise InputError(f"{labels.path} holds single positives only (no clean training labels): "
                          "there are no fully labelled images to estimate k from")

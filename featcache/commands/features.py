@@ -6,6 +6,8 @@ import click
 
 from featcache.commands.common import (
     cache_option,
+    chosen_dataset,
+    dataset_option,
     device_option,
     overwrite_option,
     preprocess_option,
@@ -13,8 +15,7 @@ from featcache.commands.common import (
 
 
 @click.command("features")
-@click.option("--dataset", required=True,
-              help="Dataset name under the cache root (or a directory holding labels.h5).")
+@dataset_option(help="Dataset name under the cache root (or a directory holding labels.h5).")
 @click.option("--backbone", default="resnet50", show_default=True,
               help="Backbone from the registry (`featcache backbones` lists them): resnet50 (the "
                    "papers'), vit-b16, convnext-b, dinov2-vit-b14/-l14, clip-vit-b16/-l14/-l14-336, "
@@ -117,6 +118,7 @@ def command(dataset, backbone, weights, image_size, preprocess, text, prompt_tem
         class_names=class_names, text_embeddings=text_embeddings, crops=_grid(crops),
         spatial=spatial, compression=compression,
     )
+    dataset = chosen_dataset(dataset, cache)
     result = extract_features(dataset, options, say=lambda message: click.echo(message, err=True))
     if result.status != "shard":  # ranks > 0 say nothing
         click.echo(result.summary())

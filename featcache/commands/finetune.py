@@ -7,6 +7,8 @@ import click
 from featcache.commands.common import (
     batch_sizes_option,
     cache_option,
+    chosen_dataset,
+    dataset_option,
     learning_rates_option,
     parse_params,
     preprocess_option,
@@ -19,17 +21,17 @@ from featcache.errors import plural
 
 
 @click.command("finetune")
-@click.option("--dataset", required=True, help="Dataset name under the cache (or its directory).")
+@dataset_option()
 @click.option("--loss", required=True, help="The loss (`featcache losses` lists them).")
 @click.option("--init", "init", default="best", show_default=True, metavar="best|none|PATH",
               help="best: the finished linear run of this loss with the best validation mAP on "
                    "these labels (trained first, with LinearInit's fixed hyperparameters, when there "
                    "is none); none: a fresh head (the papers' 'Fine-tuned' column); PATH: a linear "
                    "run directory or its best.pt.")
-@learning_rates_option(help="Learning rates of the grid (backbone; the head gets "
-                            "--head-lr-mult times it).")
-@batch_sizes_option(help="Batch sizes of the grid (global: shared among the ranks under "
-                         "torchrun; --bsize is an alias).")
+@learning_rates_option(help="Learning rates of the grid, comma-separated or repeated (backbone; "
+                            "the head gets --head-lr-mult times it).")
+@batch_sizes_option(help="Batch sizes of the grid, comma-separated or repeated (global: shared "
+                         "among the ranks under torchrun; --bsize is an alias).")
 @click.option("--epochs", default=10, show_default=True, type=click.IntRange(min=1),
               help="Fine-tuning epochs (the reference code's 10; Cole et al.'s paper says 5 for "
                    "LinearInit: --epochs 5).")
@@ -131,6 +133,7 @@ def command(dataset, loss, init, learning_rates, batch_sizes, epochs, head_lr_mu
     from featcache.finetune.run import run_finetune
     from featcache.linear.run import train_linear_phase
 
+    dataset = chosen_dataset(dataset, cache)
     params = parse_params(param_pairs)
     for name, values in params.items():
         if len(values) != 1:

@@ -160,7 +160,7 @@ def _provenance_table(labels, prov: dict):
     merged = prov.get("merged_split")
     if merged:
         table.add("merged split", f"{merged['train_size']} train / {merged['test_size']} test "
-                  f"drawn from {merged['rows']} merged images, seed {merged['seed']}")
+                  f"drawn from {plural(merged['rows'], 'merged image')}, seed {merged['seed']}")
     counts = prov.get("counts", {})
     for split in ("train", "test"):
         dropped = prov.get("dropped_no_positive", {}).get(split, [])

@@ -7,6 +7,8 @@ import click
 from featcache.commands.common import (
     batch_sizes_option,
     cache_option,
+    chosen_dataset,
+    dataset_option,
     device_option,
     learning_rates_option,
     overwrite_option,
@@ -17,6 +19,7 @@ from featcache.commands.common import (
     tensorboard_option,
     val_option,
 )
+from featcache.commands.repeated import ListOption
 from featcache.protocol.search_modes import (
     default_search_mode,
     search_help,
@@ -27,9 +30,9 @@ from featcache.protocol.search_modes import (
 
 
 @click.command("train-linear")
-@click.option("--dataset", required=True, help="Dataset name under the cache (or its directory).")
-@click.option("--loss", "loss_names", default="an-ls", show_default=True,
-              help="A loss, a comma-separated list, or 'all' (`featcache losses` lists them). "
+@dataset_option()
+@click.option("--loss", "loss_names", cls=ListOption, default="an-ls", show_default=True,
+              help="A loss, a comma-separated (or repeated) list, or 'all' (`featcache losses` lists them). "
                    "BoostLU losses (ll-r+boostlu, ...) train on the spatial features file "
                    "(`featcache features --spatial`), the others on the pooled one. "
                    "'zero-shot' (in 'all' when the features file has class-prompt embeddings, "
@@ -43,16 +46,16 @@ from featcache.protocol.search_modes import (
 @click.option("--eps-pos", type=float, default=None, help="an-ls: smoothing of observed positives.")
 @click.option("--eps-neg", type=float, default=None, help="an-ls: smoothing of assumed negatives.")
 @val_option
-@click.option("--seeds", default="0", show_default=True,
-              help="Comma-separated seeds; each repeats the whole search (mean +- std reported).")
+@click.option("--seeds", cls=ListOption, default="0", show_default=True,
+              help="Comma-separated (or repeated) seeds; each repeats the whole search (mean +- std reported).")
 @click.option("--early-stop", type=click.Choice(["none", "kim", "zhou"]), default="none",
               show_default=True,
               help="Optional per-head early stopping rule of Kim et al. (3-point drop) or Zhou et al. "
                    "(first non-improving epoch).")
 @click.option("--search", type=click.Choice(search_mode_names()),
               default=default_search_mode().name, show_default=True, help=search_help())
-@click.option("--weight-decay", "weight_decays", default=None, metavar="WD[,WD...]",
-              help=weight_decay_help())
+@click.option("--weight-decay", "weight_decays", cls=ListOption, default=None,
+              metavar="WD[,WD...]", help=weight_decay_help())
 @click.option("--backbone", default=None, help="Which features file (default: the only one).")
 @pseudo_labels_option
 @click.option("--run-id", default=None,
@@ -61,8 +64,9 @@ from featcache.protocol.search_modes import (
 @click.option("--jobs", type=click.IntRange(min=1), default=None,
               help="CPU only: worker processes, one core each: (seed, batch size) groups train "
                    "in them, and a worker without a group to train evaluates trained groups' "
-                   "epochs (default: one per core; under torchrun, the cores shared among the "
-                   "ranks). Results do not depend on it.")
+                   "epochs (default and most: one per core; under torchrun, the cores shared "
+                   "among the ranks; more is capped, said in one line). Results do not depend "
+                   "on it.")
 @click.option("--max-memory", default=None, metavar="SIZE",
               help="Memory budget for what stage two allocates (features, labels, training "
                    "state, worker processes; not the interpreter's and libraries' own pages), "
@@ -100,6 +104,7 @@ def command(ctx, dataset, loss_names, learning_rates, batch_sizes, epochs, param
     """
     from featcache.paths import check_name, existing_labels
 
+    dataset = chosen_dataset(dataset, cache)
     if run_id is not None:  # a path where a name belongs is refused before anything else
         check_name(run_id, "--run-id")
     existing_labels(dataset, cache)  # a wrong name is said at once, not after torch's import

@@ -29,6 +29,9 @@ def command() -> None:
 def run(ctx: click.Context, recipe, assignments, dry_run, cache):
     """Run RECIPE's steps in order (finished work is reused), then write its report.
 
+    Every step is checked before the first runs (its inputs, command, options and dataset);
+    a step that cannot run is named and nothing runs.
+
     The report goes to <cache>/pipelines/<name>/results.md, .csv, .tex and .json (the
     table `featcache table` builds from the same runs).
     """
@@ -40,22 +43,25 @@ def run(ctx: click.Context, recipe, assignments, dry_run, cache):
             raise click.BadParameter(f"{item!r} is not NAME=VALUE", param_hint="--set")
         name, value = item.split("=", 1)
         overrides[name.strip()] = value
-    run_recipe(load_recipe(recipe, overrides, cache), ctx.find_root().command, cache=cache,
-               dry_run=dry_run)
+    root = ctx.find_root().command
+    assert isinstance(root, click.Group)  # featcache's group runs every subcommand
+    run_recipe(load_recipe(recipe, overrides, cache), root, cache=cache, dry_run=dry_run)
 
 
-def run_recipe(recipe: Recipe, command_line: click.Command, cache: str | None = None,
+def run_recipe(recipe: Recipe, command_line: click.Group, cache: str | None = None,
                dry_run: bool = False) -> None:
     """Run every step of ``recipe`` through ``command_line`` (the ``featcache`` group that runs
     this command), then write its report."""
+    from featcache.commands.recipe_check import parse_step, step_problems
     from featcache.errors import FeatcacheError, Interrupted
     from featcache.interrupt import check_stop
     from featcache.pipeline import missing_inputs, write_report
 
-    missing = missing_inputs(recipe)
-    if missing and not dry_run:
-        raise FeatcacheError(f"{recipe.path}: " + "; ".join(missing))
-    for line in missing:
+    # every step is checked before the first runs: its inputs, command, options and dataset
+    problems = missing_inputs(recipe) + step_problems(recipe, command_line, cache)
+    if problems and not dry_run:
+        raise FeatcacheError(f"{recipe.path}: " + "; ".join(problems) + "; no step was run")
+    for line in problems:
         click.echo(f"note: {line}", err=True)
     def stop_before(what: str) -> None:
         """A Ctrl-C during the last step (which said what it kept) or between steps ends the
@@ -77,10 +83,8 @@ def run_recipe(recipe: Recipe, command_line: click.Command, cache: str | None = 
         click.echo(f"[{number}/{len(recipe.steps)}] {step.name}: {line}", err=not dry_run)
         if dry_run:
             continue
-        arguments = list(step.command)
-        if cache is not None:
-            arguments[1:1] = ["--cache", cache]
         try:
+            arguments = parse_step(command_line, step.command, cache)[2]  # --cache where it applies
             command_line.main(args=arguments, prog_name="featcache", standalone_mode=False)
         except (FeatcacheError, click.ClickException) as exc:
             message = exc.format_message() if isinstance(exc, click.ClickException) else str(exc)

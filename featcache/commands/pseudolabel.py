@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import click
 
-from featcache.commands.common import cache_option, overwrite_option
+from featcache.commands.common import cache_option, chosen_dataset, dataset_option, overwrite_option
 
 
 @click.command("pseudo-label")
-@click.option("--dataset", required=True, help="Dataset name under the cache (or its directory).")
+@dataset_option()
 @click.option("--rule", type=click.Choice(["vlpl", "aevlp"]), required=True,
               help="vlpl: softmax of the global image-prompt cosines, positive above the "
                    "threshold (Xing et al.). aevlp: global view plus G x G tiles, adaptive "
@@ -56,6 +56,7 @@ def command(dataset, rule, backbone, threshold, temperature, negative_ratio, eta
     params = {k: v for k, v in given.items() if v is not None}
     if mark_negatives:
         params["mark_negatives"] = True
+    dataset = chosen_dataset(dataset, cache)
     options = PseudoLabelOptions(dataset=dataset, rule=rule, backbone=backbone, params=params,
                                  name=name, overwrite=overwrite, cache=cache)
     result = run_pseudo_labels(options, say=lambda line: click.echo(line, err=True))

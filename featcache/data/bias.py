@@ -158,7 +158,7 @@ def observe_biased(clean: np.ndarray, observer: Observer, seed: int,
         raise InputError(f"--observe {observer.rule} needs the object boxes of every {split} "
                          "image; this dataset has none (voc, coco and shapes have them)")
     if observer.class_weights is not None and len(observer.class_weights) != num_classes:
-        raise InputError(f"{len(observer.class_weights)} class weights for {plural(num_classes, 'class', 'classes')}")
+        raise InputError(f"{plural(len(observer.class_weights), 'class weight')} for {plural(num_classes, 'class', 'classes')}")
     rng = random.Random(seed)
     columns = range(num_classes)
     observed = np.zeros(clean.shape, dtype=np.int8)

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from featcache.errors import InputError, OptionError
+from featcache.errors import InputError, OptionError, plural
 
 #: the supplement's number of realisations
 DRAWS = 100_000
@@ -101,7 +101,7 @@ def sample_estimates(histogram: Histogram, labeled: int, draws: int, seed: int =
     images = int(colors.sum())
     if not 1 <= labeled <= images:
         raise OptionError(f"M = {labeled} fully labelled images: M must be between 1 and the "
-                          f"{images} training images")
+                          f"{plural(images, 'training image')}")
     if draws < 1:
         raise OptionError(f"the number of draws must be at least 1, got {draws}")
     rng = np.random.default_rng(seed)

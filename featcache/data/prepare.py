@@ -28,6 +28,7 @@ from typing import TypedDict
 import numpy as np
 
 from featcache.data.bias import BIASED, OBSERVERS, Observer, observe_biased, read_class_weights
+from featcache.data.classnames import check_class_names
 from featcache.data.formats import SourceDataset, SourceSplit, first_few
 from featcache.data.images import VERIFY_LIMIT, survey_images
 from featcache.data.labelfile import LabelSet, SplitLabels, write_labels
@@ -152,6 +153,8 @@ def _prepare_locked(source: SourceDataset, path: Path, options: PrepareOptions,
                     extra: dict | None, notify: Notify) -> PrepareResult:
     refuse_existing(path, options.overwrite)
     _check_options(source, options)
+    check_class_names(source.classes, ", ".join(str(f) for f in source.source_files[:3])
+                      or source.name)
     observer = make_observer(options, source.classes)
     if not options.labels_only and source.image_root is None:
         raise OptionError(f"{source.name} has no image folder; use --labels-only")
@@ -166,7 +169,7 @@ def _prepare_locked(source: SourceDataset, path: Path, options: PrepareOptions,
         parts, report["merged_split"] = _merge_and_split(parts, options.merge)
         kept = {}
         notify(f"merged both official splits ({plural(report['merged_split']['rows'], 'image')}) and "
-               f"drew {options.merge.train_size} training images with seed {options.merge.seed}")
+               f"drew {plural(options.merge.train_size, 'training image')} with seed {options.merge.seed}")
 
     observed = {split: _observe(parts[split], options, observer, split) for split in OFFICIAL}
     if source.val_rows is None:
@@ -310,7 +313,7 @@ def _kept_rows(source: SourceDataset, split: str, options: PrepareOptions, repor
                 "write the labels without checking images"
             )
         if absent.size:
-            notify(f"{split}: dropped {absent.size} missing images ({first_few(missing)})")
+            notify(f"{split}: dropped {plural(absent.size, 'missing image')} ({first_few(missing)})")
             rows = np.delete(rows, absent)
     if rows.size == 0:
         raise InputError(f"no {split} images are left after dropping images without positives "

@@ -64,7 +64,7 @@ def split_train_val(num_rows: int, val_fraction: float = VAL_FRACTION,
     train = ``sort(perm[:N - n_val])``, val = ``sort(perm[-n_val:])``.
     """
     if num_rows < 2:
-        raise InputError(f"cannot split {num_rows} training rows into train and validation sets")
+        raise InputError(f"cannot split {plural(num_rows, 'training row')} into train and validation sets")
     if not 0.0 < val_fraction < 1.0:
         raise InputError(f"validation fraction must be in (0, 1), got {val_fraction}")
     n_val = int(np.round(val_fraction * num_rows))

@@ -132,7 +132,7 @@ class ExtractResult:
                     "nothing to do (pass --overwrite to re-extract)")
         size = self.path.stat().st_size / 1e6 if self.path.exists() else 0.0
         resumed = f", {self.resumed_chunks} chunks resumed" if self.resumed_chunks else ""
-        bad = f", {len(self.bad)} bad images flagged" if self.bad else ""
+        bad = f", {plural(len(self.bad), 'bad image')} flagged" if self.bad else ""
         return (f"features: {plural(self.images, 'image')} in {self.compute_seconds:.1f} s "
                 f"({self.images_per_second:.1f} images/s) on {self.device}, {self.precision}"
                 f"{resumed}{bad}; {self.seconds:.1f} s in all -> {self.path} ({size:.1f} MB)")

@@ -165,7 +165,8 @@ def epoch_order(num_rows: int, batch_size: int, seed: int, epoch: int) -> Tensor
     """The training batches of one epoch: (steps, batch_size) positions in the training split."""
     steps = num_rows // batch_size
     if steps == 0:
-        raise OptionError(f"batch size {batch_size} is larger than the {num_rows} training images")
+        raise OptionError(f"batch size {batch_size} is larger than the "
+                          f"{plural(num_rows, 'training image')}")
     generator = torch.Generator().manual_seed(derive_seed(seed, "finetune-order", batch_size, epoch))
     return torch.randperm(num_rows, generator=generator)[: steps * batch_size].view(steps, batch_size)
 
@@ -285,7 +286,7 @@ def make_loader(data: FinetuneData, split: ImageSplit, image_size: int, batch_sa
     items): ``prefetch`` batches in flight per worker, fewer when ``/dev/shm`` is small."""
     views = 2 if getattr(batch_sampler, "strong", False) else 1  # IGNORE's strong views
     loaded = loader_prefetch(views * uint8_batch_bytes(batch_size, image_size), workers, prefetch,
-                               ranks_here, what=f"{split.name} batches of {batch_size} images at "
+                               ranks_here, what=f"{split.name} batches of {plural(batch_size, 'image')} at "
                                                 f"{image_size} px")
     return DataLoader(
         SplitImages(data, split, image_size, preprocess), batch_sampler=batch_sampler,

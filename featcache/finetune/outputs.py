@@ -96,6 +96,17 @@ def results_document(grid: GridResult, plan: FinetunePlan, start: StartPoint, da
     }
 
 
+def linear_start(document: dict) -> tuple[float | None, float | None] | None:
+    """LinearInit's linear head, epoch 0 of every curve: its validation mAP (in the variant
+    that selects: the linear run's clean one, none for observed labels) and test mAP; None
+    from a fresh head."""
+    init = document.get("init", {})
+    if init.get("mode") != "linear":
+        return None
+    clean = document["protocol"]["val_variant"] == "clean"
+    return (init.get("val_map") if clean else None), init.get("test_map")
+
+
 def write_outputs(run_dir: Path, document: dict, grid: GridResult, plot: bool = True) -> None:
     """summary.md, curves.png, then results.json last (marks the run finished)."""
     write_text_atomic(run_dir / "summary.md", summary_markdown(document))
@@ -106,5 +117,6 @@ def write_outputs(run_dir: Path, document: dict, grid: GridResult, plot: bool = 
                   for c in grid.configs]
         selected = grid.selected
         plot_series(curves, (selected.best.epoch + 1, selected.best_val), run_dir / "curves.png",
-                    title=f"{document['dataset']} / {document['loss']}: fine-tuned")
+                    title=f"{document['dataset']} / {document['loss']}: fine-tuned",
+                    start=linear_start(document), start_label="LinearInit start")
     write_json_atomic(run_dir / RESULTS, document)

@@ -297,7 +297,7 @@ def check_handoff(value: Tensor, name: str, head: dict, where: str, data: Finetu
     expected = data.train_rows
     if len(rows) != len(expected) or (rows != expected).any():
         raise InputError(
-            f"{where}'s {name} covers {len(rows)} training rows, but fine-tuning trains on the "
+            f"{where}'s {name} covers {plural(len(rows), 'training row')}, but fine-tuning trains on the "
             f"{plural(len(expected), 'row')} of the training split of {data.labels.path} (images skipped "
             "as unreadable when the features were extracted?); fix the images, extract the "
             "features again and train a new linear run, or use --init none"

@@ -304,7 +304,7 @@ class Placement:
         return (f"streaming the {' and '.join(self.streamed)} features from the file ({why}): "
                 f"blocks of {plural(self.block_rows, 'row')}, "
                 f"{plural(self.window_blocks, 'block')} shuffled together "
-                f"({self.window_rows} of {self.train_rows} training rows); planned peak about "
+                f"({self.window_rows} of {plural(self.train_rows, 'training row')}); planned peak about "
                 f"{format_size(self.estimate)} beyond the interpreter{fewer}")
 
 

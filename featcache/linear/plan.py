@@ -29,7 +29,7 @@ from featcache.protocol.loss_choice import (
 from featcache.protocol.runs import new_run_id
 from featcache.protocol.search_modes import search_mode
 from featcache.protocol.selection import resolve_val_variant
-from featcache.runtime import Ranks, usable_cpus
+from featcache.runtime import Ranks, worker_processes
 
 #: each features file's rows of every split, and the notes on the rows dropped
 SplitRowsOf = tuple[dict[str, SplitRows], list[str]]
@@ -82,7 +82,9 @@ def plan_linear(options: LinearOptions, budget: int, job: Ranks,
     mode = linear_search_mode(search_mode(options.search))
     variant, specs, skipped, zero_shot = _search_specs(options, losses, mode, labels, files,
                                                        first_rows, zero_shot_asked, say)
-    jobs = options.jobs or max(1, usable_cpus() // job.local_world)
+    jobs, capped = worker_processes(options.jobs, job.local_world)
+    if capped and job.device.type == "cpu":
+        say(capped)
     run_id = on_main(job, lambda: options.run_id or new_run_id())
     return LinearPlan(
         dataset=options.dataset, cache=options.cache, labels=labels, mode=mode, files=files,

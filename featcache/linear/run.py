@@ -55,7 +55,13 @@ from featcache.protocol.handoff import LinearPhaseRequest
 from featcache.protocol.loss_choice import needs_spatial, resolve_params
 from featcache.protocol.runs import RunFolder, new_run_id, open_finished_or_new
 from featcache.protocol.tensorboard_log import log_run, require_tensorboard
-from featcache.runtime import Ranks, describe_device, pick_device, ranks, usable_cpus
+from featcache.runtime import (
+    Ranks,
+    describe_device,
+    pick_device,
+    ranks,
+    usable_cpus,
+)
 
 
 def _stderr(message: str) -> None:

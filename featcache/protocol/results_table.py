@@ -351,8 +351,17 @@ def _input_text(document: dict) -> str:
                 f"{backbone.get('image_size')} px)")
     features = document.get("features", {})
     weights = features.get("weights")
-    return (f"{dataset}: {features.get('dim')}-d {features.get('backbone')} features"
+    return (f"{dataset}: {features_text(features)}"
             + (f" ({weights} weights)" if weights and weights != "none" else ""))
+
+
+def features_text(features: dict) -> str:
+    """``2048-d resnet50 features``, or for a spatial file's maps ``3x3x2048 resnet50 feature
+    maps`` (their rows are 18432 numbers, but not 18432-d features)."""
+    shape = features.get("spatial_shape")
+    if features.get("layout") == "spatial" and shape:
+        return f"{'x'.join(map(str, shape))} {features.get('backbone')} feature maps"
+    return f"{features.get('dim')}-d {features.get('backbone')} features"
 
 
 def _protocol_text(document: dict) -> str:

@@ -63,7 +63,7 @@ class PseudoLabelResult:
         lines = [f"{self.rule} pseudo-labels -> {self.path}",
                  f"  {s['positives']} pseudo-positives on unobserved entries "
                  f"({s['positives_per_image']:.2f} per image), {s['negatives']} pseudo-negatives, "
-                 f"{plural(s['images'], 'image')}, {s['bad_rows']} unreadable rows without pseudo-labels"]
+                 f"{plural(s['images'], 'image')}, {plural(s['bad_rows'], 'unreadable row')} without pseudo-labels"]
         if "positive_precision" in s:
             lines.append(
                 f"  against the clean labels (unobserved entries): positive precision "
@@ -109,7 +109,7 @@ def run_pseudo_labels(options: PseudoLabelOptions,
         raise InputError(f"the aevlp rule needs tile embeddings; {source} has none: run `featcache "
                          f"features --dataset {options.dataset} --backbone {attrs.get('backbone')} "
                          f"--text --crops {grid}x{grid} --overwrite`")
-    say(f"{options.rule}: similarities of {len(labels.train)} training images to "
+    say(f"{options.rule}: similarities of {plural(len(labels.train), 'training image')} to "
         f"{plural(labels.num_classes, 'class', 'classes')} from {source.name}")
     matrix, bad = compute(source, options.rule, params, text.embeddings, labels)
     stats = pseudo_stats(matrix, labels, bad)

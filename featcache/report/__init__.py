@@ -37,7 +37,10 @@ def build_report(dataset_dir: str | Path, runs: Sequence[str] = (), title: str |
     if len(datasets) > 1:
         raise InputError(f"{root} holds runs of several datasets ({', '.join(datasets)}); a "
                          "report covers one")
-    return render_page(datasets[0], chosen, every, find_cam_figures(root), root, title)
+    figures = find_cam_figures(root)
+    if runs:  # the figures of the runs chosen, none of the others
+        figures = [figure for figure in figures if figure.shows_only(chosen)]
+    return render_page(datasets[0], chosen, every, figures, root, title)
 
 
 def train_command(root: Path) -> str:

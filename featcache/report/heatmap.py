@@ -12,6 +12,7 @@ from html import escape
 
 from featcache.errors import plural
 from featcache.protocol.results_table import STAGES
+from featcache.report.advice import missing_reference_note
 from featcache.report.groups import REFERENCE_LOSS, TableGroup
 from featcache.report.html import STAGE_TITLES, esc
 
@@ -75,10 +76,7 @@ def heatmap_html(group: TableGroup, index: int, number_text: str = "") -> str:
              f"{group.table.datasets[0]}")
     links = {loss: f"loss-{loss}" for loss in losses}
     if reference is None:
-        command = "train-linear" if group.stage == "linear" else "finetune"
-        key = (f"no {esc('an')} run in this table: nothing to compare against (run "
-               f"<code>featcache {command} --loss an</code> with the same settings to see gains "
-               "and losses)")
+        key = missing_reference_note(group)
     else:
         key = (f"outlined green &#9650;: the loss gains on <b>{reference}</b> for that class, "
                f"red &#9660;: it loses (a difference of at least {MIN_HIGHLIGHT:g} AP point, or "

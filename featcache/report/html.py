@@ -19,11 +19,25 @@ def number(value: float | None, digits: int = 2) -> str:
     return "" if value is None else f"{value:.{digits}f}"
 
 
+#: what argv[0] of a recorded command may be when it was ``featcache``
+FEATCACHE_ENTRY_POINTS = ("featcache", "__main__.py", "cli.py")
+
+
+def typed_command(document: dict) -> list[str]:
+    """The command that made a run as typed (``featcache train-linear ...``); [] when the
+    results document does not record it."""
+    argv = [str(word) for word in document.get("command") or []]
+    if argv and Path(argv[0]).name in FEATCACHE_ENTRY_POINTS:
+        argv[0] = "featcache"
+    return argv
+
+
 def command_text(document: dict) -> str:
     """The command that made a run, as typed (``featcache train-linear ...``)."""
-    argv = list(document.get("command") or [])
-    if not argv:
-        return "(not recorded)"
-    if Path(argv[0]).name in ("featcache", "__main__.py", "cli.py"):
-        argv[0] = "featcache"
-    return shlex.join(argv)
+    argv = typed_command(document)
+    return shlex.join(argv) if argv else "(not recorded)"
+
+
+def setting(value: float | None) -> str:
+    """A selected setting, or "-" where a run has none (zero-shot), as ``table`` shows it."""
+    return "-" if value is None else f"{value:g}"

@@ -10,8 +10,8 @@ from collections.abc import Sequence
 from featcache.errors import plural
 from featcache.losses import loss_names
 from featcache.protocol.configurations import configurations, varying_params
-from featcache.protocol.results_table import STAGES
-from featcache.report.html import command_text, esc, number
+from featcache.protocol.results_table import STAGES, features_text
+from featcache.report.html import command_text, esc, number, setting
 from featcache.report.runs import Run
 from featcache.report.svg import PALETTE, Series, curves_svg, legend_html
 
@@ -56,8 +56,8 @@ def run_card(run: Run) -> str:
         headline = ""
     headline += (f"val <b data-key=\"val\">{number(selection.get(val_key))}</b>, test "
                  f"<b data-key=\"test\">{number(selection['test_map'])}</b> (lr "
-                 f"{selection['lr']:g}, batch {selection['batch_size']}, epoch "
-                 f"{selection['epoch']})")
+                 f"{setting(selection['lr'])}, batch {setting(selection['batch_size'])}, epoch "
+                 f"{setting(selection['epoch'])})")
     series = run_series(run)
     stage = "fine-tuned" if run.stage == "finetune" else "linear"
     chart = curves_svg(series, f"{document['dataset']} / {run.loss} ({stage}): {run.run_id}")
@@ -70,6 +70,8 @@ def run_card(run: Run) -> str:
 def configurations_html(run: Run) -> str:
     """Every configuration's selected epoch and numbers (the selected ones marked)."""
     configs = configurations(run.document)
+    if not configs:  # the zero-shot row trains nothing
+        return ""
     varying = varying_params(configs)
     rows = "".join(
         f'<tr{" class=selected" if c.selected else ""}><td>{c.seed}</td><td>{c.lr:g}</td>'
@@ -90,8 +92,8 @@ def provenance_html(run: Run) -> str:
               f"{document.get('labels', {}).get('sha256')})"]
     if "features" in document:
         features = document["features"]
-        inputs.append(f"features {features.get('path')}: {features.get('dim')}-d "
-                      f"{features.get('backbone')} ({features.get('weights')} weights; sha256 "
+        inputs.append(f"features {features.get('path')}: {features_text(features)} "
+                      f"({features.get('weights')} weights; sha256 "
                       f"{features.get('sha256')})")
     if "backbone" in document:
         backbone = document["backbone"]

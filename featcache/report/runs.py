@@ -9,6 +9,7 @@ folder that ``featcache cam`` wrote (its PNG "Software" text).
 from __future__ import annotations
 
 import fnmatch
+import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,6 +22,10 @@ from featcache.protocol.runs import RESULTS, read_json
 STAGE_FOLDERS = {"linear": "runs", "finetune": "finetune"}
 #: what ``featcache cam`` writes into a PNG's "Software" text (featcache.api.cam.CAM_SOFTWARE)
 CAM_SOFTWARE = "featcache cam"
+#: the PNG text listing a CAM figure's runs (featcache.api.cam.CAM_RUNS)
+CAM_RUNS = "featcache runs"
+#: a row label of a CAM figure made before CAM_RUNS was written: "an, linear\ndemo, test mAP 61.2"
+OLD_CAM_ROW = re.compile(r"^(?P<loss>[^,\n]+), (?P<stage>linear|fine-tuned)\n(?P<id>.+?), test mAP ")
 
 
 @dataclass
@@ -60,6 +65,13 @@ class CamFigure:
     path: Path
     title: str
     rows: str
+    #: the runs it shows, as ``Run.name`` (``runs/an/demo``); None when not known
+    runs: list[str] | None = None
+
+    def shows_only(self, runs: Sequence[Run]) -> bool:
+        """Whether every run of the figure is among ``runs`` (unknown runs: no)."""
+        names = {run.name for run in runs}
+        return self.runs is not None and all(name in names for name in self.runs)
 
 
 def find_runs(dataset_dir: Path) -> list[Run]:
@@ -109,5 +121,19 @@ def find_cam_figures(dataset_dir: Path) -> list[CamFigure]:
         except OSError:
             continue
         if text.get("Software") == CAM_SOFTWARE:
-            figures.append(CamFigure(path, text.get("Title", ""), text.get("Description", "")))
+            figures.append(CamFigure(path, text.get("Title", ""), text.get("Description", ""),
+                                     _figure_runs(text)))
     return figures
+
+
+def _figure_runs(text: dict) -> list[str] | None:
+    """The runs a CAM figure shows, from its PNG text (an older figure: from its row labels)."""
+    try:
+        runs = json.loads(text[CAM_RUNS])
+    except (KeyError, ValueError):
+        rows = [OLD_CAM_ROW.match(label) for label in text.get("Description", "").split("; ")]
+        if not rows or not all(rows):
+            return None
+        return [f"{'finetune' if row['stage'] == 'fine-tuned' else 'runs'}/{row['loss']}/"
+                f"{row['id']}" for row in rows if row]
+    return [str(name) for name in runs] if isinstance(runs, list) else None

@@ -16,6 +16,7 @@ from __future__ import annotations
 import csv
 import io
 import os
+import posixpath
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -91,6 +92,7 @@ def read_csv_dataset(train: str | os.PathLike, test: str | os.PathLike, images: 
             check_same_classes(classes, part.header, where, part.path.name)
     if not classes:
         raise InputError(f"{where} names no classes")
+    _check_disjoint(parsed["train"], parsed["test"])
     splits = {role: _to_split(part, classes) for role, part in parsed.items()}
     return SourceDataset(
         name=name,
@@ -181,6 +183,22 @@ def _check_known(part: _SinglePositives, classes: list[str], where: str) -> None
         raise malformed(part.path, line, f"label {label!r} is not a class of {where} (unknown "
                         f"labels: {first_few(names)}); pass --classes FILE to give the full "
                         "class list")
+
+
+def _check_disjoint(train: _CsvLabels, test: _CsvLabels) -> None:
+    """Refuse images listed in both files: test mAP would be measured on training images."""
+    train_lines = {posixpath.normpath(image): line
+                   for image, line in zip(train.images, train.lines, strict=True)}
+    shared = [(image, line) for image, line in zip(test.images, test.lines, strict=True)
+              if posixpath.normpath(image) in train_lines]
+    if shared:
+        image, line = shared[0]
+        raise malformed(test.path, line, f"{image} is also in {train.path} (line "
+                        f"{train_lines[posixpath.normpath(image)]}); "
+                        f"{plural(len(shared), 'image')} of the test file "
+                        f"{'is' if len(shared) == 1 else 'are'} training images "
+                        f"({first_few([name for name, _ in shared])}), so test mAP would be "
+                        "measured on images the heads trained on: list each image in one file")
 
 
 def _to_split(part: _CsvLabels, classes: list[str]) -> SourceSplit:

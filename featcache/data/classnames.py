@@ -1,0 +1,41 @@
+"""Class names as every dataset must give them: one line of text each, told apart by more than
+case or spaces (``prepare`` checks them whatever the format)."""
+
+from __future__ import annotations
+
+import unicodedata
+import warnings
+from collections.abc import Sequence
+
+from featcache.errors import FeatcacheWarning, InputError, plural
+
+#: Unicode categories that break a line or are invisible controls (newline, tab, NUL, ...)
+LINE_BREAKING = ("Cc", "Zl", "Zp")
+
+
+def check_class_names(classes: Sequence[str], where: str) -> None:
+    """Refuse fewer than 2 classes, an empty name or one holding a control character (a newline would break every
+    table row naming it); warn about names that differ only in case or spaces (``cat``,
+    ``Cat``, ``cat  ``), which become separate classes. ``where`` names the source."""
+    if len(classes) < 2:
+        raise InputError(f"{where}: names only {plural(len(classes), 'class', 'classes')} "
+                         f"({', '.join(map(repr, classes)) or 'none'}): every image kept has it "
+                         "(images without a positive label are dropped), so every AP would be "
+                         "100 by construction; a multi-label dataset needs at least 2 classes")
+    for number, name in enumerate(classes, start=1):
+        if not str(name).strip():
+            raise InputError(f"{where}: class {number} has an empty name; give every class a name")
+        controls = [c for c in str(name) if unicodedata.category(c) in LINE_BREAKING]
+        if controls:
+            raise InputError(f"{where}: class {number} ({name!r}) holds the control character "
+                             f"{controls[0]!r}: a class name is one line of text; rename it")
+    alike: dict[str, list[str]] = {}
+    for name in classes:
+        alike.setdefault(" ".join(str(name).split()).casefold(), []).append(str(name))
+    groups = [names for names in alike.values() if len(names) > 1]
+    if groups:
+        shown = "; ".join(" and ".join(repr(n) for n in names) for names in groups[:5])
+        warnings.warn(f"{where}: {plural(len(groups), 'set')} of class names differ only in case "
+                      f"or spaces ({shown}) and are kept as separate classes; if each set is one "
+                      "class, write its names alike and prepare again with --overwrite",
+                      FeatcacheWarning, stacklevel=3)
