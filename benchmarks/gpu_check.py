@@ -248,8 +248,8 @@ class GpuCheck:
         root = Path(labels.image_root)
         names = list(labels.train.images[:16])
         rows = inputs.JpegBytesRows(root, names, self.sizes.image_size)
-        payloads, _, _, is_jpeg = inputs.collate_jpeg_rows([rows[i] for i in range(len(names))])
-        device_images, decoded = inputs.decode_on_device(payloads, is_jpeg, self.sizes.image_size,
+        batch = inputs.collate_jpeg_rows([rows[i] for i in range(len(names))])
+        device_images, decoded = inputs.decode_on_device(batch, self.sizes.image_size,
                                                          torch.device(self.device))
         pil = torch.stack([resize_transform(self.sizes.image_size)(load_rgb(root / n)) for n in names])
         pixels = float((device_images.cpu().float() - pil.float()).abs().mean())
