@@ -11,6 +11,8 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.window import BatchTap, check_window, drain, early_and_late, verdict
+from featcache.errors import FeatcacheError
 from featcache.fileio import write_json_atomic
 
 BENCH_DIR = Path(os.environ.get("FEATCACHE_BENCH_DIR", "cache/bench"))
@@ -52,20 +54,46 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def steady_rate(batches, work, warmup: int, timed: int, device: torch.device) -> dict:
+def steady_rate(batches, work, warmup: int, timed: int, device: torch.device,
+                tap: BatchTap | None = None, what: str = "the benchmark") -> dict:
     """Images/s of ``work(batch) -> images`` over ``timed`` batches after ``warmup`` untimed ones
-    (worker start-up, cuDNN autotuning, allocator growth, nvJPEG start-up are paid there)."""
+    (worker start-up, cuDNN autotuning, allocator growth, nvJPEG start-up are paid there).
+
+    ``batches`` fed by a DataLoader come with its :class:`~benchmarks.window.BatchTap` (batch i
+    of ``batches`` is the loader's batch i): the window is then an honest one
+    (:mod:`benchmarks.window`): refused when too short for the loader's workers, opened on a
+    drained queue, and its figure refused if batches decoded before it opened were timed.
+    """
+    if tap is not None:
+        check_window(timed, tap.workers)
     iterator = iter(batches)
     for _ in range(warmup):
-        work(next(iterator))
+        work(_take(iterator, what))
+    drained = drain(iterator, tap) if tap is not None else 0
     synchronize(device)
-    images, started = 0, time.perf_counter()
+    images, opened = 0, time.monotonic()
     for _ in range(timed):
-        images += work(next(iterator))
+        images += work(_take(iterator, what))
     synchronize(device)
-    seconds = time.perf_counter() - started
-    return {"images_per_s": images / seconds, "images": images, "seconds": seconds,
-            "warmup_batches": warmup, "timed_batches": timed}
+    closed = time.monotonic()
+    seconds = closed - opened
+    result = {"images_per_s": images / seconds, "images": images, "seconds": seconds,
+              "warmup_batches": warmup, "timed_batches": timed}
+    if tap is not None:
+        early, late = early_and_late(tap, warmup + drained, timed, opened, closed)
+        result["window"] = {"workers": tap.workers, "queue_depth": tap.depth,
+                            "drained_batches": drained, "decoded_before_window": early,
+                            "ready_after_window": late}
+        verdict(early, late, timed, what)
+    return result
+
+
+def _take(iterator, what: str):
+    try:
+        return next(iterator)
+    except StopIteration:
+        raise FeatcacheError(f"{what}: the generated images ran out before the timed window "
+                             "ended (please report this)") from None
 
 
 def load_note() -> str:

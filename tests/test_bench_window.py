@@ -1,0 +1,96 @@
+"""The benchmarks' timing windows cannot time a pre-filled queue (benchmarks/window.py).
+
+A loader whose workers take a known time per image (a sleep) has a known top rate; a queue is
+filled before the window by a slow warm-up. The drained window measures no more than the top
+rate; skipping the drain times the pre-filled queue, and that figure is refused.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from benchmarks import _common
+from benchmarks.window import BatchTap, PrefilledWindow, allowed_early
+from featcache.errors import OptionError
+
+pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create")
+
+SECONDS_PER_IMAGE = 0.005
+WORKERS, BATCH, PREFETCH = 3, 4, 2
+#: the loader's top rate: each worker makes at most one image per SECONDS_PER_IMAGE
+TOP_RATE = WORKERS / SECONDS_PER_IMAGE
+
+
+class SlowImages(Dataset):
+    def __len__(self) -> int:
+        return 10_000
+
+    def __getitem__(self, index: int):
+        time.sleep(SECONDS_PER_IMAGE)
+        return torch.tensor(index)
+
+
+def tapped_loader() -> BatchTap:
+    return BatchTap(DataLoader(SlowImages(), batch_size=BATCH, num_workers=WORKERS,
+                               prefetch_factor=PREFETCH))
+
+
+def slow_warmup(pause: float):
+    """A work function that lingers over the warm-up batches, so that the queue fills."""
+    calls = {"n": 0}
+
+    def work(batch) -> int:
+        calls["n"] += 1
+        if calls["n"] <= 2:
+            time.sleep(pause)
+        return len(batch)
+    return work
+
+
+def test_a_drained_window_is_never_faster_than_the_loader():
+    tap = tapped_loader()
+    result = _common.steady_rate(tap, slow_warmup(0.3), 2, 12, torch.device("cpu"), tap=tap)
+    window = result["window"]
+    assert window["queue_depth"] == WORKERS * PREFETCH and window["drained_batches"] >= 1
+    assert window["decoded_before_window"] <= allowed_early(12)
+    # each of the 12 timed batches was decoded while the window was open: at most the top
+    # rate, give or take the batches the workers were part-way through when it opened
+    assert result["images_per_s"] < 1.4 * TOP_RATE, result
+
+
+def test_timing_a_prefilled_queue_is_refused(monkeypatch):
+    monkeypatch.setattr(_common, "drain", lambda batches, tap: 0)  # as the benchmarks were
+    tap = tapped_loader()
+    with pytest.raises(PrefilledWindow, match=r"of the 12 timed batches were decoded before the "
+                                              r"window opened.*pass a larger --timed"):
+        _common.steady_rate(tap, slow_warmup(0.3), 2, 12, torch.device("cpu"), tap=tap,
+                            what="decode only")
+
+
+def test_a_full_queue_that_stays_full_is_a_consumer_bound_window(monkeypatch):
+    """When the work, not the loader, is the limit, the queue is as full when the window closes
+    as when it opened: nothing timed was paid for before, and the figure stands."""
+    monkeypatch.setattr(_common, "drain", lambda batches, tap: 0)
+    tap = tapped_loader()
+
+    def work(batch) -> int:  # 4 images in 40 ms: slower than the loader's 4 in 7 ms
+        time.sleep(0.04)
+        return len(batch)
+
+    result = _common.steady_rate(tap, work, 2, 12, torch.device("cpu"), tap=tap)
+    window = result["window"]
+    assert window["decoded_before_window"] > allowed_early(12)  # the queue was full ...
+    assert window["decoded_before_window"] - window["ready_after_window"] <= allowed_early(12)
+    assert result["images_per_s"] < 1.1 * BATCH / 0.04  # ... and the rate is the work's
+
+
+def test_a_window_too_short_for_the_workers_is_refused_before_it_runs():
+    tap = tapped_loader()
+    with pytest.raises(OptionError, match=r"--timed 8: .* too short for 3 DataLoader workers.*"
+                                          r"pass --timed 9 or more"):
+        _common.steady_rate(tap, len, 2, 8, torch.device("cpu"), tap=tap)
+    assert tap.count == 0  # refused before any batch was asked for
