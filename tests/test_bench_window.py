@@ -94,3 +94,46 @@ def test_a_window_too_short_for_the_workers_is_refused_before_it_runs():
                                           r"pass --timed 9 or more"):
         _common.steady_rate(tap, len, 2, 8, torch.device("cpu"), tap=tap)
     assert tap.count == 0  # refused before any batch was asked for
+
+
+@pytest.mark.parametrize("benchmark", ["extract", "finetune"])
+def test_the_benchmarks_refuse_a_short_window_in_one_line(benchmark):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-m", f"benchmarks.{benchmark}", "--workers", "4",
+                           "--timed", "8"], cwd=repo, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, PYTHONPATH=str(repo)))
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr.strip().splitlines() == [
+        "error: --timed 8: a timed window of 8 batches is too short for 4 DataLoader workers (each "
+        "is part-way through a batch when it opens and closes); pass --timed 12 or more"]
+
+
+@pytest.mark.slow
+def test_the_extraction_benchmark_times_every_loader_row_in_an_honest_window(tmp_path):
+    """benchmarks.extract on the CPU at a toy size: every row read through a loader carries its
+    window (drained, checked), and the device decoder's rows run (decode_jpeg on the CPU)."""
+    from benchmarks import extract
+
+    document = extract.main(["--backbone", "resnet18", "--image-size", "32", "--batch-size", "4",
+                             "--workers", "1", "--warmup", "1", "--timed", "3", "--gpu-decode",
+                             "--skip-baseline", "--data-root", str(tmp_path),
+                             "--out", str(tmp_path / "extract.json")])
+    figures = document["figures"]
+    assert set(figures) == {"forward only", "device decode alone", "decode only, PIL",
+                            "end to end, ours (PIL)", "decode only, --gpu-decode",
+                            "end to end, ours (--gpu-decode)"}
+    for what, figure in figures.items():
+        window = figure.get("window")
+        if what in ("forward only", "device decode alone"):
+            assert window is None
+            continue
+        assert window["workers"] == 1 and window["queue_depth"] == 2, what
+        fell = window["decoded_before_window"] - window["ready_after_window"]
+        assert fell <= allowed_early(3), (what, window)
+    # one pass per row: warm-up, drain, window and the look after it never ran out of images
+    assert document["images"] == 4 * extract.batches_per_row(1, 3, 1)
