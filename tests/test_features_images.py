@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -137,6 +139,36 @@ def test_device_decoder_pipeline_yields_every_batch_in_order(tmp_path):
             expected, _ = inputs.decode_on_device(
                 inputs.collate_jpeg_rows([dataset[r] for r in rows.tolist()]), 32, torch.device("cpu"))
             assert torch.equal(images, expected)
+
+
+def test_device_decoder_decodes_ahead_on_its_own_thread(tmp_path, monkeypatch):
+    """While the consumer holds batch i, batches i + 1 .. i + ahead are decoded (on the helper
+    thread, not the one that runs the forward pass), and no further: the overlap's structure."""
+    import threading
+
+    from torch.utils.data import DataLoader
+
+    names = [write_image(tmp_path / f"{i}.jpg", "jpeg", seed=i, size=(40, 30)).name for i in range(10)]
+    loader = DataLoader(inputs.JpegBytesRows(tmp_path, names, image_size=32), batch_size=2,
+                        collate_fn=inputs.collate_jpeg_rows)
+    decoded, threads = [], set()
+    real = inputs.decode_on_device
+
+    def recording(batch, *args, **kwargs):
+        threads.add(threading.current_thread().name)
+        out = real(batch, *args, **kwargs)
+        decoded.append(batch.rows[0].item() // 2)
+        return out
+
+    monkeypatch.setattr(inputs, "decode_on_device", recording)
+    batches = iter(inputs.DeviceDecoder(loader, 32, torch.device("cpu"), ahead=2))
+    for step in range(5):
+        _, rows, _ = next(batches)
+        assert rows[0].item() // 2 == step
+        time.sleep(0.2)  # the consumer's forward pass
+        assert decoded == list(range(min(step + 3, 5))), (step, decoded)  # i, i + 1, i + 2
+    assert threads and all(name.startswith("featcache-decode") for name in threads)
+    assert next(batches, None) is None
 
 
 def test_worker_batches_pack_their_bytes_in_one_shared_buffer(tmp_path):

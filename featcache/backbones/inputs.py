@@ -285,12 +285,16 @@ class DeviceDecoder:
         self.device = device
         self.preprocess = preprocess
         self.ahead = max(1, ahead)
-        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        # high priority: the decoder's few small kernels go before the forward's queued ones
+        self.stream = torch.cuda.Stream(device, priority=-1) if device.type == "cuda" else None
 
     def _decode(self, batch: JpegBatch):
         if self.stream is None:
             images, decoded = decode_on_device(batch, self.image_size, self.device, self.preprocess)
             return images, batch.rows, batch.ok & decoded, None
+        # decode_jpeg's outputs are allocated on this stream but written on torchvision's own:
+        # the previous batch's kernels must be done with the memory it may hand out again
+        self.stream.synchronize()
         with torch.cuda.stream(self.stream):
             images, decoded = decode_on_device(batch, self.image_size, self.device, self.preprocess)
             ready = torch.cuda.Event()
