@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.window import BatchTap, check_window, drain, early_and_late, verdict
+from benchmarks.window import BatchTap, check_window, closes, drain, early_and_late, verdict
 from featcache.errors import FeatcacheError
 from featcache.fileio import write_json_atomic
 
@@ -62,7 +62,10 @@ def steady_rate(batches, work, warmup: int, timed: int, device: torch.device,
     ``batches`` fed by a DataLoader come with its :class:`~benchmarks.window.BatchTap` (batch i
     of ``batches`` is the loader's batch i): the window is then an honest one
     (:mod:`benchmarks.window`): refused when too short for the loader's workers, opened on a
-    drained queue, and its figure refused if batches decoded before it opened were timed.
+    drained queue, closed at the same phase of the workers' output (so ``timed`` to ``timed``
+    + workers batches); the figure is the smaller of what the loader produced and what the
+    consumer took while it was open, and is refused when the queue fell by more than a tenth
+    of the window.
     """
     if tap is not None:
         check_window(timed, tap.workers)
@@ -71,20 +74,24 @@ def steady_rate(batches, work, warmup: int, timed: int, device: torch.device,
         work(_take(iterator, what))
     drained = drain(iterator, tap) if tap is not None else 0
     synchronize(device)
-    images, opened = 0, time.monotonic()
-    for _ in range(timed):
+    images, count, opened = 0, 0, time.monotonic()
+    while count < timed or (tap is not None and not closes(tap, count, timed)):
         images += work(_take(iterator, what))
+        count += 1
     synchronize(device)
     closed = time.monotonic()
     seconds = closed - opened
     result = {"images_per_s": images / seconds, "images": images, "seconds": seconds,
-              "warmup_batches": warmup, "timed_batches": timed}
+              "warmup_batches": warmup, "timed_batches": count}
     if tap is not None:
-        early, late = early_and_late(tap, warmup + drained, timed, opened, closed)
+        early, late = early_and_late(tap, warmup + drained, count, opened, closed)
+        produced = count - early + late
         result["window"] = {"workers": tap.workers, "queue_depth": tap.depth,
                             "drained_batches": drained, "decoded_before_window": early,
-                            "ready_after_window": late}
-        verdict(early, late, timed, what)
+                            "ready_after_window": late, "produced_batches": produced,
+                            "consumed_images_per_s": result["images_per_s"]}
+        verdict(early, late, count, what)
+        result["images_per_s"] *= min(1.0, produced / count)
     return result
 
 

@@ -5,7 +5,10 @@ Every figure is images / second over ``--timed`` batches after ``--warmup`` unti
 the warm-up), on generated JPEGs of photo size and compression (about 500 x 375 like VOC's,
 quality 90, 65-80 kB), resized to ``--image-size``. Every loader-fed figure is timed in an
 honest window (:mod:`benchmarks.window`): at least 3 batches per worker, opened on a drained
-queue, and refused if batches decoded before it opened were timed. Each row reads the files in
+queue and closed at the same phase of the workers' output; the figure is the smaller of what
+the loader produced and what the consumer took while it was open (each batch carries the
+moment its worker finished it), and is refused when the queue fell by more than a tenth of the
+window (batches decoded before it opened were timed). Each row reads the files in
 one pass from the first, so that no image is decoded twice in a row (there are enough of them:
 :func:`batches_per_row`; their contents repeat every :data:`~benchmarks.photos.DISTINCT_PHOTOS`
 files). The rows:
@@ -86,8 +89,8 @@ def pil_ms_per_image(folder: Path, names: list[str], image_size: int, count: int
 
 def batches_per_row(warmup: int, timed: int, workers: int) -> int:
     """Batches one row may read: warm-up, the drain (the queue and a batch per worker), the
-    window, and the look after it (as many again)."""
-    return warmup + timed + 2 * (workers * PREFETCH + workers + 2) + 4
+    window (and up to a batch per worker to close it), and the look after it (as the drain)."""
+    return warmup + timed + workers + 2 * (workers * PREFETCH + workers + 2) + 4
 
 
 class Ours:
@@ -328,7 +331,8 @@ def report(args, info: dict, settings: dict, rows: list[tuple[str, dict, str]], 
         "images": count, "mean_jpeg_kB": mean_kb, "warmup_batches": args.warmup,
         "timed_batches": args.timed, "pil_ms_per_image_per_core": per_core,
         "window_rule": "benchmarks/window.py: at least 3 batches per worker, opened on a drained "
-                       "queue, refused if batches decoded before it opened were timed",
+                       "queue, closed at the same phase; images/s is the smaller of produced and "
+                       "consumed; refused when the queue fell by more than 10 % of the window",
         "figures": {label: dict(result, how=how) for label, result, how in rows},
         "baseline": {"what": "plain loop: PIL + full torchvision transform in a DataLoader, fp32",
                      "batch_size": args.batch_size, "workers": args.workers, "precision": "fp32"},

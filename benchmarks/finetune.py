@@ -5,8 +5,9 @@ inside one epoch (no epoch boundary, no evaluation), with the process-wide flags
 (``cudnn.benchmark`` on, as ``featcache finetune`` runs), on generated JPEGs of photo size and
 compression (about 500 x 375, quality 90), at ``--image-size``. Every loader-fed figure is
 timed in an honest window (:mod:`benchmarks.window`): at least 3 steps per worker, opened on a
-drained queue (the training loader keeps 4 batches per worker in flight), and refused if
-batches decoded before it opened were timed:
+drained queue (the training loader keeps 4 batches per worker in flight) and closed at the same
+phase; the figure is the smaller of what the loader produced and what the steps took, and is
+refused when the queue fell by more than a tenth of the window:
 
 - decode only: our training loader (PIL decode + resize + seeded flip to uint8 in
   ``--workers`` processes), no model;
@@ -187,10 +188,10 @@ def main(argv: list[str] | None = None) -> dict:
     device = torch.device(args.device)
     args.resolved_precision = resolve_precision(args.precision, device)
     # One epoch holds every step of a row: warm-up, the drain and the look after the window
-    # (the queue, 4 batches per worker, and a batch per worker, each), the window (+1: the
-    # compile step). The protocol trains on 80 % of the official train set (the rest
-    # validates); 4 test images.
-    steps = args.warmup + args.timed + 2 * (5 * args.workers + 2) + 2
+    # (the queue, 4 batches per worker, and a batch per worker, each), the window and up to a
+    # batch per worker to close it (+1: the compile step). The protocol trains on 80 % of the
+    # official train set (the rest validates); 4 test images.
+    steps = args.warmup + args.timed + args.workers + 2 * (5 * args.workers + 2) + 2
     official_train = math.ceil(max(args.bsizes) * steps / 0.8) + 1
     count = official_train + 4
     root = Path(args.data_root) if args.data_root else None

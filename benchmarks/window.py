@@ -4,20 +4,24 @@ A DataLoader's workers decode ahead of the consumer: ``workers x prefetch_factor
 in its queue. A window that opens on a full queue times batches decoded before it opened and
 reports a rate that no decoder reached (the H200 run of 2026-11-26: "end to end" at 224 px
 12,499 images/s, above the 5,257 of decoding alone, with 8 timed batches after a queue of 30).
-So every loader-fed figure is timed like this:
+So every loader-fed figure is timed like this (:func:`benchmarks._common.steady_rate`):
 
 1. warm-up batches, with the work (worker start-up, cuDNN, the allocator, nvJPEG);
-2. **drain**: batches taken without the work until one was not ready when asked for: the queue
-   is empty and every worker busy on a batch of its own, the steady state;
-3. the window: ``timed`` batches with the work. Every batch carries the moment its worker
-   finished it (the collate function stamps it; ``time.monotonic`` is one clock for all the
-   processes of a machine). A batch of the window finished before the window opened was
-   decoded outside it: they are counted (``early``), and when more than :func:`allowed_early`
-   are, the queue after the window is inspected too (``late``: batches finished before the
-   window closed). ``early - late`` is how far the queue fell during the window, i.e. how many
-   timed batches were paid for before it: above :func:`allowed_early` the figure is refused
-   (:class:`PrefilledWindow`). When the loader outpaces the consumer (decoding is not the
-   limit) the queue stays full, ``late`` matches ``early``, and the figure stands.
+2. **drain**: batches taken without the work until one had to be waited for: the queue holds
+   no batch the consumer could take, the steady state;
+3. the window: ``timed`` batches with the work, and more until one had to be waited for again
+   (at most one more per worker): it closes at the phase of the workers' output it opened at.
+   Workers that decode batches of equal cost finish them together, in bursts; a window opened
+   just before a burst and closed just after one would count a burst decoded before it;
+4. the accounting. Every batch carries the moment its worker finished it (the collate function
+   stamps it; ``time.monotonic`` is one clock for all the processes of a machine). ``early``:
+   batches of the window finished before it opened; ``late``: batches after it finished before
+   it closed (fetched after the window, without their work, until every worker has shown one
+   finished later: a worker does its batches in order). The loader produced ``timed - early +
+   late`` batches while the window was open, the consumer took ``timed``: the figure is the
+   smaller, the steady rate of the slower side. When the queue fell during the window by more
+   than a tenth of it (``early - late``), the window was too short for its queue and the
+   figure is refused (:class:`PrefilledWindow`).
 
 A window of fewer than :data:`MIN_BATCHES_PER_WORKER` batches per worker is refused before
 anything runs (:func:`check_window`): each worker is part-way through a batch when the window
@@ -36,8 +40,8 @@ from featcache.errors import FeatcacheError, OptionError
 
 #: a timed window holds at least this many batches per DataLoader worker
 MIN_BATCHES_PER_WORKER = 3
-#: share of the window that may have been decoded before it opened (and at least 2 batches)
-EARLY_SHARE = 0.05
+#: share of the window by which the queue may fall while it is open (at least 2 batches)
+FALL_SHARE = 0.10
 
 
 class PrefilledWindow(FeatcacheError):
@@ -73,6 +77,7 @@ class BatchTap:
 
     def __iter__(self):
         self.asked, self.done, self.worker = [], [], []
+        self._iterator = None  # the previous pass's workers and queue go before new ones start
         self._iterator = iter(self.loader)
         while (batch := self.fetch()) is not None:
             yield batch
@@ -95,8 +100,7 @@ class BatchTap:
         return len(self.done)
 
     def last_waited(self) -> bool:
-        """Whether the latest batch was still being decoded when it was asked for (the queue
-        held nothing ready)."""
+        """Whether the latest batch was still being decoded when it was asked for."""
         return bool(self.done) and self.done[-1] > self.asked[-1]
 
 
@@ -110,15 +114,15 @@ def check_window(timed: int, workers: int, option: str = "--timed") -> None:
             f"pass {option} {least} or more")
 
 
-def allowed_early(timed: int) -> int:
-    """Timed batches that may have been decoded before the window: 5 %, at least 2."""
-    return max(2, math.ceil(EARLY_SHARE * timed))
+def allowed_fall(timed: int) -> int:
+    """Batches by which the queue may fall during a window of ``timed``: 10 %, at least 2."""
+    return max(2, math.ceil(FALL_SHARE * timed))
 
 
 def drain(batches: Iterator, tap: BatchTap) -> int:
-    """Take batches without their work until the latest one had to be waited for (the queue is
-    empty); returns how many. Gives up after the queue's depth and one batch per worker: the
-    loader then outpaces even a consumer that does nothing, and the window says so."""
+    """Take batches without their work until the latest one had to be waited for; returns how
+    many. Gives up after the queue's depth and one batch per worker: the loader then outpaces
+    even a consumer that does nothing, and the accounting shows its queue full at both ends."""
     taken = 0
     while not tap.last_waited() and taken < tap.depth + tap.workers + 2:
         next(batches)
@@ -126,15 +130,18 @@ def drain(batches: Iterator, tap: BatchTap) -> int:
     return taken
 
 
-def early_and_late(tap: BatchTap, first: int, timed: int, opened: float, closed: float) -> tuple[int, int]:
+def closes(tap: BatchTap, count: int, timed: int) -> bool:
+    """Whether a window of ``count`` >= ``timed`` batches closes now: its latest batch had to be
+    waited for (the phase it opened at), or it holds a batch per worker more than ``timed``."""
+    return count >= timed and (tap.last_waited() or count >= timed + max(1, tap.workers))
+
+
+def early_and_late(tap: BatchTap, first: int, timed: int, opened: float,
+                   closed: float) -> tuple[int, int]:
     """(batches of the window [first, first + timed) finished before it opened, batches after it
-    finished before it closed). The second is 0 without looking when the first is within
-    :func:`allowed_early`; else batches after the window are fetched (without their work) until
-    every worker has shown one finished after the window closed (a worker does its batches in
-    order) or the loader ends."""
+    finished before it closed), fetching batches after the window, without their work, until
+    every worker has shown one finished after it closed, or the loader ends."""
     early = sum(done < opened for done in tap.done[first:first + timed])
-    if early <= allowed_early(timed):
-        return early, 0
     pending = set(range(tap.workers)) if tap.workers else {-1}
     late, index = 0, first + timed
     while pending:
@@ -151,7 +158,7 @@ def early_and_late(tap: BatchTap, first: int, timed: int, opened: float, closed:
 def verdict(early: int, late: int, timed: int, what: str) -> None:
     """Refuse the figure when the queue fell during the window by more than it allows."""
     fell = early - late
-    if fell > allowed_early(timed):
+    if fell > allowed_fall(timed):
         raise PrefilledWindow(
             f"{what}: {fell} of the {timed} timed batches were decoded before the window opened "
             f"({early} ready when it opened, {late} when it closed): the rate would not be end to "
