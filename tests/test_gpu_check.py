@@ -73,3 +73,27 @@ def test_a_missed_target_names_what_limits_it():
     assert "one after the other would give 6,462" in serial["line"]  # 1 / (1/12003 + 1/14000)
     decoder_bound = decide(rows_224(3_296, 6_000, alone=7_000), None, features_ok=True)["target"]
     assert decoder_bound["line"].endswith("limited by the device decoder alone (7,000 img/s)")
+
+
+def test_the_gpu_check_prints_the_decoder_choice_from_its_benchmark_rows(tmp_path):
+    """The wiring: the two extraction checks' rows reach the choice, whose line is in the summary."""
+    from benchmarks.gpu_check import GpuCheck, Result, markdown
+
+    check = GpuCheck(tmp_path, cuda=False, say=lambda _: None)
+    check.cuda = True  # as on a GPU machine, with the benchmarks' results given
+    at448 = {"end to end, ours (PIL)": 3_400.0, "end to end, ours (--gpu-decode)": 2_142.0}
+    check.results += [
+        Result("extraction: --gpu-decode vs PIL", "pass"),
+        Result("benchmark: extraction 224 px", "pass",
+               numbers={"rows": [[what, rate, None] for what, rate in rows_224(3_296, 9_500).items()]}),
+        Result("benchmark: extraction 448 px", "pass",
+               numbers={"rows": [[what, rate, None] for what, rate in at448.items()]}),
+    ]
+    check.run("decoder choice", check.decoder_choice, needs_cuda=True,
+              needs=("benchmark: extraction 224 px",))
+    chosen = check.results[-1]
+    assert chosen.status == "pass" and chosen.numbers["verdict"] == "option"
+    assert "448 px: PIL 3,400, --gpu-decode 2,142 img/s end to end (0.63x)" in chosen.detail
+    assert "224 px end to end: 9,500 img/s with --gpu-decode, target 9,000: met" in chosen.detail
+    summary = markdown(check.report())
+    assert "\nDecoder choice: 224 px: PIL 3,296, --gpu-decode 9,500" in summary
