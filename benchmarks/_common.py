@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.window import BatchTap, check_window, closes, drain, early_and_late, verdict
+from benchmarks.window import BatchTap, account, check_window, closes, drain
 from featcache.errors import FeatcacheError
 from featcache.fileio import write_json_atomic
 
@@ -62,10 +62,10 @@ def steady_rate(batches, work, warmup: int, timed: int, device: torch.device,
     ``batches`` fed by a DataLoader come with its :class:`~benchmarks.window.BatchTap` (batch i
     of ``batches`` is the loader's batch i): the window is then an honest one
     (:mod:`benchmarks.window`): refused when too short for the loader's workers, opened on a
-    drained queue, closed at the same phase of the workers' output (so ``timed`` to ``timed``
-    + workers batches); the figure is the smaller of what the loader produced and what the
-    consumer took while it was open, and is refused when the queue fell by more than a tenth
-    of the window.
+    drained queue; the figure is the workers' own pace when the consumer waited for them (it
+    does not depend on where the window's ends fall among their bursts, nor on a queue filled
+    before), else the rate the consumer took batches at, refused when the workers made
+    batches more than 10 % slower than that (the window drew on a queue filled before it).
     """
     if tap is not None:
         check_window(timed, tap.workers)
@@ -84,14 +84,8 @@ def steady_rate(batches, work, warmup: int, timed: int, device: torch.device,
     result = {"images_per_s": images / seconds, "images": images, "seconds": seconds,
               "warmup_batches": warmup, "timed_batches": count}
     if tap is not None:
-        early, late = early_and_late(tap, warmup + drained, count, opened, closed)
-        produced = count - early + late
-        result["window"] = {"workers": tap.workers, "queue_depth": tap.depth,
-                            "drained_batches": drained, "decoded_before_window": early,
-                            "ready_after_window": late, "produced_batches": produced,
-                            "consumed_images_per_s": result["images_per_s"]}
-        verdict(early, late, count, what)
-        result["images_per_s"] *= min(1.0, produced / count)
+        result["window"] = account(tap, warmup, drained, count, (opened, closed), images, what)
+        result["images_per_s"] = result["window"]["images_per_s"]
     return result
 
 

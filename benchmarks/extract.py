@@ -5,10 +5,11 @@ Every figure is images / second over ``--timed`` batches after ``--warmup`` unti
 the warm-up), on generated JPEGs of photo size and compression (about 500 x 375 like VOC's,
 quality 90, 65-80 kB), resized to ``--image-size``. Every loader-fed figure is timed in an
 honest window (:mod:`benchmarks.window`): at least 3 batches per worker, opened on a drained
-queue and closed at the same phase of the workers' output; the figure is the smaller of what
-the loader produced and what the consumer took while it was open (each batch carries the
-moment its worker finished it), and is refused when the queue fell by more than a tenth of the
-window (batches decoded before it opened were timed). Each row reads the files in
+queue and closed at the same phase of the workers' output (each batch carries the moment its
+worker finished it); the figure is the workers' own pace when the consumer waited for them,
+else the consumer's rate, refused when the workers made batches more than 10 % slower than
+the consumer took them (batches decoded before the window opened were timed). Each row reads
+the files in
 one pass from the first, so that no image is decoded twice in a row (there are enough of them:
 :func:`batches_per_row`; their contents repeat every :data:`~benchmarks.photos.DISTINCT_PHOTOS`
 files). The rows:
@@ -331,8 +332,9 @@ def report(args, info: dict, settings: dict, rows: list[tuple[str, dict, str]], 
         "images": count, "mean_jpeg_kB": mean_kb, "warmup_batches": args.warmup,
         "timed_batches": args.timed, "pil_ms_per_image_per_core": per_core,
         "window_rule": "benchmarks/window.py: at least 3 batches per worker, opened on a drained "
-                       "queue, closed at the same phase; images/s is the smaller of produced and "
-                       "consumed; refused when the queue fell by more than 10 % of the window",
+                       "queue, closed at the same phase; images/s is the workers' pace when the "
+                       "consumer waited for them, else the consumer's rate, refused when the "
+                       "workers were more than 10 % slower than the consumer",
         "figures": {label: dict(result, how=how) for label, result, how in rows},
         "baseline": {"what": "plain loop: PIL + full torchvision transform in a DataLoader, fp32",
                      "batch_size": args.batch_size, "workers": args.workers, "precision": "fp32"},

@@ -6,8 +6,8 @@ inside one epoch (no epoch boundary, no evaluation), with the process-wide flags
 compression (about 500 x 375, quality 90), at ``--image-size``. Every loader-fed figure is
 timed in an honest window (:mod:`benchmarks.window`): at least 3 steps per worker, opened on a
 drained queue (the training loader keeps 4 batches per worker in flight) and closed at the same
-phase; the figure is the smaller of what the loader produced and what the steps took, and is
-refused when the queue fell by more than a tenth of the window:
+phase; the figure is the workers' own pace when the steps waited for them, else the steps'
+rate, refused when the workers made batches more than 10 % slower than the steps took them:
 
 - decode only: our training loader (PIL decode + resize + seeded flip to uint8 in
   ``--workers`` processes), no model;
