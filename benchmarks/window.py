@@ -23,11 +23,11 @@ So every loader-fed figure is timed like this (:func:`benchmarks._common.steady_
    consumer waited for the loader during more than :data:`WAIT_SHARE` of the window, the
    loader set the pace and the figure is the workers' (or the consumer's rate, if lower).
    Otherwise the consumer set it and the
-   figure is the rate it took batches at, unless the workers made batches more than
-   :data:`FALL_SHARE` slower than that: the window then drew on a queue filled before it
-   opened, and the figure is refused (:class:`PrefilledWindow`). ``early`` (batches of the
-   window finished before it opened) and ``late`` (batches after it finished before it closed)
-   are recorded beside it.
+   figure is the rate it took batches at, unless the queue fell while it was open (``early``,
+   batches of the window finished before it opened, minus ``late``, batches after it finished
+   before it closed) by more than a batch per worker and the workers made batches more than
+   :data:`FALL_SHARE` slower than the consumer took them: the window then drew on a queue
+   filled before it opened, and the figure is refused (:class:`PrefilledWindow`).
 
 A window of fewer than :data:`MIN_BATCHES_PER_WORKER` batches per worker is refused before
 anything runs (:func:`check_window`): each worker's pace needs several of its batches.
@@ -182,10 +182,12 @@ def early_and_late(tap: BatchTap, first: int, timed: int, opened: float,
 
 def verdict(consumed: float, made: float | None, workers: int, early: int, late: int,
             what: str) -> None:
-    """Refuse a consumer-paced figure when the workers made batches (``made`` images/s; None:
-    some worker finished fewer than 2 in the window) more than :data:`FALL_SHARE` slower than
-    the consumer took them (``consumed``)."""
-    if not workers or (made is not None and made >= (1 - FALL_SHARE) * consumed):
+    """Refuse a consumer-paced figure when the queue fell during the window by more than a batch
+    per worker (``early - late``: out-of-order workers leave a few ready at any moment) and the
+    workers made batches (``made`` images/s; None: some worker finished fewer than 2 in the
+    window) more than :data:`FALL_SHARE` slower than the consumer took them (``consumed``)."""
+    if not workers or early - late <= workers or (
+            made is not None and made >= (1 - FALL_SHARE) * consumed):
         return
     making = ("some worker finished fewer than 2 batches" if made is None
               else f"the workers made {made:,.0f}")
