@@ -64,8 +64,9 @@ def steady_rate(batches, work, warmup: int, timed: int, device: torch.device,
     (:mod:`benchmarks.window`): refused when too short for the loader's workers, opened on a
     drained queue; the figure is the workers' own pace when the consumer waited for them (it
     does not depend on where the window's ends fall among their bursts, nor on a queue filled
-    before), else the rate the consumer took batches at, refused when the workers made
-    batches more than 10 % slower than that (the window drew on a queue filled before it).
+    before), else the rate the consumer took batches at, refused when the queue fell and the
+    workers made batches more than 10 % slower than that (the window drew on a queue filled
+    before it).
     """
     if tap is not None:
         check_window(timed, tap.workers)

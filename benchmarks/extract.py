@@ -7,12 +7,11 @@ quality 90, 65-80 kB), resized to ``--image-size``. Every loader-fed figure is t
 honest window (:mod:`benchmarks.window`): at least 3 batches per worker, opened on a drained
 queue and closed at the same phase of the workers' output (each batch carries the moment its
 worker finished it); the figure is the workers' own pace when the consumer waited for them,
-else the consumer's rate, refused when the workers made batches more than 10 % slower than
-the consumer took them (batches decoded before the window opened were timed). Each row reads
-the files in
-one pass from the first, so that no image is decoded twice in a row (there are enough of them:
-:func:`batches_per_row`; their contents repeat every :data:`~benchmarks.photos.DISTINCT_PHOTOS`
-files). The rows:
+else the consumer's rate, refused when the queue fell and the workers made batches more than
+10 % slower than the consumer took them (batches decoded before the window opened were timed).
+Each row reads the files in one pass from the first, so that no image is decoded twice in a
+row (there are enough of them: :func:`batches_per_row`; their contents repeat every
+:data:`~benchmarks.photos.DISTINCT_PHOTOS` files). The rows:
 
 - decode only, PIL: our DataLoader (PIL decode + resize to uint8 in ``--workers`` processes),
   no model; and the cost of one PIL decode + resize per image on one core;

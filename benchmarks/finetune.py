@@ -7,7 +7,8 @@ compression (about 500 x 375, quality 90), at ``--image-size``. Every loader-fed
 timed in an honest window (:mod:`benchmarks.window`): at least 3 steps per worker, opened on a
 drained queue (the training loader keeps 4 batches per worker in flight) and closed at the same
 phase; the figure is the workers' own pace when the steps waited for them, else the steps'
-rate, refused when the workers made batches more than 10 % slower than the steps took them:
+rate, refused when the queue fell and the workers made batches more than 10 % slower than the
+steps took them:
 
 - decode only: our training loader (PIL decode + resize + seeded flip to uint8 in
   ``--workers`` processes), no model;
