@@ -37,7 +37,7 @@ help:
 	@echo "make catalog   rewrite featcache/protocol/catalog.json after editing a loss or backbone (the listings read it without torch)"
 	@echo "make bench     speed benchmarks (benchmarks/), figures in cache/bench/"
 	@echo "               (REFERENCE_CODE=PATH: also the authors' train.py from that clone)"
-	@echo "make gpu-check validate the GPU paths (under 10 min on one H100; CPU-able parts only without CUDA)"
+	@echo "make gpu-check validate the GPU paths (under 8 min on one H100/H200; CPU-able parts only without CUDA)"
 	@echo "make real-features [SHARED=PATH]   every loss on the real feature sets of ../shared/data (README table)"
 
 install: $(STAMP)

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.window import BatchTap, account, check_window, closes, drain
+from featcache.errors import FeatcacheError
 from featcache.fileio import write_json_atomic
 
 BENCH_DIR = Path(os.environ.get("FEATCACHE_BENCH_DIR", "cache/bench"))
@@ -52,20 +54,48 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def steady_rate(batches, work, warmup: int, timed: int, device: torch.device) -> dict:
+def steady_rate(batches, work, warmup: int, timed: int, device: torch.device,
+                tap: BatchTap | None = None, what: str = "the benchmark") -> dict:
     """Images/s of ``work(batch) -> images`` over ``timed`` batches after ``warmup`` untimed ones
-    (worker start-up, cuDNN autotuning, allocator growth, nvJPEG start-up are paid there)."""
+    (worker start-up, cuDNN autotuning, allocator growth, nvJPEG start-up are paid there).
+
+    ``batches`` fed by a DataLoader come with its :class:`~benchmarks.window.BatchTap` (batch i
+    of ``batches`` is the loader's batch i): the window is then an honest one
+    (:mod:`benchmarks.window`): refused when too short for the loader's workers, opened on a
+    drained queue; the figure is the workers' own pace when the consumer waited for them (it
+    does not depend on where the window's ends fall among their bursts, nor on a queue filled
+    before), else the rate the consumer took batches at, refused when the queue fell and the
+    workers made batches more than 10 % slower than that (the window drew on a queue filled
+    before it).
+    """
+    if tap is not None:
+        check_window(timed, tap.workers)
     iterator = iter(batches)
     for _ in range(warmup):
-        work(next(iterator))
+        work(_take(iterator, what))
+    drained = drain(iterator, tap) if tap is not None else 0
     synchronize(device)
-    images, started = 0, time.perf_counter()
-    for _ in range(timed):
-        images += work(next(iterator))
+    images, count, opened = 0, 0, time.monotonic()
+    while count < timed or (tap is not None and not closes(tap, count, timed)):
+        images += work(_take(iterator, what))
+        count += 1
     synchronize(device)
-    seconds = time.perf_counter() - started
-    return {"images_per_s": images / seconds, "images": images, "seconds": seconds,
-            "warmup_batches": warmup, "timed_batches": timed}
+    closed = time.monotonic()
+    seconds = closed - opened
+    result = {"images_per_s": images / seconds, "images": images, "seconds": seconds,
+              "warmup_batches": warmup, "timed_batches": count}
+    if tap is not None:
+        result["window"] = account(tap, warmup, drained, count, (opened, closed), images, what)
+        result["images_per_s"] = result["window"]["images_per_s"]
+    return result
+
+
+def _take(iterator, what: str):
+    try:
+        return next(iterator)
+    except StopIteration:
+        raise FeatcacheError(f"{what}: the generated images ran out before the timed window "
+                             "ended (please report this)") from None
 
 
 def load_note() -> str:

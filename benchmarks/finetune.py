@@ -3,7 +3,12 @@
 Every figure is images / second over ``--timed`` steps after ``--warmup`` untimed ones, all
 inside one epoch (no epoch boundary, no evaluation), with the process-wide flags a run sets
 (``cudnn.benchmark`` on, as ``featcache finetune`` runs), on generated JPEGs of photo size and
-compression (about 500 x 375, quality 90), at ``--image-size``:
+compression (about 500 x 375, quality 90), at ``--image-size``. Every loader-fed figure is
+timed in an honest window (:mod:`benchmarks.window`): at least 3 steps per worker, opened on a
+drained queue (the training loader keeps 4 batches per worker in flight) and closed at the same
+phase; the figure is the workers' own pace when the steps waited for them, else the steps'
+rate, refused when the queue fell and the workers made batches more than 10 % slower than the
+steps took them:
 
 - decode only: our training loader (PIL decode + resize + seeded flip to uint8 in
   ``--workers`` processes), no model;
@@ -23,7 +28,7 @@ Adam and the AN loss. The device, batch size, workers and precision are printed 
 the figures in ``cache/bench/finetune-<device>.json``.
 
     python -m benchmarks.finetune                           # CPU: batch 8, 2 + 3 steps (minutes)
-    python -m benchmarks.finetune --device cuda --bsize 16,64   # GPU: 10 + 40 steps per batch
+    python -m benchmarks.finetune --device cuda --bsize 16,64   # GPU: 10 + 3 steps per worker
     python -m benchmarks.finetune --device cuda --bsize 16 --compile
 """
 
@@ -39,10 +44,13 @@ import torch
 from torch.utils.data import DataLoader
 
 from benchmarks._common import BENCH_DIR, describe, machine, save, steady_rate, synchronize
-from benchmarks.extract import FolderImages, generated_images
+from benchmarks.extract import FolderImages, window_note
+from benchmarks.photos import generated_images
+from benchmarks.window import MIN_BATCHES_PER_WORKER, BatchTap, check_window
 from featcache.backbones import create_backbone, image_transform
 from featcache.backbones.inputs import loader_prefetch, uint8_batch_bytes
 from featcache.data.synthetic import write_image_labels
+from featcache.errors import FeatcacheError
 from featcache.finetune.data import load_finetune_data
 from featcache.finetune.loop import ConfigTrainer
 from featcache.finetune.model import FinetuneNet
@@ -77,8 +85,10 @@ class TrainImages(FolderImages):
         return super().__getitem__(index), labels, index
 
 
-def make_trainer(labels_path: Path, args, device: torch.device, bsize: int) -> ConfigTrainer:
-    """A ConfigTrainer as ``featcache finetune --init none --loss an`` builds it."""
+def make_trainer(labels_path: Path, args, device: torch.device,
+                 bsize: int) -> tuple[ConfigTrainer, BatchTap]:
+    """A ConfigTrainer as ``featcache finetune --init none --loss an`` builds it, and the tap on
+    its training loader."""
     data = load_finetune_data(labels_path)
     start = fresh_start(FinetuneOptions(init="none", loss="an", dataset=str(labels_path.parent),
                                         weights="random", image_size=args.image_size))
@@ -88,17 +98,17 @@ def make_trainer(labels_path: Path, args, device: torch.device, bsize: int) -> C
     trainer = ConfigTrainer(GridPoint(1e-4, bsize), settings, start, data, single_process(device))
     trainer.net.train()
     trainer.sampler.set_epoch(0)
-    return trainer
+    return trainer, BatchTap(trainer.train_loader)  # before its persistent workers start
 
 
 def ours(labels_path: Path, args, device: torch.device, bsize: int) -> dict[str, dict]:
     """decode only, compute only (and compile time), end to end: one epoch's steps."""
-    trainer = make_trainer(labels_path, args, device, bsize)
-    out = {"decode only": steady_rate(iter(trainer.train_loader), lambda b: len(b[1]),
-                                      args.warmup, args.timed, device)}
+    trainer, tap = make_trainer(labels_path, args, device, bsize)
+    out = {"decode only": steady_rate(tap, lambda b: len(b[1]), args.warmup, args.timed, device,
+                                      tap=tap, what=f"batch {bsize}, decode only")}
     order = trainer.sampler.positions()
     on_device = order.to(device)
-    images, _, _ = next(iter(trainer.train_loader))
+    images, _, _ = next(iter(tap))
     started = time.perf_counter()
     trainer.step(images, on_device[0], 0)  # with --compile: the compilation
     synchronize(device)
@@ -110,11 +120,12 @@ def ours(labels_path: Path, args, device: torch.device, bsize: int) -> dict[str,
     out["compute only"]["first_step_seconds"] = first_step
 
     def batches():  # the loop of ConfigTrainer.train_epoch without its bar and records
-        for step, (images, _positions, _ok) in enumerate(trainer.train_loader):
+        for step, (images, _positions, _ok) in enumerate(tap):
             yield images, on_device[step]
 
     out["end to end"] = steady_rate(batches(), lambda b: len(trainer.step(b[0], b[1], 0)[1]),
-                                    args.warmup, args.timed, device)
+                                    args.warmup, args.timed, device, tap=tap,
+                                    what=f"batch {bsize}, end to end")
     return out
 
 
@@ -127,9 +138,9 @@ def baseline(paths, args, device: torch.device, bsize: int) -> dict:
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
     loss_fn = create_loss("an", NUM_CLASSES)
     prefetch = loader_prefetch(4 * uint8_batch_bytes(bsize, args.image_size), args.workers, 2)
-    loader = DataLoader(TrainImages(paths, args.image_size), batch_size=bsize, shuffle=True,
-                        num_workers=args.workers, drop_last=True, pin_memory=device.type == "cuda",
-                        prefetch_factor=prefetch)
+    tap = BatchTap(DataLoader(TrainImages(paths, args.image_size), batch_size=bsize, shuffle=True,
+                              num_workers=args.workers, drop_last=True,
+                              pin_memory=device.type == "cuda", prefetch_factor=prefetch))
 
     def step(batch) -> int:
         images, labels, index = batch
@@ -142,7 +153,8 @@ def baseline(paths, args, device: torch.device, bsize: int) -> dict:
         optimizer.step()
         return len(images)
 
-    return steady_rate(iter(loader), step, args.warmup, args.timed, device)
+    return steady_rate(tap, step, args.warmup, args.timed, device, tap=tap,
+                       what=f"batch {bsize}, end to end, baseline")
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -152,7 +164,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--bsize", default=None,
                         help="comma-separated batch sizes (default 8 on the CPU, 16,64 on a GPU)")
     parser.add_argument("--warmup", type=int, default=None, help="untimed steps (2 CPU, 10 GPU)")
-    parser.add_argument("--timed", type=int, default=None, help="timed steps (3 CPU, 40 GPU)")
+    parser.add_argument("--timed", type=int, default=None,
+                        help=f"timed steps (3 CPU; GPU: 40, or {MIN_BATCHES_PER_WORKER} per worker "
+                             "when more, the least a window may hold)")
     parser.add_argument("--image-size", type=int, default=448)
     parser.add_argument("--precision", default="auto", help="ours: auto, fp32, bf16, fp16")
     parser.add_argument("--workers", type=int, default=None,
@@ -165,7 +179,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     gpu = args.device.startswith("cuda")
     args.bsizes = [int(b) for b in (args.bsize or ("16,64" if gpu else "8")).split(",")]
     args.warmup = args.warmup if args.warmup is not None else (10 if gpu else 2)
-    args.timed = args.timed if args.timed is not None else (40 if gpu else 3)
+    args.workers = args.workers if args.workers is not None else default_workers(torch.device(args.device))
+    args.timed = args.timed if args.timed is not None else (
+        max(40, MIN_BATCHES_PER_WORKER * args.workers) if gpu else 3)
+    check_window(args.timed, args.workers)  # before any image is drawn
     return args
 
 
@@ -174,10 +191,12 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse(argv)
     device = torch.device(args.device)
     args.resolved_precision = resolve_precision(args.precision, device)
-    args.workers = args.workers if args.workers is not None else default_workers(device)
-    # One epoch holds every step (+1: the compile step). The protocol trains on 80 % of the
+    # One epoch holds every step of a row: warm-up, the drain and the look after the window
+    # (the queue, 4 batches per worker, and a batch per worker, each), the window and up to a
+    # batch per worker to close it (+1: the compile step). The protocol trains on 80 % of the
     # official train set (the rest validates); 4 test images.
-    official_train = math.ceil(max(args.bsizes) * (args.warmup + args.timed + 1) / 0.8) + 1
+    steps = args.warmup + args.timed + args.workers + 2 * (5 * args.workers + 2) + 2
+    official_train = math.ceil(max(args.bsizes) * steps / 0.8) + 1
     count = official_train + 4
     root = Path(args.data_root) if args.data_root else None
     folder, names, mean_kb = generated_images(count, usable_cpus(), root=root)
@@ -192,7 +211,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"finetune benchmark: {describe(info)}; {settings}; batches {args.bsizes}; {count} "
           f"JPEGs of {mean_kb:.0f} kB; {args.warmup} warm-up + {args.timed} timed steps; "
           f"{info['load']}", flush=True)
-    table = Table(["batch", "what", "images/s", "vs baseline", "how"],
+    table = Table(["batch", "what", "images/s", "vs baseline", "window", "how"],
                   title=f"Stage three training at {args.image_size} px, {describe(info)}")
     figures = []
     for bsize in args.bsizes:
@@ -209,9 +228,9 @@ def main(argv: list[str] | None = None) -> dict:
         for what, result in mine.items():
             ratio = (result["images_per_s"] / base["images_per_s"]
                      if base and what == "end to end" else None)
-            table.add(bsize, f"{what}, ours", result["images_per_s"], ratio, how)
+            table.add(bsize, f"{what}, ours", result["images_per_s"], ratio, window_note(result), how)
         if base:
-            table.add(bsize, "end to end, baseline", base["images_per_s"], 1.0,
+            table.add(bsize, "end to end, baseline", base["images_per_s"], 1.0, window_note(base),
                       f"{args.workers} workers, fp32, PIL + full transform")
         figures.append({"batch_size": bsize, "ours": mine, "baseline": base,
                         "ratio": base and mine["end to end"]["images_per_s"] / base["images_per_s"]})
@@ -233,5 +252,13 @@ def main(argv: list[str] | None = None) -> dict:
     return document
 
 
+def cli(argv: list[str] | None = None) -> None:
+    """``python -m benchmarks.finetune``: a refused setting is one line, not a traceback."""
+    try:
+        main(argv)
+    except FeatcacheError as exc:
+        raise SystemExit(f"error: {exc}") from None
+
+
 if __name__ == "__main__":
-    main()
+    cli()

@@ -20,7 +20,8 @@ import numpy as np
 import torch
 
 from benchmarks._common import describe, machine, save
-from benchmarks.extract import generated_images, pil_ms_per_image
+from benchmarks.extract import pil_ms_per_image
+from benchmarks.photos import generated_images
 from featcache.backbones import Uint8Normalize, create_backbone
 from featcache.backbones.inputs import ImageRows
 from featcache.runtime import usable_cpus

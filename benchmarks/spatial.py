@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from benchmarks._common import describe, machine, save
-from benchmarks.extract import generated_images
+from benchmarks.photos import generated_images
 from featcache.backbones import Uint8Normalize, create_backbone
 from featcache.backbones.inputs import ImageRows
 from featcache.data.featurewrite import GZIP_LEVEL, chunk_rows, hdf5_filters

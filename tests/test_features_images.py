@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -73,14 +75,18 @@ def test_device_decode_path_on_the_cpu(tmp_path):
     items = [dataset[i] for i in range(len(names))]
     assert [item[3] for item in items] == [True, False, False, True, False]
     assert [item[2] for item in items] == [True, True, True, True, False]
-    payloads, rows, ok, is_jpeg = inputs.collate_jpeg_rows(items)
-    batch, decoded = inputs.decode_on_device(payloads, is_jpeg, 48, torch.device("cpu"))
-    assert batch.shape == (5, 3, 48, 48) and batch.dtype == torch.uint8
+    batch = inputs.collate_jpeg_rows(items)
+    assert batch.decoded.shape == (3, 3, 48, 48)  # the three that PIL decoded in the worker
+    assert [bytes(v.numpy()) for v in batch.jpeg_views()] == [
+        (tmp_path / names[i]).read_bytes() for i in (0, 3)]
+    images, decoded = inputs.decode_on_device(batch, 48, torch.device("cpu"))
+    assert images.shape == (5, 3, 48, 48) and images.dtype == torch.uint8
     assert decoded.all()
     for i in range(4):
         reference = resize_transform(48)(Image.open(tmp_path / names[i]).convert("RGB"))
-        assert (batch[i].float() - reference.float()).abs().mean() < 3.0, kinds[i]
-    assert torch.equal(batch[1], resize_transform(48)(Image.open(tmp_path / names[1]).convert("RGB")))
+        assert (images[i].float() - reference.float()).abs().mean() < 3.0, kinds[i]
+    assert torch.equal(images[1], resize_transform(48)(Image.open(tmp_path / names[1]).convert("RGB")))
+    assert int(images[4].sum()) == 0  # the truncated file: zeros, flagged by the worker
 
 
 def test_device_decode_resizes_each_size_group_at_once_like_one_by_one(tmp_path):
@@ -91,12 +97,30 @@ def test_device_decode_resizes_each_size_group_at_once_like_one_by_one(tmp_path)
     names = [write_image(tmp_path / f"{i}.jpg", "jpeg", seed=i, size=size).name
              for i, size in enumerate(sizes)]
     items = [inputs.JpegBytesRows(tmp_path, names, image_size=40)[i] for i in range(len(names))]
-    payloads, _, _, is_jpeg = inputs.collate_jpeg_rows(items)
-    batch, decoded = inputs.decode_on_device(payloads, is_jpeg, 40, torch.device("cpu"))
+    batch = inputs.collate_jpeg_rows(items)
+    images, decoded = inputs.decode_on_device(batch, 40, torch.device("cpu"))
     assert decoded.all()
-    for i, payload in enumerate(payloads):
-        one = F.resize(decode_jpeg(payload, mode=ImageReadMode.RGB), [40, 40], antialias=True)
-        assert torch.equal(batch[i], one), i
+    for i, view in enumerate(batch.jpeg_views()):
+        one = F.resize(decode_jpeg(view.clone(), mode=ImageReadMode.RGB), [40, 40], antialias=True)
+        assert torch.equal(images[i], one), i
+
+
+def test_one_undecodable_jpeg_fails_alone_and_the_others_decode(tmp_path, monkeypatch):
+    """The batched call fails for the whole batch (as nvJPEG's does): each image is then decoded
+    on its own, and only the bad one is not ok."""
+    names = [write_image(tmp_path / f"{i}.jpg", "jpeg", seed=i, size=(64, 48)).name for i in range(3)]
+    items = [inputs.JpegBytesRows(tmp_path, names, image_size=32)[i] for i in range(3)]
+    broken = bytearray(items[1][0])
+    broken[200:260] = b"\xff" * 60  # garbage in the entropy-coded data: no decoder reads it
+    items[1] = (bytes(broken), *items[1][1:])
+    calls = []
+    one_by_one = inputs._decode_one
+    monkeypatch.setattr(inputs, "_decode_one", lambda data, device: calls.append(1) or one_by_one(data, device))
+    images, decoded = inputs.decode_on_device(inputs.collate_jpeg_rows(items), 32, torch.device("cpu"))
+    assert len(calls) == 3 and decoded.tolist() == [True, False, True]
+    assert int(images[1].sum()) == 0
+    alone, _ = inputs.decode_on_device(inputs.collate_jpeg_rows(items[2:]), 32, torch.device("cpu"))
+    assert torch.equal(images[2], alone[0])
 
 
 def test_device_decoder_pipeline_yields_every_batch_in_order(tmp_path):
@@ -105,14 +129,64 @@ def test_device_decoder_pipeline_yields_every_batch_in_order(tmp_path):
     names = [write_image(tmp_path / f"{i}.jpg", "jpeg", seed=i, size=(50 + i, 40)).name
              for i in range(7)]
     dataset = inputs.JpegBytesRows(tmp_path, names, image_size=32)
-    loader = DataLoader(dataset, batch_size=3, collate_fn=inputs.collate_jpeg_rows)
-    got = list(inputs.DeviceDecoder(loader, 32, torch.device("cpu")))
-    assert [rows.tolist() for _, rows, _ in got] == [[0, 1, 2], [3, 4, 5], [6]]
-    for images, rows, ok in got:
-        assert ok.all()
-        expected, _ = inputs.decode_on_device([dataset[r][0] for r in rows.tolist()],
-                                              [True] * len(rows), 32, torch.device("cpu"))
-        assert torch.equal(images, expected)
+    for workers, ahead in ((0, 1), (2, 2), (0, 5)):
+        loader = DataLoader(dataset, batch_size=3, collate_fn=inputs.collate_jpeg_rows,
+                            num_workers=workers)
+        got = list(inputs.DeviceDecoder(loader, 32, torch.device("cpu"), ahead=ahead))
+        assert [rows.tolist() for _, rows, _ in got] == [[0, 1, 2], [3, 4, 5], [6]]
+        for images, rows, ok in got:
+            assert ok.all()
+            expected, _ = inputs.decode_on_device(
+                inputs.collate_jpeg_rows([dataset[r] for r in rows.tolist()]), 32, torch.device("cpu"))
+            assert torch.equal(images, expected)
+
+
+def test_device_decoder_decodes_ahead_on_its_own_thread(tmp_path, monkeypatch):
+    """While the consumer holds batch i, batches i + 1 .. i + ahead are decoded (on the helper
+    thread, not the one that runs the forward pass), and no further: the overlap's structure."""
+    import threading
+
+    from torch.utils.data import DataLoader
+
+    names = [write_image(tmp_path / f"{i}.jpg", "jpeg", seed=i, size=(40, 30)).name for i in range(10)]
+    loader = DataLoader(inputs.JpegBytesRows(tmp_path, names, image_size=32), batch_size=2,
+                        collate_fn=inputs.collate_jpeg_rows)
+    decoded, threads = [], set()
+    real = inputs.decode_on_device
+
+    def recording(batch, *args, **kwargs):
+        threads.add(threading.current_thread().name)
+        out = real(batch, *args, **kwargs)
+        decoded.append(batch.rows[0].item() // 2)
+        return out
+
+    monkeypatch.setattr(inputs, "decode_on_device", recording)
+    batches = iter(inputs.DeviceDecoder(loader, 32, torch.device("cpu"), ahead=2))
+    for step in range(5):
+        _, rows, _ = next(batches)
+        assert rows[0].item() // 2 == step
+        time.sleep(0.2)  # the consumer's forward pass
+        assert decoded == list(range(min(step + 3, 5))), (step, decoded)  # i, i + 1, i + 2
+    assert threads and all(name.startswith("featcache-decode") for name in threads)
+    assert next(batches, None) is None
+
+
+def test_worker_batches_pack_their_bytes_in_one_shared_buffer(tmp_path):
+    """In a worker the packed bytes are allocated in shared memory: a batch crosses to the main
+    process as a handful of tensors, not one per image."""
+    from torch.utils.data import DataLoader
+
+    names = [write_image(tmp_path / f"{i}.jpg", "jpeg", seed=i, size=(40, 30)).name for i in range(4)]
+    loader = DataLoader(inputs.JpegBytesRows(tmp_path, names, image_size=32), batch_size=4,
+                        collate_fn=_collate_and_report_sharing, num_workers=1)
+    batch, shared = next(iter(loader))
+    assert shared and isinstance(batch, inputs.JpegBatch)
+    assert [bytes(v.numpy()) for v in batch.jpeg_views()] == [(tmp_path / n).read_bytes() for n in names]
+
+
+def _collate_and_report_sharing(items):
+    batch = inputs.collate_jpeg_rows(items)
+    return batch, batch.data.is_shared()
 
 
 def test_jpeg_draft_decodes_large_jpegs_at_a_reduced_scale(tmp_path):

@@ -36,3 +36,64 @@ def test_gpu_check_runs_its_cpu_parts_and_reports(tmp_path):
     assert summary.startswith("# gpu-check: PASSED")
     assert re.search(r"\| fine-tune: --compile +\| skip +\|", summary)
     assert not (tmp_path / "cache").exists()  # generated data removed (--keep keeps it)
+
+
+def rows_224(pil: float, device: float, alone: float = 20_000.0) -> dict[str, float]:
+    """The 224 px rows of benchmarks.extract --gpu-decode (forward and PIL: the H200's of
+    2026-11-26, batch 64, 100 timed batches)."""
+    return {"forward only": 12_003.0, "decode only, PIL": 3_669.0, "end to end, ours (PIL)": pil,
+            "device decode alone": alone, "decode only, --gpu-decode": 14_000.0,
+            "end to end, ours (--gpu-decode)": device}
+
+
+def test_the_decoder_choice_follows_its_rule():
+    from benchmarks.decoder_choice import decide
+
+    at448 = {"end to end, ours (PIL)": 3_400.0, "end to end, ours (--gpu-decode)": 3_450.0}
+    chosen = decide(rows_224(3_296, 9_500), at448, features_ok=True)
+    assert chosen["verdict"] == "default" and chosen["target"]["met"]
+    assert "224 px: PIL 3,296, --gpu-decode 9,500 img/s end to end (2.88x)" in chosen["line"]
+    assert "make --gpu-decode the default on CUDA" in chosen["line"]
+    assert decide(rows_224(3_296, 9_500), at448, features_ok=False)["verdict"] == "option"
+    slower_448 = dict(at448, **{"end to end, ours (--gpu-decode)": 2_142.0})  # 2026-11-26
+    assert decide(rows_224(3_296, 9_500), slower_448, features_ok=True)["verdict"] == "option"
+    retired = decide(rows_224(3_296, 3_000), slower_448, features_ok=True)
+    assert retired["verdict"] == "retire" and "retire --gpu-decode" in retired["line"]
+
+
+def test_a_missed_target_names_what_limits_it():
+    from benchmarks.decoder_choice import decide
+
+    pil_bound = decide(rows_224(3_296, 3_000), None, features_ok=True)["target"]
+    assert not pil_bound["met"]
+    assert pil_bound["line"] == ("224 px end to end: 3,296 img/s with PIL, target 9,000: not met, "
+                                 "limited by decoding (PIL, loader included) (3,669 img/s)")
+    serial = decide(rows_224(3_296, 5_000), None, features_ok=True)["target"]
+    assert "below each stage alone" in serial["line"] and "do not overlap" in serial["line"]
+    assert "one after the other would give 6,462" in serial["line"]  # 1 / (1/12003 + 1/14000)
+    decoder_bound = decide(rows_224(3_296, 6_000, alone=7_000), None, features_ok=True)["target"]
+    assert decoder_bound["line"].endswith("limited by the device decoder alone (7,000 img/s)")
+
+
+def test_the_gpu_check_prints_the_decoder_choice_from_its_benchmark_rows(tmp_path):
+    """The wiring: the two extraction checks' rows reach the choice, whose line is in the summary."""
+    from benchmarks.gpu_check import GpuCheck, Result, markdown
+
+    check = GpuCheck(tmp_path, cuda=False, say=lambda _: None)
+    check.cuda = True  # as on a GPU machine, with the benchmarks' results given
+    at448 = {"end to end, ours (PIL)": 3_400.0, "end to end, ours (--gpu-decode)": 2_142.0}
+    check.results += [
+        Result("extraction: --gpu-decode vs PIL", "pass"),
+        Result("benchmark: extraction 224 px", "pass",
+               numbers={"rows": [[what, rate, None] for what, rate in rows_224(3_296, 9_500).items()]}),
+        Result("benchmark: extraction 448 px", "pass",
+               numbers={"rows": [[what, rate, None] for what, rate in at448.items()]}),
+    ]
+    check.run("decoder choice", check.decoder_choice, needs_cuda=True,
+              needs=("benchmark: extraction 224 px",))
+    chosen = check.results[-1]
+    assert chosen.status == "pass" and chosen.numbers["verdict"] == "option"
+    assert "448 px: PIL 3,400, --gpu-decode 2,142 img/s end to end (0.63x)" in chosen.detail
+    assert "224 px end to end: 9,500 img/s with --gpu-decode, target 9,000: met" in chosen.detail
+    summary = markdown(check.report())
+    assert "\nDecoder choice: 224 px: PIL 3,296, --gpu-decode 9,500" in summary

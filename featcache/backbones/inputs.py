@@ -6,9 +6,10 @@ the transform on the device. The datasets never raise for a bad image: they retu
 ``ok = False`` and the caller, in the main process and in row order, either stops with one
 error naming the file or flags the row (stage one's ``--skip-bad``).
 
-:class:`JpegBytesRows` and :class:`DeviceDecoder` are ``--gpu-decode``: workers only read the
-files, and the device decodes a whole batch at once (nvJPEG), resizes it there, and works one
-batch ahead of the forward pass. :func:`loader_prefetch` bounds how many batches the workers
+:class:`JpegBytesRows`, :class:`JpegBatch` and :class:`DeviceDecoder` are ``--gpu-decode``:
+workers only read the files, packing a batch's JPEG bytes into one shared-memory buffer, and
+the device decodes the whole batch at once (nvJPEG), resizes it there, and works ahead of the
+forward pass on a stream of its own. :func:`loader_prefetch` bounds how many batches the workers
 keep in shared memory and fails clearly when ``/dev/shm`` cannot hold them.
 """
 
@@ -19,11 +20,12 @@ import math
 import os
 import shutil
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
 from PIL import Image
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, get_worker_info
 
 from featcache.backbones.preprocess import PROTOCOL, Preprocess
 from featcache.backbones.transforms import resize_transform
@@ -122,33 +124,78 @@ class JpegBytesRows(ImageRows):
     """For ``--gpu-decode``: plain JPEG files come back as their bytes, decoded later on the device.
 
     Item: ``(payload, row, ok, is_jpeg)``. A JPEG that PIL reads as RGB or L and that ends with
-    the end-of-image marker is sent as bytes (uint8, 1-D); everything else (PNG, CMYK or
-    truncated JPEG, ...) is decoded here with PIL and resized, exactly like :class:`ImageRows`.
+    the end-of-image marker is sent as its bytes; everything else (PNG, CMYK or truncated JPEG,
+    ...) is decoded here with PIL and resized, exactly like :class:`ImageRows` (a uint8 tensor).
     """
 
     def __getitem__(self, index: int):
         row = int(self.rows[index])
-        path = self.path(row)
         try:
-            data = path.read_bytes()
+            data = self.path(row).read_bytes()
         except OSError:
             data = b""
         if data.startswith(_JPEG_START) and data.rstrip(b"\x00").endswith(_JPEG_END):
             try:
-                with Image.open(path) as image:  # reads the header only
+                with Image.open(io.BytesIO(data)) as image:  # parses the header only
                     plain = image.format == "JPEG" and image.mode in ("RGB", "L")
             except DECODE_ERRORS:
                 plain = False
             if plain:
-                return torch.frombuffer(bytearray(data), dtype=torch.uint8), row, True, True
+                return data, row, True, True
         image, row, ok = super().__getitem__(index)
         return image, row, ok, False
 
 
-def collate_jpeg_rows(items):
-    """Collate :class:`JpegBytesRows` items into lists (payloads differ in size)."""
+class JpegBatch(NamedTuple):
+    """One ``--gpu-decode`` batch as the workers send it: a handful of tensors, whatever its size
+    (one shared-memory segment per tensor, and one pinned copy each on a GPU).
+
+    Item i's JPEG bytes are ``data[offsets[i]:offsets[i + 1]]`` (empty when ``is_jpeg[i]`` is
+    False); the items PIL decoded in the worker are ``decoded``, in row order.
+    """
+
+    data: torch.Tensor  # uint8 (n,): the batch's JPEG files back to back
+    offsets: torch.Tensor  # int64 (B + 1,)
+    is_jpeg: torch.Tensor  # bool (B,)
+    decoded: torch.Tensor  # uint8 (k, 3, s, s), k = number of items that are not plain JPEGs
+    rows: torch.Tensor
+    ok: torch.Tensor
+
+    def jpeg_views(self) -> list[torch.Tensor]:
+        """Each plain JPEG's bytes as a 1-D view of :attr:`data` (no copy)."""
+        offsets = self.offsets.tolist()
+        return [self.data[offsets[i]:offsets[i + 1]] for i in self.jpeg_index()]
+
+    def jpeg_index(self) -> list[int]:
+        return [i for i, flag in enumerate(self.is_jpeg.tolist()) if flag]
+
+
+def collate_jpeg_rows(items) -> JpegBatch:
+    """Pack :class:`JpegBytesRows` items into one :class:`JpegBatch`: the JPEG bytes back to back
+    in one buffer, allocated in shared memory when this runs in a DataLoader worker (the bytes
+    then reach the main process without another copy)."""
     payloads, rows, ok, is_jpeg = zip(*items, strict=True)
-    return list(payloads), torch.tensor(rows), torch.tensor(ok), list(is_jpeg)
+    sizes = [len(p) if flag else 0 for p, flag in zip(payloads, is_jpeg, strict=True)]
+    offsets = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
+    data = _byte_buffer(int(offsets[-1]))
+    view = data.numpy()
+    for payload, start, size in zip(payloads, offsets, sizes, strict=False):
+        if size:
+            view[start:start + size] = np.frombuffer(payload, dtype=np.uint8)
+    decoded = [p for p, flag in zip(payloads, is_jpeg, strict=True) if not flag]
+    side = decoded[0].shape[-1] if decoded else 0
+    return JpegBatch(data, torch.from_numpy(offsets), torch.tensor(is_jpeg, dtype=torch.bool),
+                     torch.stack(decoded) if decoded else torch.zeros(0, 3, side, side, dtype=torch.uint8),
+                     torch.tensor(rows), torch.tensor(ok))
+
+
+def _byte_buffer(size: int) -> torch.Tensor:
+    """An uninitialised uint8 buffer, in shared memory inside a DataLoader worker (as PyTorch's
+    own collate allocates its batches there)."""
+    new_shared = getattr(torch.UntypedStorage, "_new_shared", None)
+    if get_worker_info() is None or new_shared is None or size == 0:
+        return torch.empty(size, dtype=torch.uint8)
+    return torch.empty(0, dtype=torch.uint8).set_(new_shared(size))
 
 
 def worker_init(_worker_id: int) -> None:
@@ -159,43 +206,58 @@ def worker_init(_worker_id: int) -> None:
     ignore_in_worker()
 
 
-def decode_on_device(payloads, is_jpeg, image_size: int, device: torch.device,
-                     preprocess: Preprocess = PROTOCOL):
-    """Batch of :class:`JpegBytesRows` payloads -> (resized uint8 (B, 3, s, s) on ``device``,
-    bool mask of the images that decoded).
+def decode_on_device(batch: JpegBatch, image_size: int, device: torch.device,
+                     preprocess: Preprocess = PROTOCOL) -> tuple[torch.Tensor, torch.Tensor]:
+    """A :class:`JpegBatch` -> (resized uint8 (B, 3, s, s) on ``device``, bool mask of the images
+    that decoded).
 
-    The batch's JPEG bytes are decoded by one ``torchvision.io.decode_jpeg`` call on the device
+    The batch's JPEGs are decoded by one ``torchvision.io.decode_jpeg`` call on the device
     (nvJPEG's batched decoder on CUDA), RGB, no EXIF rotation (as PIL); images of the same size
-    are then resized (and cropped) together as ``preprocess`` says, antialiased (the
-    protocol's: bilinear, no crop). The result is close to,
-    not bit-identical with, PIL's decode and resize. A JPEG the device decoder refuses is
-    decoded with PIL instead; one that PIL cannot read either is not ok.
+    are then resized (and cropped) together as ``preprocess`` says, antialiased (the protocol's:
+    bilinear, no crop), and every piece lands in its row with one ``index_copy_``: no step waits
+    for the device, and the launches do not grow with the batch. The result is close to, not
+    bit-identical with, PIL's decode and resize. A JPEG the device decoder refuses is decoded
+    with PIL instead; one that PIL cannot read either is not ok.
     """
-    from torchvision.io import ImageReadMode, decode_jpeg
-
-    out = torch.zeros(len(payloads), 3, image_size, image_size, dtype=torch.uint8, device=device)
-    ok = torch.ones(len(payloads), dtype=torch.bool)
-    jpeg_index = [i for i, flag in enumerate(is_jpeg) if flag]
+    count = len(batch.rows)
+    ok = torch.ones(count, dtype=torch.bool)
+    order: list[int] = []
+    pieces: list[torch.Tensor] = []
+    jpeg_index = batch.jpeg_index()
     if jpeg_index:
-        data = [payloads[i] for i in jpeg_index]
-        try:
-            decoded = decode_jpeg(data, mode=ImageReadMode.RGB, device=device)
-        except RuntimeError:  # one bad file fails the whole batch: retry one by one
-            decoded = [_decode_one(d, device) for d in data]
-        by_shape: dict[tuple, list[int]] = {}
-        for i, image in zip(jpeg_index, decoded, strict=True):
+        by_shape: dict[tuple, list[tuple[int, torch.Tensor]]] = {}
+        for i, image in zip(jpeg_index, _decode_all(batch.jpeg_views(), device), strict=True):
             if image is None:
                 ok[i] = False
-            else:
-                by_shape.setdefault(tuple(image.shape), []).append(i)
-        position = {i: k for k, i in enumerate(jpeg_index)}
+            else:  # shapes are known on the host: grouping waits for nothing
+                by_shape.setdefault(tuple(image.shape), []).append((i, image))
         for members in by_shape.values():
-            stacked = torch.stack([decoded[position[i]] for i in members])
-            out[members] = _resize(stacked, image_size, preprocess)
-    for i, flag in enumerate(is_jpeg):
-        if not flag:
-            out[i] = payloads[i].to(device, non_blocking=True)
+            stacked = torch.stack([image for _, image in members])
+            pieces.append(_resize(stacked, image_size, preprocess))
+            order += [i for i, _ in members]
+    others = [i for i, flag in enumerate(batch.is_jpeg.tolist()) if not flag]
+    if others:
+        pieces.append(batch.decoded.to(device, non_blocking=True))
+        order += others
+    if order == list(range(count)):
+        return torch.cat(pieces), ok
+    out = torch.zeros(count, 3, image_size, image_size, dtype=torch.uint8, device=device)
+    if pieces:
+        index = torch.tensor(order, dtype=torch.int64)
+        if device.type == "cuda":
+            index = index.pin_memory()  # an asynchronous copy: the host does not wait
+        out.index_copy_(0, index.to(device, non_blocking=True), torch.cat(pieces))
     return out, ok
+
+
+def _decode_all(views: list[torch.Tensor], device: torch.device) -> list[torch.Tensor | None]:
+    """One batched ``decode_jpeg`` call; one by one (PIL for what the device refuses) if it fails."""
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    try:
+        return list(decode_jpeg(views, mode=ImageReadMode.RGB, device=device))
+    except RuntimeError:  # one bad file fails the whole batch: retry one by one
+        return [_decode_one(view, device) for view in views]
 
 
 def _resize(batch: torch.Tensor, image_size: int,
@@ -206,45 +268,55 @@ def _resize(batch: torch.Tensor, image_size: int,
 
 
 class DeviceDecoder:
-    """``--gpu-decode``'s pipeline: iterate a loader of :class:`JpegBytesRows` batches and yield
-    ``(images on the device, rows, ok)``, decoding batch i + 1 while batch i is computed.
+    """``--gpu-decode``'s pipeline: iterate a loader of :class:`JpegBatch` and yield ``(images on
+    the device, rows, ok)``, decoding up to ``ahead`` batches ahead of the one being computed.
 
-    A helper thread decodes (nvJPEG's host-side Huffman decoding runs there, not on the thread
-    that launches the forward pass) on a CUDA stream of its own; the consumer's stream waits
-    for the batch's event before using it, so decoding overlaps the forward pass on the GPU too.
-    On the CPU the same pipeline runs without streams.
+    A helper thread decodes (nvJPEG's host-side work and its waits run there, not on the thread
+    that launches the forward pass) on a CUDA stream of its own; the consumer's stream waits for
+    the batch's event before using it, so decoding overlaps the forward pass on the GPU too. The
+    loader's pin-memory thread has put each batch's bytes in pinned memory. On the CPU the same
+    pipeline runs without streams.
     """
 
     def __init__(self, loader, image_size: int, device: torch.device,
-                 preprocess: Preprocess = PROTOCOL):
+                 preprocess: Preprocess = PROTOCOL, ahead: int = 2):
         self.loader = loader
         self.image_size = image_size
         self.device = device
         self.preprocess = preprocess
-        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self.ahead = max(1, ahead)
+        # high priority: the decoder's few small kernels go before the forward's queued ones
+        self.stream = torch.cuda.Stream(device, priority=-1) if device.type == "cuda" else None
 
-    def _decode(self, batch):
-        payloads, rows, ok, is_jpeg = batch
+    def _decode(self, batch: JpegBatch):
         if self.stream is None:
-            images, decoded = decode_on_device(payloads, is_jpeg, self.image_size, self.device,
-                                               self.preprocess)
-            return images, rows, ok & decoded, None
+            images, decoded = decode_on_device(batch, self.image_size, self.device, self.preprocess)
+            return images, batch.rows, batch.ok & decoded, None
+        # decode_jpeg's outputs are allocated on this stream but written on torchvision's own:
+        # the previous batch's kernels must be done with the memory it may hand out again
+        self.stream.synchronize()
         with torch.cuda.stream(self.stream):
-            images, decoded = decode_on_device(payloads, is_jpeg, self.image_size, self.device,
-                                               self.preprocess)
+            images, decoded = decode_on_device(batch, self.image_size, self.device, self.preprocess)
             ready = torch.cuda.Event()
             ready.record(self.stream)
-        return images, rows, ok & decoded, ready
+        return images, batch.rows, batch.ok & decoded, ready
 
     def __iter__(self):
+        from collections import deque
         from concurrent.futures import ThreadPoolExecutor
 
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="featcache-decode") as pool:
             batches = iter(self.loader)
-            pending = next((pool.submit(self._decode, b) for b in batches), None)
-            while pending is not None:
-                images, rows, ok, ready = pending.result()
-                pending = next((pool.submit(self._decode, b) for b in batches), None)
+            pending: deque = deque()
+            for batch in batches:
+                pending.append(pool.submit(self._decode, batch))
+                if len(pending) == self.ahead:
+                    break
+            while pending:
+                images, rows, ok, ready = pending.popleft().result()
+                following = next(batches, None)
+                if following is not None:
+                    pending.append(pool.submit(self._decode, following))
                 if ready is not None:
                     consumer = torch.cuda.current_stream(self.device)
                     consumer.wait_event(ready)
