@@ -25,7 +25,7 @@ from featcache.finetune.data import FinetuneData, load_finetune_data
 from featcache.finetune.distributed import on_main
 from featcache.finetune.loop import Settings
 from featcache.finetune.options import FinetuneOptions
-from featcache.finetune.outputs import results_document, write_outputs
+from featcache.finetune.outputs import keep_best_scores, results_document, write_outputs
 from featcache.finetune.search import run_grid
 from featcache.finetune.start import StartPoint, resolve_start
 from featcache.locks import OutputLock
@@ -106,6 +106,7 @@ def run_finetune(options: FinetuneOptions, linear_phase: LinearPhase | None = No
                 return None
             machine = _machine_record(options, settings, job, result)
             document = results_document(result, settings, start, data, identity, machine)
+            keep_best_scores(run_dir, data, document)
             write_outputs(run_dir, document, result, plot=options.plots)
             if options.tensorboard:
                 log_run(options.tensorboard, document, run_dir)

@@ -10,21 +10,23 @@ dataset is in exactly one table and no cell mixes settings.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 from featcache.protocol.results_table import ResultsTable
 from featcache.protocol.table_cells import seed_choices
+from featcache.protocol.uncertainty import TableUncertainty, table_uncertainty
 from featcache.report.runs import Run
 from featcache.report.svg import HeatCell
+from featcache.stats import Resampling
 
 #: settings that differ between the losses of one table (each loss's own) or between seeds
 _PER_LOSS = {"loss", "params", "seeds", "seed", "init", "pseudo_labels_sha256"}
 #: the loss every other loss's per-class AP is compared with (Cole et al.'s baseline)
 REFERENCE_LOSS = "an"
-#: smallest per-class AP difference (points) highlighted against the reference loss
-MIN_HIGHLIGHT = 1.0
+#: the report's resampling: 1000 resamples from seed 0, 95% intervals
+RESAMPLING = Resampling()
 
 
 def protocol_key(run: Run) -> str:
@@ -54,6 +56,14 @@ class TableGroup:
     def runs_of(self, loss: str) -> list[Run]:
         return [run for run in self.runs if run.loss == loss]
 
+    @cached_property
+    def uncertainty(self) -> TableUncertainty:
+        """Every cell's interval and, where the table has ``an``, its paired comparison with
+        it (per class too), from the runs' test scores."""
+        versus = REFERENCE_LOSS if REFERENCE_LOSS in self.table.losses else None
+        return table_uncertainty(self.table.cells, RESAMPLING, versus,
+                                 {run.name: run.path for run in self.runs})
+
 
 def table_groups(runs: Sequence[Run]) -> list[TableGroup]:
     """The loss tables of ``runs``: stage two's first, in the order their runs were made."""
@@ -78,8 +88,9 @@ def table_groups(runs: Sequence[Run]) -> list[TableGroup]:
 
 
 def per_class_cells(group: TableGroup) -> tuple[list[str], list[str], dict, str | None]:
-    """The heatmap of a table: losses, classes, cells (with the difference against ``an``
-    and whether it is highlighted) and the reference loss (None when ``an`` is not there)."""
+    """The heatmap of a table: losses, classes, cells (with the difference against ``an``,
+    its paired interval, and whether that interval excludes 0) and the reference loss (None
+    when ``an`` is not there)."""
     table = group.table
     dataset = table.datasets[0]
     estimates = {}
@@ -90,20 +101,18 @@ def per_class_cells(group: TableGroup) -> tuple[list[str], list[str], dict, str 
     losses = [loss for loss in table.losses if estimates.get(loss)]
     classes = next((list(v) for v in estimates.values() if v), [])
     reference = REFERENCE_LOSS if REFERENCE_LOSS in losses else None
+    paired = group.uncertainty.cells if reference is not None else {}
     cells: dict[tuple[str, str], HeatCell] = {}
     for loss in losses:
         for name, value in estimates[loss].items():
             cell = HeatCell(value.mean, value.sd, value.n)
             if reference is not None and loss != reference:
                 base = estimates[reference].get(name)
+                found = paired.get((loss, dataset))
                 if base is not None:
                     cell.delta = value.mean - base.mean
-                    cell.significant = abs(cell.delta) >= highlight_threshold(value.sd, base.sd)
+                if found is not None and name in found.class_versus:
+                    cell.interval = found.class_versus[name]
+                    cell.significant = cell.interval[0] > 0 or cell.interval[1] < 0
             cells[(loss, name)] = cell
     return losses, classes, cells, reference
-
-
-def highlight_threshold(sd: float, reference_sd: float) -> float:
-    """A per-class difference is highlighted from 1 AP point, or twice the sd of the
-    difference (sd of both means combined) when the seeds vary more than that."""
-    return max(MIN_HIGHLIGHT, 2 * math.sqrt(sd ** 2 + reference_sd ** 2))

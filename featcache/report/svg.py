@@ -151,7 +151,9 @@ class HeatCell:
     sd: float
     seeds: int
     delta: float | None = None  # against the reference loss (None: no reference)
-    significant: bool = False  # |delta| is past the highlighting threshold
+    #: the paired interval of the difference (None: no test scores to resample)
+    interval: tuple[float, float] | None = None
+    significant: bool = False  # the interval excludes 0
 
 
 def heat_colour(value: float) -> str:
@@ -169,6 +171,8 @@ def _cell_tip(loss: str, name: str, cell: HeatCell, reference: str | None) -> st
         tip += f" ± {cell.sd:.2f} over {plural(cell.seeds, 'seed')}"
     if cell.delta is not None:
         tip += f"; {cell.delta:+.2f} against {reference}"
+    if cell.interval is not None:
+        tip += f" [{cell.interval[0]:+.2f}, {cell.interval[1]:+.2f}]"
     return tip
 
 
