@@ -1,9 +1,10 @@
 """The seeded resampling plan of a bootstrap over test images (and over seeds).
 
-Resample ``b`` of ``n`` test images draws ``n`` row indices with replacement from its own
-generator, seeded by (resampling seed, ``n``, ``b``): the draws do not depend on how many
-resamples are made at once, on the run or on the order runs are scored in, so every run
-scored on the same test images sees the same resampled images (the pairing a comparison
+Resample ``b`` of ``n`` test images draws ``n`` row indices with replacement: ``floor(n u)``
+of ``n`` uniform numbers from the generator seeded by (resampling seed, ``n``), taken from its
+``b n``-th draw on (each resample takes exactly ``n`` draws). The draws thus do not depend on
+how many resamples are made at once, on the run or on the order runs are scored in, so every
+run scored on the same test images sees the same resampled images (the pairing a comparison
 needs). Seeds are drawn per run from a generator seeded by the resampling seed and the run's
 key (``dataset/loss``).
 """
@@ -38,8 +39,10 @@ class Resampling:
         """Rows drawn by resamples ``start`` to ``stop`` (default: all) of ``n`` images: an
         int64 array (resamples, n)."""
         stop = self.resamples if stop is None else stop
-        return np.stack([np.random.default_rng([self.seed, n, b]).integers(0, n, n)
-                         for b in range(start, stop)]) if stop > start else np.empty((0, n), int)
+        bits = np.random.PCG64(np.random.SeedSequence([self.seed, n]))
+        bits.advance(start * n)  # each resample takes exactly n draws: resample b starts at b n
+        uniform = np.random.Generator(bits).random((max(stop - start, 0), n))
+        return np.minimum((uniform * n).astype(np.int64), n - 1)
 
     def image_counts(self, n: int, start: int = 0, stop: int | None = None) -> np.ndarray:
         """How often each image is drawn by resamples ``start`` to ``stop``: float32 (n,
