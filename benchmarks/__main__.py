@@ -5,7 +5,8 @@ from __future__ import annotations
 import importlib
 import sys
 
-BENCHMARKS = ("linear", "linear_kernels", "extract", "finetune", "jpeg_draft", "spatial")
+BENCHMARKS = ("linear", "linear_kernels", "extract", "finetune", "jpeg_draft", "spatial",
+              "intervals")
 
 
 def main(argv: list[str]) -> None:

@@ -85,7 +85,7 @@ class TableUncertainty:
                      f"wins = share of resamples in which the loss scores above {self.versus} "
                      "(ties count half), * = the difference survives Holm's correction over the "
                      f"{self.comparisons} comparisons of the table (family-wise "
-                     f"{FAMILY_LEVEL:.0%}, two-sided bootstrap p-values)")
+                     f"{FAMILY_LEVEL:.0%}; two-sided p-values from the bootstrap standard error)")
         return text
 
     def to_json(self) -> dict:

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse
 
+from featcache.errors import plural
+
 
 @dataclass(frozen=True)
 class _Block:
@@ -72,7 +74,8 @@ class RankedClasses:
         (bootstrap counts: integers below 2**24, so that every sum is exact in float32):
         float64 (R, L)."""
         if weights.shape[0] != self.rows:
-            raise ValueError(f"weights for {weights.shape[0]} rows; the scores have {self.rows}")
+            raise ValueError(f"weights for {plural(weights.shape[0], 'row')}; the scores have "
+                             f"{plural(self.rows, 'row')}")
         segments = self.matrix @ np.ascontiguousarray(weights, dtype=np.float32)
         out = np.zeros((weights.shape[1], self.classes))
         for c, block in enumerate(self.blocks):
