@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from featcache.data.featurefile import open_features
-from featcache.data.labelfile import load_labels
+from featcache.data.featurefile import FeatureFile, open_features
+from featcache.data.labelfile import LabelSet, load_labels
 from featcache.errors import FeatcacheError, plural
 from featcache.metrics import average_precision
 from featcache.protocol.handoff import load_head
@@ -39,24 +39,19 @@ def rescore_linear_run(run_dir: Path, document: dict) -> TestScores:
                        f"again here; {retrain}")
     try:
         head = load_head(run_dir)
-        labels = load_labels(_input_path(run_dir, document, "labels"), image_names=False)
-        if labels.sha256 != (document.get("labels") or {}).get("sha256"):
-            raise NoScores(f"{labels.path} is not the labels file {run_dir} was trained on "
-                           f"(its sha256 differs); {retrain}")
-        features = open_features(_input_path(run_dir, document, "features"), labels)
+        inputs = _test_split(_input_path(run_dir, document, "labels"),
+                             _input_path(run_dir, document, "features"))
     except FeatcacheError as exc:
         raise NoScores(f"{run_dir} keeps no test scores, and they cannot be computed again: "
                        f"{exc}") from exc
-    with features:
-        if features.sha256 != (document.get("features") or {}).get("sha256"):
-            raise NoScores(f"{features.path} is not the features file {run_dir} was trained on "
-                           f"(its sha256 differs); {retrain}")
-        weight, bias = head["weight"].float(), head["bias"].float()
-        if features.spatial_shape is not None or features.dim != weight.shape[1]:
-            raise NoScores(f"{run_dir}'s head does not score {features.path}'s pooled rows; "
-                           f"{retrain}")
-        rows = np.flatnonzero(~features.bad["test"])
-        rows_x = np.ascontiguousarray(features.read("test")[rows])
+    labels, features, rows, rows_x = inputs
+    for what, given in (("labels", labels), ("features", features)):
+        if given.sha256 != (document.get(what) or {}).get("sha256"):
+            raise NoScores(f"{given.path} is not the {what} file {run_dir} was trained on (its "
+                           f"sha256 differs); {retrain}")
+    weight, bias = head["weight"].float(), head["bias"].float()
+    if features.spatial_shape is not None or features.dim != weight.shape[1]:
+        raise NoScores(f"{run_dir}'s head does not score {features.path}'s pooled rows; {retrain}")
     x = torch.as_tensor(rows_x, dtype=torch.float32)
     if head.get("features_transform"):  # a --search probe head scores unit rows
         x = torch.nn.functional.normalize(x, dim=1)
@@ -71,6 +66,27 @@ def rescore_linear_run(run_dir: Path, document: dict) -> TestScores:
                        source="computed again from best.pt and the features file")
     found.notes += _notes(run_dir, document, found)
     return found
+
+
+def _test_split(labels_path: Path, features_path: Path
+                ) -> tuple[LabelSet, FeatureFile, np.ndarray, np.ndarray]:
+    """The labels, the features file, its readable test rows and their features; the last
+    two files read are kept (a table or report scores many runs of one features file)."""
+    key = tuple((str(p.resolve()), p.stat().st_mtime_ns) if p.is_file() else (str(p), 0)
+                for p in (labels_path, features_path))
+    if key not in _READ:
+        labels = load_labels(labels_path, image_names=False)
+        with open_features(features_path, labels) as features:
+            rows = np.flatnonzero(~features.bad["test"])
+            _READ[key] = (labels, features, rows,
+                          np.ascontiguousarray(features.read("test")[rows]))
+        while len(_READ) > 2:
+            _READ.pop(next(iter(_READ)))
+    return _READ[key]
+
+
+#: the test splits read last (:func:`_test_split`)
+_READ: dict[tuple, tuple[LabelSet, FeatureFile, np.ndarray, np.ndarray]] = {}
 
 
 def _input_path(run_dir: Path, document: dict, key: str) -> Path:

@@ -126,9 +126,12 @@ def interval_json(results: ResultsTable, unc: TableUncertainty, per_class: bool 
 def caption(results: ResultsTable, unc: TableUncertainty) -> str:
     """The table's caption and how its intervals were made."""
     text = results.caption(bold="best mean per dataset in bold")
-    text += f" Cells: mean [{unc.plan.level:.0%} interval]: {unc.method()}."
+    text += f" Cells: mean [low, high]: {unc.method()}."
     if results.published_datasets():
         text += " Published inside: whether the published number lies inside our interval."
+    if all(len(mine.seeds) <= 1 for mine in unc.cells.values()):
+        text += (" One seed per cell: the intervals show test-set uncertainty only, not the "
+                 "training randomness another seed would add.")
     return text
 
 
