@@ -1,10 +1,11 @@
 """How sure a run's test mAP is, and whether one run really beats another.
 
->>> featcache.api.map_interval("cache/scene/runs/an/demo")          # doctest: +SKIP
-Interval(estimate=72.66, low=71.2, high=74.01, level=0.95, resamples=1000, seed=0)
->>> featcache.load_run("cache/scene/runs/an/demo").map_interval()  # doctest: +SKIP
->>> featcache.api.compare("cache/scene/runs/role/demo", "cache/scene/runs/an/demo")  # +SKIP
-Comparison(role - an: -0.21 [-0.83, +0.40], wins 26% of 1000 resamples, p 0.51)
+>>> featcache.api.map_interval("cache/scene/runs/an/docs")          # doctest: +SKIP
+Interval(estimate=72.657..., low=70.582..., high=75.243..., level=0.95, resamples=1000, seed=0)
+>>> featcache.load_run("cache/scene/runs/an/docs").map_interval()  # doctest: +SKIP
+>>> print(featcache.api.compare("cache/scene/runs/role/docs",
+...                             "cache/scene/runs/an/docs"))  # doctest: +SKIP
+role - an: -0.21 [-0.74, +0.33], wins 24% of 1000 resamples, p 0.46
 
 The numbers are ``featcache table --ci --versus``'s (the same resampling: the same seed gives
 the same intervals): a seeded bootstrap over the test images, and over the seeds of a run of
