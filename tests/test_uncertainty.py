@@ -153,6 +153,13 @@ def test_an_older_run_without_test_scores_is_scored_again(runs, tmp_path):
     broken = _cells(cache, "--ci")[("an-ls", "voc")]["uncertainty"]
     assert broken["interval"] is None and "cannot be computed again" in broken["reason"]
     assert "[no interval]" in _table(cache / "voc" / "runs", "--ci")
+    # scores of a head that diverged (NaN): no interval, said; the API refuses in one line
+    with h5py.File(cache / "voc" / "runs" / "wan" / "r" / "test-scores.h5", "r+") as h5:
+        h5["scores"][0, 0, 0] = np.nan
+    diverged = _cells(cache, "--ci")[("wan", "voc")]["uncertainty"]
+    assert diverged["interval"] is None and "cannot be ranked" in diverged["reason"]
+    with pytest.raises(InputError, match="not all finite"):
+        api.map_interval(cache / "voc" / "runs" / "wan" / "r")
 
 
 def test_bad_options_are_one_clear_error(runs):

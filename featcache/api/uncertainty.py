@@ -56,9 +56,13 @@ def _run(run) -> tuple[Path, dict, TestScores]:
                          "cache/<dataset>/runs/<loss>/<run-id>)")
     document = RunFolder(path).results()
     try:
-        return path, document, read_test_scores(path, document)
+        scores = read_test_scores(path, document)
     except NoScores as exc:
         raise InputError(str(exc)) from exc
+    if not np.isfinite(scores.scores).all():
+        raise InputError(f"{path}: its test scores are not all finite (a head that diverged): "
+                         "no interval")
+    return path, document, scores
 
 
 def _estimate(document: dict) -> float:

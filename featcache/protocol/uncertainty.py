@@ -13,7 +13,7 @@ paired difference (the report's heatmap).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -146,7 +146,7 @@ def table_uncertainty(cells: Mapping[tuple[str, str], Cell], plan: Resampling,
     """Intervals of every cell and, with ``versus``, each cell's paired difference to that
     loss's cell on the same dataset (Holm's correction over all of them)."""
     result = TableUncertainty(plan, versus, {})
-    groups: dict[str, list[tuple[tuple[str, str], TestScores, list[np.ndarray]]]] = {}
+    groups: dict[str, list[tuple[tuple[str, str], TestScores, list[RankedClasses]]]] = {}
     for key, cell in cells.items():
         found, arrays, seeds, notes = seed_scores(cell, run_dirs)
         result.notes += [note for note in notes if note not in result.notes]
@@ -155,7 +155,14 @@ def table_uncertainty(cells: Mapping[tuple[str, str], Cell], plan: Resampling,
             mine.reason = "no test scores" + (f" ({notes[0]})" if notes else "")
             continue
         mine.classes = found.classes
-        groups.setdefault(key[1], []).append((key, found, arrays))
+        # ranked now, so that no cell's scores are held beside every other cell's ranking
+        try:
+            ranked = [RankedClasses(a, found.targets) for a in arrays]
+        except ValueError as exc:  # NaN scores of a head that diverged
+            mine.reason = f"its test scores cannot be ranked ({exc})"
+            continue
+        groups.setdefault(key[1], []).append((key, replace(found, scores=found.scores[:0]),
+                                              ranked))
     for dataset, members in groups.items():
         _resample_dataset(dataset, members, cells, result, workers)
     if versus is not None:
@@ -175,8 +182,7 @@ def _resample_dataset(dataset: str, members: Sequence, cells: Mapping[tuple[str,
         else:
             batches.append([member])
     for number, batch in enumerate(batches):
-        scored = [Scored(f"{dataset}/{key[0]}", [RankedClasses(a, found.targets) for a in arrays])
-                  for key, found, arrays in batch]
+        scored = [Scored(f"{dataset}/{key[0]}", ranked) for key, _, ranked in batch]
         for (key, _, _), class_ap in zip(batch, resampled_ap(scored, result.plan, workers),
                                          strict=True):
             mine = result.cells[key]
@@ -223,5 +229,8 @@ def keep_test_scores(run_dir: Path, scores: np.ndarray, seeds: Sequence[int], ta
     found = TestScores(list(seeds), np.asarray(scores, np.float32).reshape(
         len(seeds), *np.shape(targets)), (np.asarray(targets) > 0).astype(np.uint8),
         np.asarray(rows), list(classes), (document.get("labels") or {}).get("sha256"))
-    document["uncertainty"] = interval_record(found, estimate,
-                                              f"{document['dataset']}/{document['loss']}")
+    try:
+        document["uncertainty"] = interval_record(found, estimate,
+                                                  f"{document['dataset']}/{document['loss']}")
+    except ValueError as exc:  # NaN scores of a head that diverged: no interval, said
+        document["uncertainty"] = {"test_map": None, "reason": f"no interval: {exc}"}
