@@ -14,6 +14,8 @@ On a CUDA machine, offline, in under 8 minutes on one H100 or H200, it
    the second must compile nothing new; the compile time is reported); a ``--deterministic``
    run killed with SIGKILL and resumed equals an uninterrupted one; ``torchrun
    --nproc_per_node 1`` (equal to the plain run) and, with two GPUs, 2 (ddp and per-gpu);
+   the test scores a linear and a fine-tuned run keep (``test-scores.h5``) give their recorded
+   per-class test AP (:data:`TOL_SCORES`);
 5. the two benchmarks in honest windows (:mod:`benchmarks.window`): ``benchmarks.extract
    --gpu-decode`` at 224 px and at 448 px (with the plain loop), ``benchmarks.finetune``, a
    table of images/s against their plain-loop baselines, and the decoder choice they imply
@@ -24,8 +26,8 @@ On a CUDA machine, offline, in under 8 minutes on one H100 or H200, it
 
 Without CUDA (or with ``--cpu-only``) it says so in one line and runs the parts that need
 none, at tiny sizes on the CPU with ResNet-18: data, the extraction comparisons, both SIGKILL
-resumes, LinearInit's first evaluation. ``tests/test_gpu_check.py`` runs that in CI (about
-half a minute on 2 cores).
+resumes, LinearInit's first evaluation, the kept test scores. ``tests/test_gpu_check.py`` runs
+that in CI (about half a minute on 2 cores).
 """
 
 from __future__ import annotations
@@ -58,6 +60,8 @@ TOL_DECODE_PIXELS = 2.0
 TOL_DECODE = 0.08
 #: stage two, GPU vs CPU: largest difference of the selected val and test mAP, in points
 TOL_LINEAR_MAP = 0.05
+#: test-scores.h5 against the recorded per-class test AP: largest difference, in points
+TOL_SCORES = 1e-6
 #: LinearInit: largest absolute difference between the network's first probabilities and the
 #: linear head's on the cached features (both fp32)
 TOL_LINEARINIT = 1e-4
@@ -448,6 +452,35 @@ class GpuCheck:
             raise CheckFailed(f"best.pt weights differ after resuming: {different[:5]}")
         return "killed with SIGKILL after epoch 1, resumed: results and weights identical", {}
 
+    def test_scores_kept(self) -> tuple[str, dict]:
+        """The test scores a run keeps (test-scores.h5, on the device it ran on) give its
+        recorded per-class test AP, and its results.json holds the interval."""
+        from featcache.metrics import average_precision
+
+        runs = {"linear": self.cache / "shapes" / "runs" / "role" / "linear",
+                "fine-tuned": self.cache / "shapes" / "finetune" / "role" / "whole"}
+        if self.passed("stage two: GPU vs CPU"):
+            runs["linear on the GPU"] = self.cache / "shapes" / "runs" / "role" / "linear-gpu"
+        numbers = {}
+        for name, folder in runs.items():
+            document = json.loads((folder / "results.json").read_text())
+            with h5py.File(folder / "test-scores.h5", "r") as h5:
+                seeds, scores = h5["seeds"][()].tolist(), h5["scores"][()]
+                targets = torch.from_numpy(h5["targets"][()].astype(np.float32))
+            best = scores[seeds.index(document["selection"].get("seed", seeds[0]))]
+            ap = average_precision(torch.from_numpy(best), targets).numpy() * 100
+            recorded = np.array(list(document["selection"]["test_ap_per_class"].values()))
+            gap = float(np.abs(ap - recorded).max())
+            interval = (document.get("uncertainty") or {}).get("test_map")
+            numbers[name] = {"max_per_class_ap_gap": gap, "interval": interval,
+                             "notes": [n for n in document["notes"] if "test-scores" in n]}
+            if not gap <= TOL_SCORES or interval is None:
+                raise CheckFailed(f"{name}: its test-scores.h5 gives per-class test AP up to "
+                                  f"{gap:.2e} points from the recorded one (tolerance "
+                                  f"{TOL_SCORES}), interval {interval}")
+        return ("test-scores.h5 gives the recorded per-class test AP: " + ", ".join(
+            f"{name} {n['max_per_class_ap_gap']:.1e}" for name, n in numbers.items()), numbers)
+
     def finetune_torchrun(self) -> tuple[str, dict]:
         gpus = torch.cuda.device_count()
         checked = {}
@@ -542,6 +575,8 @@ class GpuCheck:
                  needs=("linear run for LinearInit",))
         self.run("fine-tune: SIGKILL and resume", self.finetune_resume,
                  needs=("linear run for LinearInit",))
+        self.run("test scores kept", self.test_scores_kept,
+                 needs=("linear run for LinearInit", "fine-tune: SIGKILL and resume"))
         self.run("fine-tune: torchrun", self.finetune_torchrun, needs_cuda=True,
                  needs=("fine-tune: SIGKILL and resume",))
         self.run("fine-tune: --compile", self.finetune_compile, needs_cuda=True,

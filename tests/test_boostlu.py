@@ -239,6 +239,13 @@ def test_train_linear_boostlu_on_a_spatial_file_records_alpha_and_the_head(spati
     assert again.exit_code == 0, again.output
     grid = load_results(cache / "toy" / "runs" / "ll-cp+boostlu" / "r2")["grid"]
     assert grid["params"]["alpha"] == [1.0, 5.0] and grid["params_source"]["alpha"] == "given"
+    # the BoostLU heads' test scores are kept, exactly those their test AP came from
+    for folder in (run, cache / "toy" / "runs" / "ll-cp+boostlu" / "r2"):
+        with h5py.File(folder / "test-scores.h5", "r") as h5:
+            kept, targets = h5["scores"][0], h5["targets"][()].astype(np.float32)
+        recorded = load_results(folder)["selection"]["test_ap_per_class"]
+        ap = average_precision(torch.from_numpy(kept), torch.from_numpy(targets)).numpy() * 100
+        assert np.allclose(ap, list(recorded.values()), rtol=0, atol=1e-9)
 
 
 def test_streamed_boostlu_scores_equal_in_memory_and_a_streamed_search_runs(spatial):

@@ -14,7 +14,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 CPU_ABLE = ("data", "extraction: bf16 vs fp32", "extraction: --gpu-decode vs PIL",
             "extraction: SIGKILL and resume", "linear run for LinearInit",
-            "fine-tune: LinearInit first eval", "fine-tune: SIGKILL and resume")
+            "fine-tune: LinearInit first eval", "fine-tune: SIGKILL and resume",
+            "test scores kept")
 
 
 @pytest.mark.slow

@@ -19,7 +19,6 @@ from featcache.protocol.configurations import configurations
 from featcache.protocol.runs import load_results
 from featcache.report import build_report, write_report
 from featcache.report.groups import table_groups
-from featcache.report.heatmap import highlight_threshold
 from featcache.report.runs import find_runs
 
 FAST = ("--epochs", "2", "--lr", "1e-2,1e-3", "--bsize", "4", "--quiet", "--no-plots",
@@ -172,26 +171,47 @@ def test_the_page_makes_no_external_request(page):
 
 
 def test_heatmap_marks_the_classes_a_loss_gains_or_loses_on_an(cache, page):
+    """A cell is outlined where the paired per-class interval against an excludes 0."""
     groups = table_groups(find_runs(cache / NAME))
     index = next(i for i, group in enumerate(groups) if "an" in group.table.losses)
-    table = groups[index].table
+    table, paired = groups[index].table, groups[index].uncertainty.cells
     gains = losses = 0
     reference = table.cells[("an", NAME)].per_class()[0]
     for loss in table.losses:
         if loss == "an":
             continue
+        assert paired[(loss, NAME)].class_versus, loss  # every run here keeps its test scores
         for name, value in table.cells[(loss, NAME)].per_class()[0].items():
+            low, high = paired[(loss, NAME)].class_versus[name]
             delta = value.mean - reference[name].mean
-            if abs(delta) >= highlight_threshold(value.sd, reference[name].sd):
+            if low > 0 or high < 0:
                 gains, losses = gains + (delta > 0), losses + (delta < 0)
     heatmap = page[page.index(f'id="heatmap-{index}"'):page.index(f'id="heatmap-{index + 1}"')]
     assert heatmap.count('class="cell gain"') == gains
     assert heatmap.count('class="cell loss"') == losses
     assert f"&#9650;{gains}" in heatmap or gains == 0
-    assert "outlined green" in heatmap
+    assert "outlined green" in heatmap and "excludes 0" in heatmap
+    assert "1000 resamples" in heatmap
     # a table without an says there is nothing to compare against
     other = page[page.index(f'id="heatmap-{1 - index}"'):]
     assert "no an run in this table" in other[:other.index("</svg>")]
+
+
+def test_loss_tables_show_intervals_and_paired_differences_to_an(cache, page):
+    """Each loss's 95% interval, and against an its paired difference and share of wins; a
+    one-seed table says its intervals show test-set uncertainty only."""
+    groups = table_groups(find_runs(cache / NAME))
+    for index, group in enumerate(groups):
+        section = page[page.index(f'id="table-{index}"'):]
+        section = section[:section.index("</table>")]
+        assert "95% interval" in section and "percentile bootstrap" in section
+        for (loss, _), mine in group.uncertainty.cells.items():
+            assert mine.interval is not None, (loss, mine.reason)
+            assert f"[{mine.interval.low:.2f}, {mine.interval.high:.2f}]" in section
+            if mine.versus is not None:
+                assert mine.versus.text() in section and f"{mine.versus.wins:.0%}" in section
+        one_seed = all(len(c.seeds) == 1 for c in group.uncertainty.cells.values())
+        assert ("test-set uncertainty only" in section) == one_seed
 
 
 def test_finetuning_sits_beside_its_linear_start(cache, page):

@@ -94,6 +94,18 @@ def test_loss_all_writes_the_zero_shot_row_with_hand_computed_maps(clip_cache):
                    clip_cache / "toy" / "runs" / "an" / "a", "--per-class")
     assert shown.exit_code == 0, shown.output
     assert "| zero-shot" in shown.output and "no training" in shown.output
+    # its test scores (the cosines) are kept, and the table compares every loss with it
+    with h5py.File(folder / "test-scores.h5", "r") as h5:
+        kept = h5["scores"][0]
+    unit = texts / np.linalg.norm(texts, axis=1, keepdims=True)
+    assert np.allclose(kept, test / np.linalg.norm(test, axis=1, keepdims=True) @ unit.T,
+                       atol=1e-6)
+    compared = invoke("table", folder, clip_cache / "toy" / "runs" / "an" / "a", "--versus",
+                      "zero-shot", "--format", "json")
+    assert compared.exit_code == 0, compared.output
+    cells = {row["loss"]: row["toy"]["uncertainty"] for row in json.loads(compared.stdout)["rows"]}
+    assert cells["zero-shot"]["interval"] == document["uncertainty"]["test_map"]
+    assert 0 <= cells["an"]["versus"]["wins"] <= 1
 
 
 def test_zero_shot_alone_and_its_refusals(tmp_path, clip_cache):

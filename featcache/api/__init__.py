@@ -10,6 +10,9 @@
   baseline every SPML loss must beat (``featcache.api.zeroshot``);
 - :func:`load_run`: a finished stage-two or stage-three run folder as an object that predicts
   from features or images (``featcache.api.runs``);
+- :func:`map_interval` and :func:`compare`: a run's test mAP with its bootstrap interval,
+  and two runs compared on the same resampled test images (``featcache.api.uncertainty``;
+  ``LinearRun.map_interval()`` too);
 - prediction files, class activation maps and paper tables behind ``featcache predict``,
   ``featcache cam`` and ``featcache table`` (``predict``, ``cam``; the tables are
   :mod:`featcache.protocol.results_table`).
@@ -25,6 +28,9 @@ import importlib
 #: estimators (about 2 CPU-seconds per command)
 _EXPORTS = {
     "BackboneFeatures": "featcache.api.backbone_features",
+    "Comparison": "featcache.api.uncertainty",
+    "compare": "featcache.api.uncertainty",
+    "map_interval": "featcache.api.uncertainty",
     "SPMLClassifier": "featcache.api.estimator",
     "FinetuneRun": "featcache.api.runs",
     "LinearRun": "featcache.api.runs",

@@ -126,6 +126,12 @@ class TrainedRun:
         out["evaluation"] = self.document.get("evaluation")
         return out
 
+    def map_interval(self, resamples: int = 1000, seed: int = 0, level: float = 0.95):
+        """The test mAP's bootstrap interval (:func:`featcache.api.uncertainty.map_interval`)."""
+        from featcache.api.uncertainty import map_interval
+
+        return map_interval(self, resamples, seed, level)
+
     @property
     def seed(self) -> int:
         raise NotImplementedError

@@ -27,8 +27,20 @@ TABLE_SUFFIXES = {"md": (".md", ".markdown", ".txt"), "csv": (".csv", ".txt"),
 @click.option("--all-runs", is_flag=True, default=False,
               help="Take every run found, pooling the seeds of the runs of one loss (they must "
                    "share their settings)  [default: the latest run of each loss].")
+@click.option("--ci", is_flag=True, default=False,
+              help="Add 95% bootstrap intervals: each cell reads mean [low, high] (test images "
+                   "resampled, and seeds where there are several).")
+@click.option("--versus", metavar="LOSS", default=None,
+              help="Add each cell's difference to LOSS on the same resampled images, with its "
+                   "paired interval, the share of resamples it wins, and Holm's correction "
+                   "(implies --ci).")
+@click.option("--resamples", type=click.IntRange(min=1), default=1000, show_default=True,
+              help="Bootstrap resamples of --ci / --versus.")
+@click.option("--ci-seed", type=int, default=0, show_default=True,
+              help="Seed of the bootstrap's resampling (the same seed, the same intervals).")
 @overwrite_option
-def command(run_dirs, fmt, per_class, out, label, run_id, all_runs, overwrite):
+def command(run_dirs, fmt, per_class, out, label, run_id, all_runs, ci, versus, resamples,
+            ci_seed, overwrite):
     """Rebuild a results table from RUN_DIRS: run folders, or folders holding runs (searched
     for results.json), e.g. cache/voc/runs cache/coco/runs.
 
@@ -44,6 +56,11 @@ def command(run_dirs, fmt, per_class, out, label, run_id, all_runs, overwrite):
     best mean per dataset in bold. The caption says the stage, datasets, backbone and weights,
     grid, epochs, validation labels and seeds. Markdown and LaTeX add each seed's selected
     configuration; JSON holds it per cell. Classes without a test positive are named.
+
+    \b
+    --ci reads each run's test scores (test-scores.h5; for an older stage-two run, its
+    best.pt and features file) and adds a 95% bootstrap interval to every cell; --versus an
+    compares every loss with an on the same resampled images (docs/uncertainty.md).
     """
     import json
 
@@ -56,10 +73,15 @@ def command(run_dirs, fmt, per_class, out, label, run_id, all_runs, overwrite):
         raise OptionError("--run-id and --all-runs choose runs in two ways: give one")
     if out != "-":
         check_out(out, "--out", TABLE_SUFFIXES[fmt], f"--format {fmt}", overwrite=overwrite)
+    if per_class and (ci or versus):
+        raise OptionError("--per-class takes no --ci or --versus: the per-class paired "
+                          "intervals are the heatmap of `featcache report`")
     results = ResultsTable.from_paths(run_dirs, run_id=run_id, all_runs=all_runs)
     for line in results.chosen:
         click.echo(f"note: {line}", err=True)
-    if fmt == "json":
+    if ci or versus:
+        text = _with_intervals(results, fmt, label, versus, resamples, ci_seed)
+    elif fmt == "json":
         text = json.dumps(results.to_json(per_class=per_class), indent=2) + "\n"
     elif per_class and fmt == "csv":
         text = results.per_class_flat().csv()
@@ -75,6 +97,35 @@ def command(run_dirs, fmt, per_class, out, label, run_id, all_runs, overwrite):
         click.echo(f"table of {plural(len(results.losses), 'loss', 'losses')} x "
                    f"{plural(len(results.datasets), 'dataset')} "
                    f"-> {out}")
+
+
+def _with_intervals(results, fmt: str, label: str, versus: str | None, resamples: int,
+                    seed: int) -> str:
+    """The table with intervals (and comparisons with ``versus``) in ``fmt``."""
+    import json
+
+    from featcache.errors import OptionError
+    from featcache.protocol.uncertainty import table_uncertainty
+    from featcache.protocol.uncertainty_table import (
+        flat_interval_table,
+        interval_json,
+        interval_table,
+    )
+    from featcache.stats import Resampling
+
+    if versus is not None and versus not in results.losses:
+        raise OptionError(f"--versus {versus}: no run of that loss among the runs tabulated "
+                          f"({', '.join(results.losses)})")
+    unc = table_uncertainty(results.cells, Resampling(resamples, seed), versus)
+    if fmt == "json":
+        return json.dumps(interval_json(results, unc), indent=2) + "\n"
+    if fmt == "csv":
+        return flat_interval_table(results, unc).csv()
+    table = interval_table(results, unc)
+    if fmt == "latex":
+        return (table.latex(label=label) + "\n"
+                + results.configurations(runs=False).latex(label=f"{label}-configurations"))
+    return table.markdown() + "\n\n" + results.configurations().markdown() + "\n"
 
 
 def _render(tables, fmt: str, label: str, results=None) -> str:

@@ -82,6 +82,7 @@ class ConfigTrainer:
     def __init__(self, config: GridPoint, settings: FinetunePlan, start: StartPoint,
                  data: FinetuneData, job: Ranks):
         self.config, self.settings, self.data, self.job = config, settings, data, job
+        self.test_scores: Tensor | None = None  # the last evaluated epoch's test probabilities
         self.device = device = job.device
         self.image_size = start.image_size
         self.preprocess = resolve_preprocess(start.backbone, start.preprocess)
@@ -281,7 +282,8 @@ class ConfigTrainer:
         val_map = None if val.clean is None else _map(val_probs, val.clean)
         val_observed = _map(val_probs, (val.observed == 1).float())
         test_targets = test.clean if test.clean is not None else (test.observed == 1).float()
-        test_ap = average_precision(self.predict(test), test_targets.to(self.device)).cpu()
+        self.test_scores = self.predict(test)  # best.pt keeps the best epoch's (write_best)
+        test_ap = average_precision(self.test_scores, test_targets.to(self.device)).cpu()
         train_map = None
         if running is not None and self.clean is not None:
             seen = ~torch.isnan(running[:, 0])

@@ -3,7 +3,8 @@ results.json, summary.md (:mod:`featcache.finetune.report`) and curves.png.
 
 ``results.json`` is written last, atomically: a run directory without it is unfinished (its
 checkpoints let ``--resume`` continue). ``best.pt`` is written during the run
-(:func:`featcache.finetune.search.write_best`).
+(:func:`featcache.finetune.search.write_best`), with the test probabilities of its epoch, which
+go to ``test-scores.h5`` at the end (:func:`keep_best_scores`).
 """
 
 from __future__ import annotations
@@ -15,13 +16,14 @@ from featcache.finetune.data import FinetuneData
 from featcache.finetune.plan import FinetunePlan
 from featcache.finetune.records import ConfigResult
 from featcache.finetune.report import summary_markdown
-from featcache.finetune.search import GridResult
+from featcache.finetune.search import BEST, GridResult
 from featcache.finetune.start import StartPoint
 from featcache.losses import loss_class
 from featcache.protocol.coverage import evaluation_coverage, evaluation_notes
 from featcache.protocol.plots import plot_series
 from featcache.protocol.records import document_header, machine_record
 from featcache.protocol.runs import RESULTS, fingerprint
+from featcache.protocol.uncertainty import keep_test_scores
 from featcache.published import published
 
 
@@ -120,3 +122,22 @@ def write_outputs(run_dir: Path, document: dict, grid: GridResult, plot: bool = 
                     title=f"{document['dataset']} / {document['loss']}: fine-tuned",
                     start=linear_start(document), start_label="LinearInit start")
     write_json_atomic(run_dir / RESULTS, document)
+
+
+def keep_best_scores(run_dir: Path, data: FinetuneData, document: dict) -> None:
+    """``test-scores.h5`` from the test probabilities ``best.pt`` keeps, and the run's interval
+    in ``document`` (a run resumed from a ``best.pt`` written before featcache kept them has
+    neither, and says so)."""
+    import torch
+
+    saved = torch.load(run_dir / BEST, map_location="cpu", weights_only=True, mmap=True)
+    scores = saved.get("test_scores")
+    if scores is None:
+        document["notes"].append(f"no test-scores.h5: {run_dir / BEST} was written by a featcache "
+                                 "that did not keep the test scores (no interval for this run)")
+        return
+    test = data.test
+    targets = test.clean if test.clean is not None else (test.observed == 1).float()
+    keep_test_scores(run_dir, scores.numpy(), [int(document["protocol"]["seed"])],
+                     targets.numpy(), test.rows - len(data.labels.train), data.classes,
+                     document, document["selection"]["test_map"])

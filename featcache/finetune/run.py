@@ -23,7 +23,7 @@ from featcache.finetune.checkpoint import HISTORY
 from featcache.finetune.data import FinetuneData, load_finetune_data
 from featcache.finetune.distributed import on_main
 from featcache.finetune.options import FinetuneOptions
-from featcache.finetune.outputs import results_document, write_outputs
+from featcache.finetune.outputs import keep_best_scores, results_document, write_outputs
 from featcache.finetune.plan import FinetunePlan, resolve_plan
 from featcache.finetune.search import GridResult, run_grid
 from featcache.finetune.start import StartPoint, resolve_start
@@ -77,6 +77,7 @@ def run_finetune(options: FinetuneOptions, linear_phase: LinearPhase | None = No
                 return None
             document = results_document(result, plan, start, data, identity,
                                         plan.machine(job, result.schedule))
+            keep_best_scores(run_dir, data, document)
             write_outputs(run_dir, document, result, plot=options.plots)
             if options.tensorboard:
                 log_run(options.tensorboard, document, run_dir)

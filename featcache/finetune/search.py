@@ -196,5 +196,7 @@ def write_best(path: Path, trainer: ConfigTrainer, result: ConfigResult, about: 
         "test_map": best.test_map, "model": weights["model"],
         "handoff": {k: v[0] for k, v in state.items() if k in handoff},
         "label_state": {k: v[0] for k, v in state.items() if k not in handoff},
+        # the test probabilities of this epoch: the run's test-scores.h5 (finetune.outputs)
+        "test_scores": None if trainer.test_scores is None else trainer.test_scores.float().cpu(),
     }
     save_torch_atomic(path, payload)

@@ -1,9 +1,10 @@
 """What a stage-two run leaves in ``<cache>/<dataset>/runs/<loss>/<run-id>/``.
 
 ``results.json`` (every configuration's per-epoch metrics, the selection with every loss
-parameter, the settings and their fingerprint, timings, the sha256 of its inputs), ``best.pt``
-(the selected head and the loss's hand-off state: what ``featcache finetune --init best``
-starts from, :mod:`featcache.protocol.handoff`), ``summary.md`` and ``curves.png``.
+parameter, the settings and their fingerprint, timings, the sha256 of its inputs, the test
+mAP's bootstrap interval), ``best.pt`` (the selected head and the loss's hand-off state: what
+``featcache finetune --init best`` starts from, :mod:`featcache.protocol.handoff`),
+``test-scores.h5`` (each seed's selected head's test scores), ``summary.md`` and ``curves.png``.
 ``results.json`` is written last, atomically: a folder without it is an unfinished run.
 """
 
@@ -17,6 +18,7 @@ from featcache.fileio import write_json_atomic, write_text_atomic
 from featcache.linear.data import TrainingSplits
 from featcache.linear.evaluation import HeadResult
 from featcache.linear.search import SearchResult, SearchSpec
+from featcache.linear.selected_scores import keep_selected_scores
 from featcache.losses import loss_class
 from featcache.protocol.coverage import evaluation_coverage, evaluation_notes
 from featcache.protocol.handoff import HEAD_FILE, save_head
@@ -205,6 +207,7 @@ def write_run(run_dir: Path, result: SearchResult, data: TrainingSplits, device:
               summary_md: str, plot: bool = True) -> dict:
     """Write best.pt, summary.md, curves.png, then results.json last (marks the run finished)."""
     document = results_document(result, data, device)
+    keep_selected_scores(run_dir, result, data, document)  # test-scores.h5, the interval
     save_head(run_dir / HEAD_FILE, head_payload(result, data))
     write_text_atomic(run_dir / "summary.md", summary_md)
     if plot:

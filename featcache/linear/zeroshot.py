@@ -27,6 +27,7 @@ from featcache.metrics import average_precision
 from featcache.protocol.coverage import ClassCoverage, coverage, evaluation_notes
 from featcache.protocol.records import document_header, machine_record
 from featcache.protocol.runs import RESULTS, fingerprint, open_finished_or_new
+from featcache.protocol.uncertainty import keep_test_scores
 
 ZERO_SHOT = "zero-shot"
 REFERENCE = ("Radford et al., ICML 2021 (CLIP): zero-shot scores, the cosine between the image "
@@ -92,6 +93,8 @@ class ZeroShotResult:
     coverage: dict[str, ClassCoverage]
     notes: list[str]
     seconds: float
+    #: the test split's scores (N, L), labels and rows (kept in test-scores.h5)
+    test: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
 
 def evaluate_zero_shot(labels: LabelSet, features: FeatureFile, texts: Tensor,
@@ -104,6 +107,7 @@ def evaluate_zero_shot(labels: LabelSet, features: FeatureFile, texts: Tensor,
     maps: dict[str, float | None] = {}
     covered = {}
     test_ap = torch.zeros(len(labels.classes))
+    test = None
     for name in SPLITS:
         part = parts[name]
         found = torch.from_numpy(scores[part.official][part.rows])
@@ -112,13 +116,15 @@ def evaluate_zero_shot(labels: LabelSet, features: FeatureFile, texts: Tensor,
         maps[f"{name}_map_observed"] = _map(average_precision(found, positives))
         maps[f"{name}_map"] = None if clean is None else _map(average_precision(found, clean))
         if name == "test":
-            test_ap = average_precision(found, clean if clean is not None else positives)
+            targets = clean if clean is not None else positives
+            test_ap = average_precision(found, targets)
             maps["test_map"] = _map(test_ap)
+            test = (found.numpy(), targets.numpy(), part.rows)
         if name != "train":
             uses_clean = clean is not None and (name == "test" or val_variant == "clean")
             covered[name] = coverage("validation" if name == "val" else "test", labels.classes,
                                      clean if uses_clean else positives)
-    return ZeroShotResult(maps, test_ap, covered, notes, time.perf_counter() - began)
+    return ZeroShotResult(maps, test_ap, covered, notes, time.perf_counter() - began, test)
 
 
 def zero_shot_settings(labels: LabelSet, features: FeatureFile, val_variant: str) -> dict:
@@ -205,6 +211,10 @@ def zero_shot_run(labels: LabelSet, features: FeatureFile, run_dir: Path, val_va
         return folder.results(), True
     result = evaluate_zero_shot(labels, features, texts, val_variant)
     document = zero_shot_document(labels, features, result, val_variant, device)
+    if result.test is not None:
+        scores, targets, rows = result.test
+        keep_test_scores(run_dir, scores, [0], targets, rows, labels.classes, document,
+                         document["selection"]["test_map"])
     write_text_atomic(run_dir / "summary.md", summary_markdown(document))
     write_json_atomic(run_dir / RESULTS, document)
     return document, False

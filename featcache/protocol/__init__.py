@@ -13,7 +13,10 @@ the papers' protocol, written once.
 - ``records``: per-epoch records and the common parts of every ``results.json``;
 - ``runs``: run folders, their settings fingerprints, finished runs and the best of them;
 - ``handoff``: the file stage two hands to stage three (the selected head, ROLE's phi);
-- ``plots``: validation/test curves.
+- ``plots``: validation/test curves;
+- ``test_scores``: each run's test scores (``test-scores.h5``, written by both stages; an older
+  stage-two run's computed again by ``rescore``), and ``uncertainty``: bootstrap intervals and
+  paired comparisons of a table's cells (shown by ``uncertainty_table``).
 
 ``featcache.linear`` and ``featcache.finetune`` both build on this package; neither imports the
 other, and nothing here imports a stage.

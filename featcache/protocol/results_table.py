@@ -191,14 +191,20 @@ class ResultsTable:
                     row += [None if cell is None else cell.published,
                             None if cell is None else cell.delta]
             table.add(*row)
+        table.bold = self.best_cells(columns)
+        return table
+
+    def best_cells(self, columns: Sequence[str]) -> set[tuple[int, int]]:
+        """(row, column) of the best mean of each dataset, its column found in ``columns``."""
+        bold = set()
         for dataset in self.datasets:
-            column = columns.index(dataset)
+            column = list(columns).index(dataset)
             means = [(cell.estimate.mean, i) for i, loss in enumerate(self.losses)
                      if (cell := self.cells.get((loss, dataset))) is not None]
             if means:
                 best = max(m for m, _ in means)
-                table.bold |= {(i, column) for m, i in means if m == best}
-        return table
+                bold |= {(i, column) for m, i in means if m == best}
+        return bold
 
     def flat_table(self) -> Table:
         """The same numbers as plain columns (CSV): mean, sd, seeds, published, delta."""

@@ -13,15 +13,20 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 from featcache.protocol.results_table import ResultsTable
 from featcache.protocol.table_cells import seed_choices
+from featcache.protocol.uncertainty import TableUncertainty, table_uncertainty
 from featcache.report.runs import Run
+from featcache.stats import Resampling
 
 #: settings that differ between the losses of one table (each loss's own) or between seeds
 _PER_LOSS = {"loss", "params", "seeds", "seed", "init", "pseudo_labels_sha256"}
 #: the loss every other loss's per-class AP is compared with (Cole et al.'s baseline)
 REFERENCE_LOSS = "an"
+#: the report's resampling: 1000 resamples from seed 0, 95% intervals
+RESAMPLING = Resampling()
 
 
 def protocol_key(run: Run) -> str:
@@ -46,6 +51,14 @@ class TableGroup:
 
     def runs_of(self, loss: str) -> list[Run]:
         return [run for run in self.runs if run.loss == loss]
+
+    @cached_property
+    def uncertainty(self) -> TableUncertainty:
+        """Every cell's interval and, where the table has ``an``, its paired comparison with
+        it (per class too), from the runs' test scores."""
+        versus = REFERENCE_LOSS if REFERENCE_LOSS in self.table.losses else None
+        return table_uncertainty(self.table.cells, RESAMPLING, versus,
+                                 {run.name: run.path for run in self.runs})
 
 
 def table_groups(runs: Sequence[Run]) -> list[TableGroup]:

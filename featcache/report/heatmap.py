@@ -1,23 +1,20 @@
 """The per-class AP heatmap of a loss table: its cells (mean AP over seeds, the difference
-against the reference loss and whether it is highlighted), drawn as inline SVG, and its section
-of the page with the key.
+against the reference loss, its paired interval and whether that interval excludes 0, which
+outlines the cell), drawn as inline SVG, and its section of the page with the key.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from html import escape
 
 from featcache.errors import plural
 from featcache.protocol.results_table import STAGES
+from featcache.report import uncertainty as ci
 from featcache.report.advice import missing_reference_note
 from featcache.report.groups import REFERENCE_LOSS, TableGroup
 from featcache.report.html import STAGE_TITLES, esc
-
-#: smallest per-class AP difference (points) highlighted against the reference loss
-MIN_HIGHLIGHT = 1.0
 
 
 @dataclass
@@ -28,7 +25,9 @@ class HeatCell:
     sd: float
     seeds: int
     delta: float | None = None  # against the reference loss (None: no reference)
-    significant: bool = False  # |delta| is past the highlighting threshold
+    #: the paired interval of the difference (None: no test scores to resample)
+    interval: tuple[float, float] | None = None
+    significant: bool = False  # the interval excludes 0
 
 
 #: (loss, class) -> its cell
@@ -36,8 +35,9 @@ HeatCells = dict[tuple[str, str], HeatCell]
 
 
 def per_class_cells(group: TableGroup) -> tuple[list[str], list[str], HeatCells, str | None]:
-    """The heatmap of a table: losses, classes, cells (with the difference against ``an``
-    and whether it is highlighted) and the reference loss (None when ``an`` is not there)."""
+    """The heatmap of a table: losses, classes, cells (with the difference against ``an``,
+    its paired interval, and whether that interval excludes 0) and the reference loss (None
+    when ``an`` is not there)."""
     table = group.table
     dataset = table.datasets[0]
     estimates = {}
@@ -48,23 +48,21 @@ def per_class_cells(group: TableGroup) -> tuple[list[str], list[str], HeatCells,
     losses = [loss for loss in table.losses if estimates.get(loss)]
     classes = next((list(v) for v in estimates.values() if v), [])
     reference = REFERENCE_LOSS if REFERENCE_LOSS in losses else None
+    paired = group.uncertainty.cells if reference is not None else {}
     cells: HeatCells = {}
     for loss in losses:
         for name, value in estimates[loss].items():
             cell = HeatCell(value.mean, value.sd, value.n)
             if reference is not None and loss != reference:
                 base = estimates[reference].get(name)
+                found = paired.get((loss, dataset))
                 if base is not None:
                     cell.delta = value.mean - base.mean
-                    cell.significant = abs(cell.delta) >= highlight_threshold(value.sd, base.sd)
+                if found is not None and name in found.class_versus:
+                    cell.interval = found.class_versus[name]
+                    cell.significant = cell.interval[0] > 0 or cell.interval[1] < 0
             cells[(loss, name)] = cell
     return losses, classes, cells, reference
-
-
-def highlight_threshold(sd: float, reference_sd: float) -> float:
-    """A per-class difference is highlighted from 1 AP point, or twice the sd of the
-    difference (sd of both means combined) when the seeds vary more than that."""
-    return max(MIN_HIGHLIGHT, 2 * math.sqrt(sd ** 2 + reference_sd ** 2))
 
 
 def heatmap_html(group: TableGroup, index: int, number_text: str = "") -> str:
@@ -78,10 +76,7 @@ def heatmap_html(group: TableGroup, index: int, number_text: str = "") -> str:
     if reference is None:
         key = missing_reference_note(group)
     else:
-        key = (f"outlined green &#9650;: the loss gains on <b>{reference}</b> for that class, "
-               f"red &#9660;: it loses (a difference of at least {MIN_HIGHLIGHT:g} AP point, or "
-               "twice the sd over seeds of the difference when larger); the counts at the "
-               "right of each row")
+        key = ci.heatmap_rule(group, reference)
     missing = sorted({c for cell in group.table.cells.values()
                       for c in cell.classes_without_positives})
     extra = (f" Classes without a test positive (AP 0 by the protocol): {esc(', '.join(missing))}."
@@ -109,6 +104,8 @@ def _cell_tip(loss: str, name: str, cell: HeatCell, reference: str | None) -> st
         tip += f" ± {cell.sd:.2f} over {plural(cell.seeds, 'seed')}"
     if cell.delta is not None:
         tip += f"; {cell.delta:+.2f} against {reference}"
+    if cell.interval is not None:
+        tip += f" [{cell.interval[0]:+.2f}, {cell.interval[1]:+.2f}]"
     return tip
 
 

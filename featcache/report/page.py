@@ -17,6 +17,7 @@ from pathlib import Path
 from featcache import __version__
 from featcache.errors import plural
 from featcache.published import SOURCES
+from featcache.report import uncertainty as ci
 from featcache.report.groups import TableGroup, table_groups
 from featcache.report.heatmap import heatmap_html
 from featcache.report.html import STAGE_TITLES, command_text, esc, number
@@ -49,7 +50,8 @@ def loss_table_html(group: TableGroup, index: int, number_text: str = "") -> str
     dataset = table.datasets[0]
     by_name = {run.name: run for run in group.runs}
     source = SOURCES["linear" if group.stage == "linear" else "finetune"]
-    head = ("<tr><th>loss</th><th>test mAP</th><th>sd</th><th>seeds</th><th>published</th>"
+    head = ("<tr><th>loss</th><th>test mAP</th><th>sd</th><th>seeds</th>"
+            + ci.interval_head(group) + "<th>published</th>"
             "<th>&Delta; published</th><th>val mAP</th><th>selected (per seed)</th>"
             "<th>fingerprint</th></tr>")
     rows = []
@@ -75,21 +77,21 @@ def loss_table_html(group: TableGroup, index: int, number_text: str = "") -> str
             f'<tr><td data-v="{esc(loss)}"><a href="#loss-{esc(loss)}">{esc(loss)}</a></td>'
             f'<td data-v="{value.mean!r}" title="{tip}"{bold}>{value.text()}</td>'
             f'<td data-v="{value.sd!r}">{number(value.sd) if value.n > 1 else ""}</td>'
-            f'<td data-v="{value.n}">{value.n}</td>'
+            f'<td data-v="{value.n}">{value.n}</td>{ci.interval_cells(group, loss)}'
             f'<td data-v="{"" if cell.published is None else repr(cell.published)}">'
             f'{number(cell.published, 1)}</td>'
             f'<td data-v="{"" if cell.delta is None else repr(cell.delta)}"'
             f'{_delta_class(cell.delta)}>{"" if cell.delta is None else f"{cell.delta:+.2f}"}</td>'
             f'<td data-v="{"" if val is None else repr(val)}">{number(val)}</td>'
             f"<td>{chosen}</td><td>{fingerprints}</td></tr>")
-    notes = "".join(f"<li>{esc(note)}</li>" for note in table.notes())
+    notes = "".join(f"<li>{esc(note)}</li>" for note in table.notes() + ci.interval_notes(group))
     published_note = ("" if table.published_datasets() else
                       f"<li>no published number for {esc(dataset)} ({esc(source)} covers "
                       "VOC, COCO, NUS-WIDE and CUB)</li>")
     return (f'<h3 id="table-{index}">{esc(STAGE_TITLES.get(group.stage, group.stage))}'
             f"{number_text}</h3>"
-            f'<p class="caption">{esc(table.caption())} Click a column to sort; a number\'s '
-            "tooltip names its run, command and settings fingerprint.</p>"
+            f'<p class="caption">{esc(table.caption())} {esc(ci.interval_caption(group))} Click '
+            "a column to sort; a number's tooltip names its run, command and fingerprint.</p>"
             f'<table class="sortable"><thead>{head}</thead><tbody>{"".join(rows)}</tbody>'
             f"</table><ul class=\"notes\">{notes}{published_note}</ul>")
 
