@@ -34,7 +34,7 @@ help:
 	@echo "make test      the architecture contracts (lint-imports), the type checker (mypy), then the test suite"
 	@echo "make features DATASET=voc [SPATIAL=1] [FEATURES_ARGS=...]   stage one for a prepared dataset (SPATIAL=1: feature maps for BoostLU and IGNORE too)"
 	@echo "make lint      ruff, the import-linter architecture contracts and the type checker (mypy)"
-	@echo "make catalog   rewrite featcache/protocol/catalog.json after editing a loss or backbone (the listings read it without torch)"
+	@echo "make catalog   rewrite featcache/protocol/catalog.json after adding or editing a loss or backbone (what the listings read without torch on a fresh clone)"
 	@echo "make bench     speed benchmarks (benchmarks/), figures in cache/bench/"
 	@echo "               (REFERENCE_CODE=PATH: also the authors' train.py from that clone)"
 	@echo "make gpu-check validate the GPU paths (under 8 min on one H100/H200; CPU-able parts only without CUDA)"
@@ -68,8 +68,9 @@ demo: install
 features: install
 	$(FEATCACHE) features --dataset $(DATASET)$(if $(SPATIAL), --spatial) $(FEATURES_ARGS)
 
-# `featcache losses`/`backbones`/`table` read this snapshot instead of importing torch;
-# tests/test_catalog.py fails while it is stale.
+# `featcache losses`/`backbones`/`table` read this snapshot instead of importing torch; where it
+# no longer matches the sources, the first listing builds the data once and keeps it in the
+# user's cache folder. tests/test_catalog.py fails where an entry differs from its class.
 catalog: install
 	$(BIN)/python -m featcache.protocol.catalog
 

@@ -50,6 +50,8 @@ import h5py
 import numpy as np
 import torch
 
+from benchmarks import gpu_check_linear as linear_checks
+
 REPO = Path(__file__).resolve().parents[1]
 
 #: bf16 autocast vs fp32 features: largest relative L2 error of a row, ||bf16 - fp32|| / ||fp32||
@@ -65,6 +67,10 @@ TOL_SCORES = 1e-6
 #: LinearInit: largest absolute difference between the network's first probabilities and the
 #: linear head's on the cached features (both fp32)
 TOL_LINEARINIT = 1e-4
+
+
+#: the checks that every --only selection runs (what the others start from)
+ALWAYS = ("data", "linear run for LinearInit")
 
 
 class CheckFailed(Exception):
@@ -110,9 +116,11 @@ class GpuCheck:
     """Runs the checks in order and keeps their results."""
 
     def __init__(self, out: Path, cuda: bool, say: Callable[[str], None] = print,
-                 budget: float = math.inf, on_result: Callable[[], None] = lambda: None):
+                 budget: float = math.inf, on_result: Callable[[], None] = lambda: None,
+                 only: tuple[str, ...] = ()):
         self.out = out
         self.budget = budget
+        self.only = only
         self.on_result = on_result
         self.cuda = cuda
         self.device = "cuda" if cuda else "cpu"
@@ -131,7 +139,9 @@ class GpuCheck:
         """Run one check (``takes``: seconds it may need; not started when the budget is short)."""
         failed = [n for n in needs if not self.passed(n)]
         elapsed = time.perf_counter() - self.started
-        if needs_cuda and not self.cuda:
+        if self.only and name not in ALWAYS and not name.startswith(self.only):
+            self.results.append(Result(name, "skip", "not selected (--only)"))
+        elif needs_cuda and not self.cuda:
             self.results.append(Result(name, "skip", "needs CUDA"))
         elif failed:
             self.results.append(Result(name, "skip", f"needs {', '.join(failed)}"))
@@ -569,6 +579,12 @@ class GpuCheck:
         self.run("linear run for LinearInit", self.shapes_linear_run, needs=("data",))
         self.run("stage two: GPU vs CPU", self.linear_gpu_vs_cpu, needs_cuda=True,
                  needs=("linear run for LinearInit",))
+        self.run("stage two: CUDA graphs vs eager", lambda: linear_checks.graphs_vs_eager(self),
+                 needs_cuda=True, needs=("linear run for LinearInit",), takes=40)
+        self.run("stage two: stacked vs alone", lambda: linear_checks.stacked_vs_alone(self),
+                 needs_cuda=True, needs=("linear run for LinearInit",), takes=60)
+        self.run("stage two: CPU workers after CUDA", lambda: linear_checks.cpu_after_cuda(self),
+                 needs_cuda=True, needs=("linear run for LinearInit",), takes=30)
         self.run("fine-tune: LinearInit first eval", self.linearinit_first_eval,
                  needs=("linear run for LinearInit",))
         self.run("fine-tune: bf16 epoch", self.finetune_bf16, needs_cuda=True,
@@ -589,6 +605,8 @@ class GpuCheck:
         self.run("decoder choice", self.decoder_choice, needs_cuda=True,
                  needs=("benchmark: extraction 224 px",))
         self.run("benchmark: fine-tuning", self.bench_finetune, needs_cuda=True, takes=80)
+        self.run("benchmark: stage two", lambda: linear_checks.timing_rows(self), needs_cuda=True,
+                 takes=120)
 
     def report(self) -> dict:
         from benchmarks._common import machine
@@ -660,6 +678,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the generated data and runs")
     parser.add_argument("--cpu-only", action="store_true",
                         help="run only the parts that need no GPU, even on a GPU machine (CI)")
+    parser.add_argument("--only", action="append", default=[], metavar="PREFIX",
+                        help="run only the checks whose names start with PREFIX (repeatable; "
+                             "the data and the linear run they start from always run), e.g. "
+                             "--only 'stage two'")
     parser.add_argument("--budget", type=float, default=450,
                         help="seconds: a long check is not started when it could overrun them "
                              "(it is reported as failed, not run); default 450: the whole "
@@ -681,7 +703,7 @@ def main(argv: list[str] | None = None) -> int:
         return report
 
     check = GpuCheck(out, cuda, say=lambda line: print(line, flush=True), budget=args.budget,
-                     on_result=write_report)
+                     on_result=write_report, only=tuple(args.only))
     try:
         check.run_all()
     finally:

@@ -493,22 +493,45 @@ def measure_authors_code(args, data, loss: str, ours: float, table: Table) -> di
 
 
 def measure_all_losses(args, device, labels_path, table: Table) -> dict:
-    """``featcache train-linear --loss all`` on the benchmark data: outputs, plots and all."""
-    from featcache.linear.options import LinearOptions
-    from featcache.linear.run import run_linear
+    """``featcache train-linear --loss all`` as a user runs it: a fresh process from start to
+    exit (every loss's results, best.pt, summary and curves.png, the losses table); with
+    ``--command-baseline REF`` the code at git revision REF runs it too, after this checkout."""
+    from benchmarks.commands import export_revision
 
-    options = LinearOptions(dataset=labels_path.parent.name, losses="all", run_id="bench-all",
-                            cache=str(labels_path.parent.parent), device=device.type,
-                            progress=False, overwrite=True, jobs=args.jobs)
-    per_loss = {}
-    with Busy() as busy:
-        outcome = run_linear(options, say=lambda line: print(f"  {line}", flush=True),
-                             on_run=lambda run: per_loss.__setitem__(run.loss, run.seconds))
-    table.add(f"train-linear --loss all ({len(outcome.runs)} losses, 8 x 25 each)", busy.seconds,
-              None, None, busy.others)
-    print(f"  --loss all: {busy.seconds:.0f} s; {busy.note()}", flush=True)
-    return {"all_losses_seconds": busy.seconds, "per_loss_seconds": per_loss,
-            "skipped": outcome.skipped, "busy": busy.record()}
+    cache = labels_path.parent.parent.resolve()
+    argv = ["train-linear", "--dataset", labels_path.parent.name, "--cache", str(cache),
+            "--loss", "all", "--device", args.device, "--run-id", "bench-all", "--overwrite",
+            "--quiet", *(["--jobs", str(args.jobs)] if args.jobs else [])]
+    out: dict = {"command": "featcache " + " ".join(argv), "versions": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        versions = {"this checkout": str(ROOT)}
+        if args.command_baseline:
+            versions[f"at {args.command_baseline}"] = str(
+                export_revision(args.command_baseline, Path(tmp)))
+        for version, path in versions.items():
+            before = os.times()
+            with Busy() as busy:
+                subprocess.run([sys.executable, "-m", "featcache", *argv], cwd=path, check=True,
+                               capture_output=True, env={**os.environ, "PYTHONPATH": path})
+            after = os.times()
+            runs = sorted((cache / labels_path.parent.name / "runs").glob("*/bench-all/results.json"))
+            per_loss = {p.parent.parent.name: json.loads(p.read_text())["timings"]["seconds"]
+                        for p in runs}
+            cpu = (after.children_user - before.children_user + after.children_system
+                   - before.children_system)
+            out["versions"][version] = {"seconds": busy.seconds, "cpu_seconds": cpu,
+                                        "losses": len(per_loss), "per_loss_seconds": per_loss,
+                                        "busy": busy.record()}
+            table.add(f"train-linear --loss all, whole command ({len(per_loss)} losses, 8 x 25 "
+                      f"each; {version}, {cpu:.0f} CPU-s)", busy.seconds, None, None, busy.others)
+            print(f"  --loss all ({version}): {busy.seconds:.0f} s, {cpu:.0f} CPU-s; "
+                  f"{busy.note()}", flush=True)
+    ours = out["versions"]["this checkout"]["seconds"]
+    out["all_losses_seconds"] = ours
+    for version, found in out["versions"].items():
+        if version != "this checkout":
+            found["speedup"] = found["seconds"] / ours
+    return out
 
 
 MEMORY_FIELDS = ("Rss", "Pss", "Pss_Anon")

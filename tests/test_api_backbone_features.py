@@ -73,7 +73,9 @@ def test_a_pipeline_fits_on_image_paths_and_string_labels(shapes):
     features = load_features(file)
     observed = labels.train.observed == 1
     names = np.array(labels.classes)[observed.argmax(axis=1)]
-    head = {"loss": "an-ls", "epochs": 3, "lr": 1e-2, "batch_size": 4}
+    # the classes in the labels file's column order: what scoring with its label matrix needs
+    head = {"loss": "an-ls", "epochs": 3, "lr": 1e-2, "batch_size": 4,
+            "classes": list(labels.classes)}
     pipe = make_pipeline(BackboneFeatures(**OPTIONS), SPMLClassifier(**head))
     pipe.fit(paths_of(labels, "train"), names)
     predicted = pipe.predict(paths_of(labels, "test"))

@@ -80,3 +80,47 @@ _futures.ProcessPoolExecutor.__init__ = _recorded
     assert said in result.stderr.splitlines()
     started = [int(n) for n in pools.read_text().split()] if pools.exists() else []
     assert all(n <= cores for n in started), started  # never more processes than cores
+
+
+def test_where_forking_is_unsafe_the_groups_train_here_with_the_same_numbers(monkeypatch,
+                                                                              tmp_path):
+    """A process that has used CUDA cannot fork workers whose first backward pass would fail
+    ("Unable to handle autograd's threading in combination with fork-based multiprocessing";
+    the GPU check reproduces it for real): there every group trains in this process, and the
+    numbers are those of the forked workers."""
+    import concurrent.futures
+
+    from linear_fixtures import synthetic_dataset
+
+    import featcache.linear.schedule as schedule
+    import featcache.linear.workers as workers
+    from featcache.linear.data import load_linear_data
+    from featcache.linear.search import SearchSpec, run_searches
+
+    labels, features = synthetic_dataset(tmp_path, n_train=64, n_test=24, classes=4, dim=8)
+    data = load_linear_data(labels, features)
+    specs = [SearchSpec(loss=name, learning_rates=(1e-2, 1e-3), batch_sizes=(8, 16), epochs=2)
+             for name in ("an", "role")]
+    forked = run_searches(data, specs, CPU, progress=False, jobs=2)
+
+    def no_pool(*args, **kwargs):
+        raise AssertionError("a worker process was started where forking is unsafe")
+
+    for module in (workers, schedule):
+        monkeypatch.setattr(module, "fork_is_safe", lambda: False)
+    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", no_pool)
+    monkeypatch.setattr(workers, "ProcessPoolExecutor", no_pool)
+    here = run_searches(data, specs, CPU, progress=False, jobs=2)
+    assert not schedule.workers_evaluate_elsewhere(CPU, 2, None)
+    for a, b in zip(forked, here, strict=True):
+        assert a.selected.config == b.selected.config
+        assert [h.epochs for s in a.seeds for h in s.heads] == [
+            h.epochs for s in b.seeds for h in s.heads]
+
+
+def test_fork_is_safe_until_cuda_is_initialised(monkeypatch):
+    from featcache.linear.workers import fork_is_safe
+
+    assert fork_is_safe() == (not torch.cuda.is_initialized())
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    assert not fork_is_safe()

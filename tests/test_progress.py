@@ -111,7 +111,7 @@ def test_stage_two_evaluation_on_other_workers_reports_progress_too(log, tmp_pat
     """Groups trained first hand their epochs to other workers: the main process counts them."""
     from linear_fixtures import synthetic_dataset
 
-    import featcache.linear.search as search_module
+    import featcache.linear.schedule as schedule_module
     from featcache.linear.data import load_linear_data
     from featcache.linear.search import SearchSpec, run_search
 
@@ -121,7 +121,7 @@ def test_stage_two_evaluation_on_other_workers_reports_progress_too(log, tmp_pat
         bars.append(progress(*args, **kwargs))
         return bars[-1]
 
-    monkeypatch.setattr(search_module, "progress_bar", kept)
+    monkeypatch.setattr(schedule_module, "progress_bar", kept)
     capsys, _ = log
     data = load_linear_data(*synthetic_dataset(tmp_path))
     run_search(data, SearchSpec("an", learning_rates=(1e-2,), batch_sizes=(8, 16), epochs=2),

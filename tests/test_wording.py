@@ -25,7 +25,8 @@ NOT_COUNTS = ("{dataset} seeds", "{run_size}x{run_size} images", "{kind} files",
               "{backbone['image_size']}x{backbone['image_size']} images", "{grid}x{grid} tiles",
               "{rows} x {width} rows", "{spec.model} weights", "{source.name} weights",
               "{where} names", "{official} labels", "{split} images", "{split.name} batches",
-              "{weights} weights", "{len(self.alpha)} alpha values", "f'{name} row", "f'{split.name} image")
+              "{weights} weights", "{len(self.alpha)} alpha values", "f'{name} row", "f'{split.name} image",
+              "{dataset.name} rows")
 
 
 def test_plural():

@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from featcache.constants import device_constant
+from featcache.errors import plural
 
 #: a head's loss-parameter values, one per head (``SPMLLoss.param_values``)
 HeadParams = Mapping[str, Sequence[float]]
@@ -59,7 +60,8 @@ class LinearHeads:
             raise ValueError("weight must be (H, D, L) and bias (H, 1, L)")
         self.blocks = tuple(int(b) for b in blocks) if blocks else (weight.shape[0],)
         if sum(self.blocks) != weight.shape[0]:
-            raise ValueError(f"blocks {self.blocks} do not add up to {weight.shape[0]} heads")
+            raise ValueError(f"blocks {self.blocks} do not add up to "
+                             f"{plural(weight.shape[0], 'head')}")
         self.weight = weight.detach().requires_grad_(True) if trainable else weight
         self.bias = bias.detach().requires_grad_(True) if trainable else bias
         self.positions = int(positions)
@@ -70,7 +72,8 @@ class LinearHeads:
         self.params = {key: [float(v) for v in given[key]] for key in self.loss_params}
         for key, values in self.params.items():
             if len(values) != self.num_heads:
-                raise ValueError(f"{len(values)} {key} values for {self.num_heads} heads")
+                raise ValueError(f"{plural(len(values), f'{key} value')} for "
+                                 f"{plural(self.num_heads, 'head')}")
 
     @classmethod
     def create(cls, in_features: int, out_features: int, generators: Sequence[torch.Generator],

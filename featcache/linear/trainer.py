@@ -34,7 +34,7 @@ from collections.abc import Iterator, Sequence
 import torch
 from torch import Tensor
 
-from featcache.errors import OptionError
+from featcache.errors import OptionError, plural
 from featcache.heads import LinearHeads
 from featcache.interrupt import check_stop
 from featcache.linear.data import TrainingSplits
@@ -168,7 +168,7 @@ class GroupTrainer:
     def progress_bar(self, progress: bool, position: int):
         names = ",".join(m.member.loss for m in self.members)
         if len(names) > 24:
-            names = f"{len(self.members)} losses"
+            names = plural(len(self.members), "loss", "losses")
         return progress_bar(
             total=self.epochs * self.steps, unit="step", disable=not progress, leave=False,
             mininterval=1.0, position=position,
