@@ -15,14 +15,14 @@ from featcache.linear.trainer import GroupTrainer
 from featcache.losses import loss_class, loss_names
 from featcache.protocol.grid import GridPoint
 
-EPOCHS = 3
+EPOCHS = 2
 CPU = torch.device("cpu")
 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     root = tmp_path_factory.mktemp("stacked")
-    labels, features = synthetic_dataset(root, n_train=96, n_test=40, classes=4, dim=8)
+    labels, features = synthetic_dataset(root, n_train=80, n_test=32, classes=4, dim=8)
     pseudo_label_sets(labels)
     spatial = spatial_features_file(labels, shape=(2, 2, 4))
     return load_linear_data(labels, features), load_linear_data(labels, spatial)

@@ -203,7 +203,8 @@ def test_per_head_parameters_match_separate_single_head_runs(name):
 
 # ------------------------------------------------------------------------ featcache losses
 def test_losses_command_lists_every_loss_with_parameters_and_dataset_defaults():
-    result = CliRunner().invoke(cli, ["losses"])
+    # the terminal's width decides the wrapping: the fallback's, whatever runs the test
+    result = CliRunner().invoke(cli, ["losses"], env={"COLUMNS": "100"})
     assert result.exit_code == 0, result.output
     for name in loss_names():
         assert f"\n{name} " in result.output

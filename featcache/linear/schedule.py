@@ -3,8 +3,8 @@
 The searches of a run (``--loss all``) train as stacked groups (:mod:`featcache.linear.stacking`:
 the losses that share data, kind of head, seed and batch size, in one set of heads). On the
 CPU the groups are cut into pieces of whole losses until no piece is more than its share of
-the work (each loss's numbers are its own whatever its group), and ``jobs`` worker processes
-take them; a piece whose training does not read its evaluation trains first and hands each
+the work among twice as many pieces as workers (each loss's numbers are its own whatever its
+group), and ``jobs`` worker processes take them, the costliest first; a piece whose training does not read its evaluation trains first and hands each
 epoch's heads back, and whichever worker is free evaluates them in pieces (the same numbers:
 the same operations on the same weights), so no core waits for the slowest group. On a GPU
 every group is one piece (the most heads per step). Under ``torchrun`` the ranks share the
@@ -99,8 +99,12 @@ class SharedWorkers:
         self.device, self.outcomes, self.job = device, outcomes, job
         self.show = progress and (job is None or job.world == 1 or job.is_main)
         local = jobs if device.type == "cpu" and fork_is_safe() else 1
-        pieces = local if job is None or job.world == 1 else job.world
-        self.groups = balanced(groups, pieces)
+        # on the CPU twice as many pieces as workers, so that the workers' shares even out;
+        # each worker takes the costliest piece left (numbers do not depend on the cut)
+        pieces = 2 * local if local > 1 else 1
+        if job is not None and job.world > 1:
+            pieces = job.world
+        self.groups = sorted(balanced(groups, pieces), key=lambda g: -g.cost())
         self.evaluate_elsewhere = (evaluate_elsewhere
                                    and workers_evaluate_elsewhere(device, jobs, job)
                                    and any(group.can_defer for group in self.groups))
