@@ -44,9 +44,10 @@ from featcache.finetune.distributed import on_main
 from featcache.finetune.options import FinetuneOptions
 from featcache.losses import loss_class
 from featcache.paths import runs_dir
-from featcache.protocol.feature_source import DEFAULT_BACKBONE, linear_phase_source
+from featcache.protocol.feature_source import DEFAULT_BACKBONE
 from featcache.protocol.grid import linearinit_hparams
 from featcache.protocol.handoff import HEAD_FILE, LinearPhase, LinearPhaseRequest, load_head
+from featcache.protocol.linear_phase_source import linear_phase_source
 from featcache.protocol.loss_choice import needs_spatial
 from featcache.protocol.runs import RunFolder, best_run
 from featcache.protocol.search_modes import recorded_search_mode
@@ -173,7 +174,7 @@ def _weights_match(attrs: dict, options: FinetuneOptions) -> bool:
 
 def linear_features(options: FinetuneOptions) -> Path:
     """The features file the linear phase trains on (the spatial one, ``spatial-<tag>.h5``, for
-    a BoostLU loss; :func:`~featcache.protocol.feature_source.linear_phase_source`); the error
+    a BoostLU loss; :func:`~featcache.protocol.linear_phase_source.linear_phase_source`); the error
     says which command makes one."""
     source = linear_phase_source(options.dataset, options.loss, options.backbone,
                                  options.weights, options.image_size, options.cache)
