@@ -52,7 +52,7 @@ $(STAMP): pyproject.toml
 test: install
 	$(BIN)/lint-imports
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n auto --dist loadfile
 
 demo: install
 	test -f $(DEMO_DIR)/labels.h5 || $(FEATCACHE) prepare shapes

@@ -9,6 +9,8 @@ On a CUDA machine, offline, in under 8 minutes on one H100 or H200, it
    and features agree with PIL's within :data:`TOL_DECODE_PIXELS` / :data:`TOL_DECODE`; a run
    killed with SIGKILL mid-way resumes to a file identical to an uninterrupted run's;
 3. stage two on the GPU equals stage two on the CPU within :data:`TOL_LINEAR_MAP` points;
+   CUDA graphs equal eager steps and a stacked pass equals each loss alone, and CPU workers
+   run in a process that trained on CUDA (:mod:`benchmarks.gpu_check_linear`);
 4. fine-tuning: LinearInit's first evaluation equals the linear head on the cached features
    (:data:`TOL_LINEARINIT`); one epoch of bf16 autocast; ``--compile`` (two configurations:
    the second must compile nothing new; the compile time is reported); a ``--deterministic``
@@ -20,7 +22,8 @@ On a CUDA machine, offline, in under 8 minutes on one H100 or H200, it
    --gpu-decode`` at 224 px and at 448 px (with the plain loop), ``benchmarks.finetune``, a
    table of images/s against their plain-loop baselines, and the decoder choice they imply
    (:mod:`benchmarks.decoder_choice`: PIL or ``--gpu-decode`` by default, and whether 224 px
-   reached its target, or what limits it);
+   reached its target, or what limits it); ``benchmarks.linear --all-losses`` on CUDA
+   beside the stage-two targets;
 6. writes ``gpu-check.json`` and ``gpu-check.md`` in ``--out`` (default ``cache/gpu-check``)
    and exits non-zero if any check failed.
 

@@ -17,6 +17,11 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 # The CPU-fallback notice (said once per machine) is taken as said: no command's output
 # depends on which test ran first (tests/test_runtime.py checks the notice itself).
 os.environ["FEATCACHE_STATE_DIR"] = tempfile.mkdtemp(prefix="featcache-state-")
+# Under pytest-xdist (`make test` runs one worker per core) each worker computes on one thread,
+# so the workers share the cores instead of oversubscribing them; the tests that are about
+# thread counts set theirs explicitly.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest  # noqa: E402
 

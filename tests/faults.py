@@ -31,6 +31,19 @@ def _slow(cls, name, seconds, mark=""):
 """
 
 
+#: stage two's steps slowed, ROLE's (0.3 s) far more than the others' (0.02 s): the other loss
+#: of ``--loss an,role`` finishes first while ROLE still trains, whatever order the workers
+#: take the pieces in (the costliest first)
+SLOW_ROLE_STEPS = """
+from featcache.linear.trainer import GroupTrainer
+_train_step = GroupTrainer.train_step
+def _slowed_step(self, *args, **kwargs):
+    _time.sleep(0.3 if any(m.member.loss == "role" for m in self.members) else 0.02)
+    return _train_step(self, *args, **kwargs)
+GroupTrainer.train_step = _slowed_step
+"""
+
+
 def start(args: list[str], cwd: Path, prelude: str = "", env: dict | None = None,
           shell_prefix: str = "", read_only: Path | None = None) -> subprocess.Popen:
     """``featcache ARGS`` in a new process group; ``shell_prefix`` (e.g. ``ulimit -f 64;``)

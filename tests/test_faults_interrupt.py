@@ -11,7 +11,7 @@ import signal
 import time
 
 import pytest
-from faults import group_gone, interrupt, run, start, wait_for
+from faults import SLOW_ROLE_STEPS, group_gone, interrupt, run, start, wait_for
 from helpers_images import make_dataset
 from linear_fixtures import synthetic_dataset
 
@@ -144,7 +144,7 @@ def test_ctrl_c_stops_train_linear_workers_at_their_next_step_and_a_rerun_reuses
     synthetic_dataset(cache, name="toy")
     env = {"FEATCACHE_CACHE": str(cache)}
     runs = cache / "toy" / "runs"
-    process = start(LINEAR, tmp_path, SLOW_STEPS, env=env)
+    process = start(LINEAR, tmp_path, SLOW_ROLE_STEPS, env=env)
     wait_for(lambda: (runs / "an" / "r1" / "results.json").exists(), process)
     seconds, out, err = interrupt(process)
     _assert_clean_exit(process.returncode, err)

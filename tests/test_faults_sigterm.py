@@ -12,7 +12,7 @@ import shutil
 import signal
 
 import pytest
-from faults import group_gone, interrupt, run, start, wait_for
+from faults import SLOW_ROLE_STEPS, group_gone, interrupt, run, start, wait_for
 from helpers_images import make_dataset
 from linear_fixtures import synthetic_dataset
 
@@ -64,8 +64,7 @@ def test_sigterm_stops_train_linear_and_its_workers_keeping_finished_losses(tmp_
     args = ["train-linear", "--dataset", "toy", "--loss", "an,role", "--epochs", "3", "--lr",
             "1e-2,1e-3", "--bsize", "8,16", "--jobs", "2", "--run-id", "r1", "--quiet",
             "--no-plots", "--device", "cpu"]
-    slow = "from featcache.linear.trainer import GroupTrainer\n_slow(GroupTrainer, 'train_step', 0.1)"
-    process = start(args, tmp_path, slow, env={"FEATCACHE_CACHE": str(cache)})
+    process = start(args, tmp_path, SLOW_ROLE_STEPS, env={"FEATCACHE_CACHE": str(cache)})
     wait_for(lambda: (cache / "toy" / "runs" / "an" / "r1" / "results.json").exists(), process)
     out, err = terminate(process, "group")
     assert _stopped(process, err) == (

@@ -43,7 +43,13 @@ def start(force: bool = False) -> bool:
     ours, theirs = context.Pipe()
     process = context.Process(target=_serve, args=(theirs, ours), daemon=True,
                               name="featcache-plots")
-    process.start()
+    # Ctrl-C is blocked across the fork: one arriving before the new process ignores it stays
+    # pending there (then ignored) instead of killing it; the command gets its own at once.
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        process.start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     theirs.close()
     _running.append((os.getpid(), ours, process))
     atexit.register(stop)
@@ -82,6 +88,7 @@ def _serve(connection: Connection, parents_end: Connection) -> None:
     parents_end.close()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the command's to handle
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     die_with_parent()
     import matplotlib
 
