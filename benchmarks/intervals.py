@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> dict:
                         help="also write the report with featcache at this git revision")
     args = parser.parse_args(argv)
     info = machine("cpu")
-    labels_path = dataset(args.size)
+    labels_path = dataset(args.size).resolve()  # the baseline runs from its own folder
     runs = train_runs(labels_path, args.losses)
     root = labels_path.parent
     print(f"machine: {describe(info)}; {args.size}-sized data, {len(runs)} runs under "

@@ -14,13 +14,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from featcache.data.featurefile import FeatureFile, open_features
 from featcache.data.labelfile import LabelSet, load_labels
 from featcache.errors import FeatcacheError, plural
-from featcache.metrics import average_precision
-from featcache.protocol.handoff import load_head
 from featcache.protocol.test_scores import NoScores, NoScoresFile, TestScores, read_stored_scores
 
 #: recorded and recomputed per-class test AP (points) agree within this
@@ -30,6 +27,10 @@ AGREEMENT = 1e-6
 def rescore_linear_run(run_dir: Path, document: dict) -> TestScores:
     """The best seed's test scores of an older stage-two run, from ``best.pt`` and the
     features file; :class:`NoScores` saying why when that cannot be done."""
+    import torch  # here: reading stored scores (every run made since) needs no torch
+
+    from featcache.protocol.handoff import load_head
+
     retrain = (f"train it again to get them (`featcache train-linear --dataset "
                f"{document.get('dataset')} --loss {document.get('loss')} --run-id "
                f"{run_dir.name} --overwrite`, with its other options)")
@@ -108,6 +109,10 @@ def _notes(run_dir: Path, document: dict, found: TestScores) -> list[str]:
                      f"{plural(seeds, 'seed')}): its interval covers that seed's test images")
     recorded = (document.get("selection") or {}).get("test_ap_per_class") or {}
     if recorded:
+        import torch
+
+        from featcache.metrics import average_precision
+
         ap = average_precision(torch.from_numpy(found.scores[0]),
                                torch.from_numpy(found.targets)).numpy() * 100
         ours = np.array([recorded.get(name, np.nan) for name in found.classes])

@@ -8,7 +8,7 @@ import json
 from collections.abc import Sequence
 
 from featcache.errors import plural
-from featcache.losses import loss_names
+from featcache.protocol.catalog import loss_names
 from featcache.protocol.configurations import configurations, varying_params
 from featcache.protocol.results_table import STAGES, features_text
 from featcache.report.html import command_text, esc, number, setting
