@@ -31,7 +31,7 @@ DEMO_EPOCHS ?= 8
 help:
 	@echo "make install   create .venv and install featcache with its dev tools and the timm/open_clip backbones"
 	@echo "make demo      run all three stages on the embedded 'shapes' dataset (offline, under 3 minutes of CPU on 2 cores)"
-	@echo "make test      the architecture contracts (lint-imports), the type checker (mypy), then the test suite"
+	@echo "make test      the architecture contracts (lint-imports), the type checker (mypy), then the test suite (one pytest worker per core)"
 	@echo "make features DATASET=voc [SPATIAL=1] [FEATURES_ARGS=...]   stage one for a prepared dataset (SPATIAL=1: feature maps for BoostLU and IGNORE too)"
 	@echo "make lint      ruff, the import-linter architecture contracts and the type checker (mypy)"
 	@echo "make catalog   rewrite featcache/protocol/catalog.json after adding or editing a loss or backbone (what the listings read without torch on a fresh clone)"
