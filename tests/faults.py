@@ -31,6 +31,10 @@ def _slow(cls, name, seconds, mark=""):
 """
 
 
+#: stage two with two losses on two workers (the interrupt tests stop it between the losses)
+LINEAR_AN_ROLE = ["train-linear", "--dataset", "toy", "--loss", "an,role", "--epochs", "3",
+                  "--lr", "1e-2,1e-3", "--bsize", "8,16", "--jobs", "2", "--run-id", "r1",
+                  "--quiet", "--no-plots", "--device", "cpu"]
 #: stage two's steps slowed, ROLE's (0.3 s) far more than the others' (0.02 s): the other loss
 #: of ``--loss an,role`` finishes first while ROLE still trains, whatever order the workers
 #: take the pieces in (the costliest first)

@@ -11,7 +11,7 @@ import signal
 import time
 
 import pytest
-from faults import SLOW_ROLE_STEPS, group_gone, interrupt, run, start, wait_for
+from faults import LINEAR_AN_ROLE, SLOW_ROLE_STEPS, group_gone, interrupt, run, start, wait_for
 from helpers_images import make_dataset
 from linear_fixtures import synthetic_dataset
 
@@ -126,9 +126,6 @@ def test_ctrl_c_stops_finetuning_within_seconds_and_resume_ends_like_an_uninterr
 
 
 # ------------------------------------------------------------------ stage two: forked workers
-LINEAR = ["train-linear", "--dataset", "toy", "--loss", "an,role", "--epochs", "3",
-          "--lr", "1e-2,1e-3", "--bsize", "8,16", "--jobs", "2", "--run-id", "r1", "--quiet",
-          "--no-plots", "--device", "cpu"]
 #: a training step slowed to 0.1 s: a group of the first loss takes ~2-4 s
 SLOW_STEPS = "from featcache.linear.trainer import GroupTrainer\n_slow(GroupTrainer, 'train_step', 0.1)"
 
@@ -144,7 +141,7 @@ def test_ctrl_c_stops_train_linear_workers_at_their_next_step_and_a_rerun_reuses
     synthetic_dataset(cache, name="toy")
     env = {"FEATCACHE_CACHE": str(cache)}
     runs = cache / "toy" / "runs"
-    process = start(LINEAR, tmp_path, SLOW_ROLE_STEPS, env=env)
+    process = start(LINEAR_AN_ROLE, tmp_path, SLOW_ROLE_STEPS, env=env)
     wait_for(lambda: (runs / "an" / "r1" / "results.json").exists(), process)
     seconds, out, err = interrupt(process)
     _assert_clean_exit(process.returncode, err)
@@ -157,12 +154,12 @@ def test_ctrl_c_stops_train_linear_workers_at_their_next_step_and_a_rerun_reuses
     assert not (runs / "role" / "r1" / "results.json").exists()
     assert not list(cache.rglob(".*tmp-*")) and not list(cache.rglob("*.lock"))
 
-    again = run(LINEAR, tmp_path, env=env)
+    again = run(LINEAR_AN_ROLE, tmp_path, env=env)
     assert again.returncode == 0, again.stderr
     assert "an: run r1 already finished with these settings; reusing it" in again.stderr
     reference = tmp_path / "reference"
     synthetic_dataset(reference, name="toy")
-    fresh = run(LINEAR, tmp_path, env={"FEATCACHE_CACHE": str(reference)})
+    fresh = run(LINEAR_AN_ROLE, tmp_path, env={"FEATCACHE_CACHE": str(reference)})
     assert fresh.returncode == 0, fresh.stderr
     for loss in ("an", "role"):  # the interrupted-then-resumed run equals an uninterrupted one
         assert _selected(runs / loss / "r1") == _selected(reference / "toy" / "runs" / loss / "r1")
@@ -171,7 +168,7 @@ def test_ctrl_c_stops_train_linear_workers_at_their_next_step_and_a_rerun_reuses
 def test_ctrl_c_before_any_loss_finished_names_the_run_id_to_reuse(tmp_path):
     cache = tmp_path / "cache"
     synthetic_dataset(cache, name="toy")
-    args = [a for a in LINEAR if a not in ("--run-id", "r1")]
+    args = [a for a in LINEAR_AN_ROLE if a not in ("--run-id", "r1")]
     process = start(args, tmp_path, SLOW_STEPS, env={"FEATCACHE_CACHE": str(cache)})
     wait_for(lambda: any((cache / "toy" / "runs" / "an").glob("*/run.json")), process)
     seconds, out, err = interrupt(process)
@@ -187,7 +184,7 @@ def test_ctrl_c_while_workers_evaluate_a_trained_group_stops_them_and_keeps_noth
         tmp_path):
     cache = tmp_path / "cache"
     synthetic_dataset(cache, name="toy")
-    args = [a if a != "an,role" else "an" for a in LINEAR]
+    args = [a if a != "an,role" else "an" for a in LINEAR_AN_ROLE]
     # an's groups train without their evaluation; each epoch's evaluation then takes 1 s
     slow = ("from featcache.linear.trainer import Evaluation\n"
             "_slow(Evaluation, 'evaluate', 1.0, mark='evaluate')")
@@ -209,7 +206,7 @@ def test_a_second_ctrl_c_ends_train_linear_and_its_workers_at_once(tmp_path):
     synthetic_dataset(cache, name="toy")
     slower = ("from featcache.linear.trainer import GroupTrainer\n"
               "_slow(GroupTrainer, 'train_step', 3.0, mark='step')")
-    process = start(LINEAR, tmp_path, slower, env={"FEATCACHE_CACHE": str(cache)})
+    process = start(LINEAR_AN_ROLE, tmp_path, slower, env={"FEATCACHE_CACHE": str(cache)})
     wait_for(lambda: (tmp_path / "step-1").exists(), process)
     seconds, out, err = interrupt(process, times=2)  # both land inside a worker's first 3 s step
     _assert_clean_exit(process.returncode, err)

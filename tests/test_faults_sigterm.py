@@ -12,7 +12,7 @@ import shutil
 import signal
 
 import pytest
-from faults import SLOW_ROLE_STEPS, group_gone, interrupt, run, start, wait_for
+from faults import LINEAR_AN_ROLE, SLOW_ROLE_STEPS, group_gone, interrupt, run, start, wait_for
 from helpers_images import make_dataset
 from linear_fixtures import synthetic_dataset
 
@@ -61,10 +61,7 @@ def test_sigterm_stops_extraction_with_its_dataloader_workers_and_the_same_comma
 def test_sigterm_stops_train_linear_and_its_workers_keeping_finished_losses(tmp_path):
     cache = tmp_path / "cache"
     synthetic_dataset(cache, name="toy")
-    args = ["train-linear", "--dataset", "toy", "--loss", "an,role", "--epochs", "3", "--lr",
-            "1e-2,1e-3", "--bsize", "8,16", "--jobs", "2", "--run-id", "r1", "--quiet",
-            "--no-plots", "--device", "cpu"]
-    process = start(args, tmp_path, SLOW_ROLE_STEPS, env={"FEATCACHE_CACHE": str(cache)})
+    process = start(LINEAR_AN_ROLE, tmp_path, SLOW_ROLE_STEPS, env={"FEATCACHE_CACHE": str(cache)})
     wait_for(lambda: (cache / "toy" / "runs" / "an" / "r1" / "results.json").exists(), process)
     out, err = terminate(process, "group")
     assert _stopped(process, err) == (

@@ -3,7 +3,8 @@
 A dataset folder holds pooled files (``features-<tag>.h5``) and spatial ones
 (``spatial-<tag>.h5``), the tag being ``<backbone>[-<weights>][-protocol]``. Stage two's
 ``--backbone`` names a tag (or a backbone whose only file it then takes); stage three's linear
-phase names a backbone, ``--weights`` and ``--image-size``. Each answer is resolved once, while
+phase names a backbone, ``--weights`` and ``--image-size``
+(:mod:`featcache.protocol.linear_phase_source`). Each answer is resolved once, while
 the command's options are checked, into a :class:`FeatureSource`: the tag, the pooled file,
 its spatial sibling (the same backbone and weights) and whether the set came from images (a set
 imported from features has no feature maps to look for). The errors name the files there are
