@@ -54,7 +54,7 @@ class StackedGroup:
 
     def cost(self) -> float:
         """About how much work the group is: its training steps times its heads, plus a
-        hundred steps' worth of evaluation per loss (what the scheduler balances)."""
+        hundred steps' worth of evaluation per head (what the scheduler balances)."""
         steps = len(self.data.train) // self.batch_size
         return (steps + 100) * self.heads
 
@@ -81,7 +81,7 @@ def stacked_groups(searches: Sequence[Stackable],
     whether their evaluation may leave the worker; groups keep the order of first appearance,
     members the order of the searches."""
     groups: dict[tuple, list[tuple[int, Member]]] = {}
-    shared: dict[tuple, tuple[TrainingSplits, HeadKind, bool]] = {}
+    data_of: dict[tuple, TrainingSplits] = {}
     for index, (search, members) in enumerate(zip(searches, configs, strict=True)):
         defer = evaluation_can_move(search.loss, search.early_stop)
         for member in members:
@@ -89,10 +89,13 @@ def stacked_groups(searches: Sequence[Stackable],
             key = (id(search.data), search.loss.head, seed, batch_size, search.epochs,
                    search.val_variant, search.early_stop, defer)
             groups.setdefault(key, []).append((index, member))
-            shared[key] = (search.data, search.loss.head, defer)
-    return [StackedGroup(shared[key][0], shared[key][1], key[2], key[3], key[4], key[5],
-                         key[6], shared[key][2], tuple(members))
-            for key, members in groups.items()]
+            data_of[key] = search.data
+    out = []
+    for key, shares in groups.items():
+        _, kind, seed, batch_size, epochs, val_variant, early_stop, defer = key
+        out.append(StackedGroup(data_of[key], kind, seed, batch_size, epochs, val_variant,
+                                early_stop, defer, tuple(shares)))
+    return out
 
 
 def balanced(groups: Sequence[StackedGroup], pieces: int) -> list[StackedGroup]:
