@@ -13,7 +13,7 @@ each block alone (:attr:`featcache.heads.LinearHeads.blocks`).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
@@ -113,9 +113,10 @@ class LossMember:
         its learned state). The gradient is the loss's hand-written one where it has one
         (:meth:`~featcache.losses.SPMLLoss.loss_and_grad`), else autograd through the loss."""
         mine = logits[self.block]
-        targets = Targets(targets.observed, targets.index, targets.clean, targets.pseudo)
         if isinstance(self.loss, MaskedPassLoss):  # IGNORE: a second pass on masked maps
-            targets.masked = masked_logits(self.loss, heads, self.block, x, targets.observed)
+            # its own copy: the other losses of the group share the batch's targets
+            targets = replace(targets, masked=masked_logits(self.loss, heads, self.block, x,
+                                                            targets.observed))
         if self.by_hand:
             by_hand = self.loss.loss_and_grad(mine, targets, self.state, epoch)
             if by_hand is not None:
