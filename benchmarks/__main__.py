@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-BENCHMARKS = ("linear", "linear_kernels", "extract", "finetune", "jpeg_draft", "spatial", "checksums",
+BENCHMARKS = ("linear", "linear_kernels", "linear_floor", "extract", "finetune", "jpeg_draft", "spatial", "checksums",
               "intervals")
 
 

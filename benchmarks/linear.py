@@ -655,6 +655,12 @@ def measure_streaming_fidelity(args, table: Table) -> dict:
 
 
 # ---------------------------------------------------------------------------- main
+def results_table() -> Table:
+    """The table every timed row of this benchmark goes to (its rows are added as measured)."""
+    return Table(["what", "seconds", "per config-epoch (s)", "speed-up", "others' CPU-s"],
+                 formats={"per config-epoch (s)": "{:.4f}", "others' CPU-s": "{:.1f}"})
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--size", choices=sorted(SIZES), default="voc")
@@ -699,8 +705,7 @@ def main(argv: list[str] | None = None) -> dict:
     info = machine(device)
     labels_path, features_path, source = synthetic_dataset(args.size)
     document = {"benchmark": "linear", "size": args.size, "labels": source, "machine": info}
-    table = Table(["what", "seconds", "per config-epoch (s)", "speed-up", "others' CPU-s"],
-                  formats={"per config-epoch (s)": "{:.4f}", "others' CPU-s": "{:.1f}"})
+    table = results_table()
     print(f"machine: {describe(info)}; data: {args.size}-sized ({source})", flush=True)
     document["speed"] = measure_speed(args, device, labels_path, features_path, table)
     if not args.no_command:

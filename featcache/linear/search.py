@@ -25,7 +25,13 @@ from featcache.linear.data import TrainingSplits
 from featcache.linear.evaluation import HeadResult
 from featcache.linear.member import Member
 from featcache.linear.schedule import Outcomes, SharedWorkers
-from featcache.linear.stacking import Stackable, fit_all, stacked_groups, unstacked
+from featcache.linear.stacking import (
+    Stackable,
+    StackedGroup,
+    fit_all,
+    stacked_groups,
+    unstacked,
+)
 from featcache.losses import DataFacts, ResolvedParams, loss_class
 from featcache.protocol.grid import (
     BATCH_SIZES,
@@ -180,19 +186,7 @@ def run_searches(data: TrainingSplits, specs: Sequence[SearchSpec],
     (the same numbers; ``benchmarks.linear`` times both).
     """
     device = torch.device(device)
-    for spec in specs:
-        check_grid(spec.learning_rates, spec.batch_sizes)
-    fitted = fit_all(data, [loss_class(spec.loss) for spec in specs])
-    specs = [spec.resolved(f.facts) for spec, f in zip(specs, fitted, strict=True)]
-    searches = [_Search(f, spec, [(seed, bs) for seed in spec.seeds for bs in spec.batch_sizes])
-                for spec, f in zip(specs, fitted, strict=True)]
-    groups = stacked_groups(
-        [Stackable(loss_class(s.spec.loss), s.data, s.spec.epochs, s.spec.val_variant,
-                   s.spec.early_stop) for s in searches],
-        [[Member(s.spec.loss, tuple(c for c in s.spec.configs(seed) if c.batch_size == bs))
-          for seed, bs in s.groups] for s in searches])
-    if not stacking_fits(data):
-        groups = unstacked(groups)
+    searches, groups = _planned(data, specs)
     results: list[SearchResult | None] = [None] * len(searches)
 
     def keep(index: int, key: tuple[int, int], heads: list[HeadResult], began: float,
@@ -211,6 +205,31 @@ def run_searches(data: TrainingSplits, specs: Sequence[SearchSpec],
     if len(done) != len(results):
         raise RuntimeError("a search finished without training any group")
     return done
+
+
+def stacked_plan(data: TrainingSplits, specs: Sequence[SearchSpec]) -> list[StackedGroup]:
+    """The stacked groups :func:`run_searches` trains for ``specs`` on ``data`` (before the CPU
+    workers cut them into pieces): what a run will do, for planning and benchmarks."""
+    return _planned(data, specs)[1]
+
+
+def _planned(data: TrainingSplits, specs: Sequence[SearchSpec]
+             ) -> tuple[list[_Search], list[StackedGroup]]:
+    """Each search fitted and resolved, and the stacked groups of all of them."""
+    for spec in specs:
+        check_grid(spec.learning_rates, spec.batch_sizes)
+    fitted = fit_all(data, [loss_class(spec.loss) for spec in specs])
+    specs = [spec.resolved(f.facts) for spec, f in zip(specs, fitted, strict=True)]
+    searches = [_Search(f, spec, [(seed, bs) for seed in spec.seeds for bs in spec.batch_sizes])
+                for spec, f in zip(specs, fitted, strict=True)]
+    groups = stacked_groups(
+        [Stackable(loss_class(s.spec.loss), s.data, s.spec.epochs, s.spec.val_variant,
+                   s.spec.early_stop) for s in searches],
+        [[Member(s.spec.loss, tuple(c for c in s.spec.configs(seed) if c.batch_size == bs))
+          for seed, bs in s.groups] for s in searches])
+    if not stacking_fits(data):
+        groups = unstacked(groups)
+    return searches, groups
 
 
 def stacking_fits(data: TrainingSplits) -> bool:
