@@ -33,14 +33,14 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import statistics
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
 import torch
 
 from benchmarks._common import Busy, describe, machine, save
-from benchmarks.linear import measure_all_losses, results_table, synthetic_dataset
+from benchmarks.linear import measure_all_losses, results_table, sgemm_peak, synthetic_dataset
+from benchmarks.linear_kernels import per_call_us
 from featcache.errors import plural
 from featcache.linear.data import load_linear_data
 from featcache.linear.search import SearchSpec, stacked_plan
@@ -70,19 +70,6 @@ def plan_shapes(data) -> tuple[list[str], list[GroupShape]]:
                                len(g.data.val) + len(g.data.test)) for g in groups]
 
 
-def median_us(work: Callable[[], object], calls: int, repeats: int) -> float:
-    """Median over ``repeats`` of the mean microseconds per call of ``work`` (after a warm-up)."""
-    for _ in range(max(2, calls // 5)):
-        work()
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        for _ in range(calls):
-            work()
-        times.append((time.perf_counter() - started) / calls * 1e6)
-    return statistics.median(times)
-
-
 def step_kernels(train: torch.Tensor, heads: int, batch: int, classes: int, calls: int,
                  repeats: int) -> dict[str, float]:
     """Microseconds of each kernel of one training step of ``heads`` heads at ``batch``."""
@@ -106,14 +93,14 @@ def step_kernels(train: torch.Tensor, heads: int, batch: int, classes: int, call
                            maximize=False)
 
     out = {
-        "gather": median_us(lambda: train.index_select(0, index), calls, repeats),
-        "forward, per-head bmm": median_us(
+        "gather": per_call_us(lambda: train.index_select(0, index), calls, repeats),
+        "forward, per-head bmm": per_call_us(
             lambda: torch.bmm(x.expand(heads, -1, -1), weight), calls, repeats),
-        "forward, one wide mm": median_us(lambda: x @ wide, calls, repeats),
-        "gradient, per-head bmm": median_us(
+        "forward, one wide mm": per_call_us(lambda: x @ wide, calls, repeats),
+        "gradient, per-head bmm": per_call_us(
             lambda: torch.bmm(x.t().expand(heads, -1, -1), grad_out), calls, repeats),
-        "gradient, one wide mm": median_us(lambda: x.t() @ grad_wide, calls, repeats),
-        "adam, one fused call": median_us(adam, calls, repeats),
+        "gradient, one wide mm": per_call_us(lambda: x.t() @ grad_wide, calls, repeats),
+        "adam, one fused call": per_call_us(adam, calls, repeats),
     }
     out["step"] = (out["gather"] + min(out["forward, per-head bmm"], out["forward, one wide mm"])
                    + min(out["gradient, per-head bmm"], out["gradient, one wide mm"])
@@ -124,17 +111,7 @@ def step_kernels(train: torch.Tensor, heads: int, batch: int, classes: int, call
 def scoring_us(rows: torch.Tensor, heads: int, classes: int, repeats: int) -> float:
     """Microseconds to score ``rows`` with ``heads`` heads (one wide matmul)."""
     wide = torch.randn(rows.shape[1], heads * classes) * 0.01
-    return median_us(lambda: rows @ wide, 1, repeats)
-
-
-def sgemm_gflops(size: int = 2048, repeat: int = 6) -> float:
-    """GFLOP/s of a large float32 matmul on one thread."""
-    a, b = torch.randn(size, size), torch.randn(size, size)
-    a @ b
-    started = time.perf_counter()
-    for _ in range(repeat):
-        a @ b
-    return 2 * size**3 * repeat / (time.perf_counter() - started) / 1e9
+    return per_call_us(lambda: rows @ wide, 1, repeats)
 
 
 def _measure(job: tuple) -> dict:
@@ -148,7 +125,7 @@ def _measure(job: tuple) -> dict:
              for h, b in sorted({(s.heads, s.batch_size) for s in shapes})}
     scores = {h: scoring_us(rows, h, data.num_classes, repeats)
               for h in sorted({s.heads for s in shapes})}
-    return {"steps": steps, "scores": scores, "sgemm_gflops": sgemm_gflops()}
+    return {"steps": steps, "scores": scores, "sgemm_gflops": sgemm_peak(repeat=6)}
 
 
 def measure(labels_path, features_path, shapes: Sequence[GroupShape], cores: int, calls: int,
