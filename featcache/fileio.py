@@ -325,7 +325,8 @@ def sha256_file(path: str | os.PathLike, chunk_size: int = 1 << 20) -> str:
 def fsync_wanted() -> bool:
     """Whether finished files are flushed to the disk before their rename (default). Set
     ``FEATCACHE_FSYNC=0`` on a scratch disk: each write stays atomic (a crash or kill never
-    leaves a half-file under a final name), but a power cut may lose the newest files."""
+    leaves a half-file under a final name), but a power cut may lose the newest files or
+    leave them empty."""
     return os.environ.get("FEATCACHE_FSYNC", "1").strip().lower() not in ("0", "false", "no")
 
 
