@@ -5,8 +5,8 @@ from __future__ import annotations
 import importlib
 import sys
 
-BENCHMARKS = ("linear", "linear_kernels", "linear_floor", "extract", "finetune", "jpeg_draft", "spatial", "checksums",
-              "intervals")
+BENCHMARKS = ("linear", "linear_kernels", "linear_floor", "extract", "finetune", "jpeg_draft",
+              "spatial", "checksums", "intervals")
 
 
 def main(argv: list[str]) -> None:

@@ -188,6 +188,7 @@ def main(argv: list[str] | None = None) -> dict:
     with Busy() as busy:
         timings = measure(labels_path, features_path, shapes, cores, args.calls, args.repeats)
     found = floors(shapes, timings, cores, data.num_classes, data.feature_dim)
+    one_core = timings[0]["steps"]  # (heads, batch) -> microseconds of each kernel
     print(f"  timed in {busy.seconds:.0f} s; {busy.note()}", flush=True)
     on = plural(cores, "core")
     table = Table(["what", "seconds"], formats={"seconds": "{:.0f}"})
@@ -200,17 +201,15 @@ def main(argv: list[str] | None = None) -> dict:
     document = {"benchmark": "linear_floor", "machine": info, "labels": source,
                 "losses": losses, "cores": cores, "target_seconds": args.target,
                 "timing_busy": busy.record(), **found,
-                "kernels": [{"heads": h, "batch_size": b, **v}
-                            for (h, b), v in timings[0]["steps"].items()]}
+                "kernels": [{"heads": h, "batch_size": b, **v} for (h, b), v in one_core.items()]}
     if args.command:
         command_args = argparse.Namespace(device="cpu", jobs=args.jobs, command_baseline=None)
         whole = measure_all_losses(command_args, "cpu", labels_path, results_table())
         document["command"] = whole
         table.add(f"the whole command, featcache train-linear --loss all ({on})",
                   whole["all_losses_seconds"])
-    kernels = Table(["heads", "batch", *timings[0]["steps"][next(iter(timings[0]["steps"]))]],
-                    float_format="{:.0f}")
-    for (heads, batch), values in timings[0]["steps"].items():
+    kernels = Table(["heads", "batch", *next(iter(one_core.values()))], float_format="{:.0f}")
+    for (heads, batch), values in one_core.items():
         kernels.add(heads, batch, *values.values())
     print("microseconds per call, one core's timings:")
     print(kernels.markdown())

@@ -24,8 +24,8 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 # The tests' outputs live in temporary folders: they test what a crash, kill or full disk
 # leaves, never a power cut, so finished files are not flushed to the disk (the fine-tuning
-# tests write many checkpoints of a ResNet-50, 282 MB each). tests/test_fileio_durability.py checks
-# the default, which flushes.
+# tests write many checkpoints of a ResNet-50, 282 MB each).
+# tests/test_fileio_durability.py checks the default, which flushes.
 os.environ.setdefault("FEATCACHE_FSYNC", "0")
 
 import pytest  # noqa: E402
