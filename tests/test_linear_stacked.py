@@ -112,28 +112,3 @@ def test_a_stopped_head_of_one_loss_freezes_only_that_head(data):
     for member, results in zip(members, together, strict=True):
         alone = GroupTrainer(pooled, [member], 6, "clean", "zhou", CPU).run(False, 0)[0]
         _same(results, alone, member.loss)
-
-
-def test_steps_through_fixed_buffers_give_the_plain_loops_numbers(data, monkeypatch):
-    """What a CUDA graph replays (the step on fixed buffers, the rows gathered inside it) is,
-    run as it is on the CPU, the plain loop's step: the same numbers."""
-    import featcache.linear.engine.graphs as graphs
-    import featcache.linear.engine.trainer as trainer_module
-
-    pooled, _ = data
-    member = _members("role", pooled)
-    plain = GroupTrainer(pooled, [member], EPOCHS, "clean", "none", CPU).run(False, 0)[0]
-
-    class OnBuffers:  # GraphedEpoch without CUDA: every step through the buffers
-        def __init__(self, buffers, describe, after_replay):
-            self.buffers = buffers
-
-        def __call__(self, index, x, slot):
-            self.buffers.load(index, x, slot)
-            self.buffers.run()
-
-    monkeypatch.setattr(trainer_module, "graphs_enabled", lambda device: True)
-    monkeypatch.setattr(trainer_module, "GraphedEpoch", OnBuffers)
-    buffered = GroupTrainer(pooled, [member], EPOCHS, "clean", "none", CPU).run(False, 0)[0]
-    _same(buffered, plain, "role")
-    assert graphs.graphs_enabled(torch.device("cpu")) is False

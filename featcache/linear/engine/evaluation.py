@@ -284,6 +284,13 @@ class TrainingPredictions:
             self.probs[block].index_copy_(1, slot, torch.sigmoid(logits[block]))
         self.index.index_copy_(0, slot, index)
 
+    def put_batch(self, number: int, index: Tensor, logits: Tensor, heads: LinearHeads) -> None:
+        """:meth:`put` of the epoch's batch ``number``, whose rows take the next B positions."""
+        start, end = number * index.shape[0], (number + 1) * index.shape[0]
+        for block in heads.block_slices():
+            self.probs[block, start:end].copy_(torch.sigmoid(logits[block]))
+        self.index[start:end].copy_(index)
+
     def mean_average_precision(self, clean: Tensor) -> Tensor:
         """mAP in percent per head. The rows stay in the order they were trained in (a column's
         AP sums its positives' precisions in the order of their scores, whatever the order of
