@@ -586,6 +586,9 @@ class GpuCheck:
                  needs_cuda=True, needs=("linear run for LinearInit",), takes=40)
         self.run("stage two: stacked vs alone", lambda: linear_checks.stacked_vs_alone(self),
                  needs_cuda=True, needs=("linear run for LinearInit",), takes=60)
+        self.run("stage two: capture failure and device",
+                 lambda: linear_checks.capture_failure_and_device(self), needs_cuda=True,
+                 needs=("linear run for LinearInit",), takes=20)
         self.run("stage two: CPU workers after CUDA", lambda: linear_checks.cpu_after_cuda(self),
                  needs_cuda=True, needs=("linear run for LinearInit",), takes=30)
         self.run("fine-tune: LinearInit first eval", self.linearinit_first_eval,
@@ -609,7 +612,7 @@ class GpuCheck:
                  needs=("benchmark: extraction 224 px",))
         self.run("benchmark: fine-tuning", self.bench_finetune, needs_cuda=True, takes=80)
         self.run("benchmark: stage two", lambda: linear_checks.timing_rows(self), needs_cuda=True,
-                 takes=120)
+                 takes=150)
 
     def report(self) -> dict:
         from benchmarks._common import machine

@@ -338,13 +338,18 @@ def measure_speed(args, device, labels_path, features_path, table: Table) -> dic
           f"{work['floor_seconds']:.1f} s; the other {work['rest_seconds']:.1f} s are "
           f"{work['steps']:,} optimizer steps at {work['rest_cpu_us_per_step']:.0f} CPU-us each "
           "(loss, Adam over every weight, dispatch)", flush=True)
-    with Busy() as in_place_busy:  # the previous scheme: each group evaluates where it trains
-        in_place = run_search(data, SearchSpec(loss=args.loss), device=device, progress=False,
-                              jobs=args.jobs, evaluate_elsewhere=False).seconds
-    out.update(ours_in_place_seconds=in_place, ours_in_place_busy=in_place_busy.record())
-    table.add(f"featcache search, {args.loss}, each group evaluated where it trains", in_place,
-              in_place / 200, None, in_place_busy.others)
-    print(f"  ours, evaluation in place: {in_place:.2f} s; {in_place_busy.note()}", flush=True)
+    if device.type == "cuda":
+        out["cuda_variants"] = cuda_variants(args, data, device, table)
+    else:
+        with Busy() as in_place_busy:  # the previous scheme: each group evaluates where it trains
+            in_place = run_search(data, SearchSpec(loss=args.loss), device=device,
+                                  progress=False, jobs=args.jobs,
+                                  evaluate_elsewhere=False).seconds
+        out.update(ours_in_place_seconds=in_place, ours_in_place_busy=in_place_busy.record())
+        table.add(f"featcache search, {args.loss}, each group evaluated where it trains",
+                  in_place, in_place / 200, None, in_place_busy.others)
+        print(f"  ours, evaluation in place: {in_place:.2f} s; {in_place_busy.note()}",
+              flush=True)
     if args.no_baseline:
         return out
     reference = "an" if args.loss == "an" else "an-ls"
@@ -364,6 +369,35 @@ def measure_speed(args, device, labels_path, features_path, table: Table) -> dic
     print(f"  reference: {baseline:.0f} s estimated; {busy.note()}", flush=True)
     if args.reference_code:
         out["authors_code"] = measure_authors_code(args, data, reference, ours, table)
+    return out
+
+
+def cuda_variants(args, data, device, table: Table) -> dict:
+    """The same search on CUDA without graphs (``FEATCACHE_CUDA_GRAPHS=0``) and with one group
+    at a time (``FEATCACHE_CUDA_GROUPS=1``): what the graphs and the groups trained at once
+    each bring."""
+    from featcache.linear.engine.graphs import GRAPHS_ENV
+    from featcache.linear.engine.workers import CUDA_GROUPS_ENV
+
+    out = {}
+    for label, env in (("without CUDA graphs", {GRAPHS_ENV: "0"}),
+                       ("one group at a time", {CUDA_GROUPS_ENV: "1"})):
+        before = {key: os.environ.get(key) for key in env}
+        os.environ.update(env)
+        try:
+            with Busy() as busy:
+                seconds = run_search(data, SearchSpec(loss=args.loss), device=device,
+                                     progress=False).seconds
+        finally:
+            for key, value in before.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+        out[label] = {"seconds": seconds, "env": env, "busy": busy.record()}
+        table.add(f"featcache search, {args.loss}, {label}", seconds, seconds / 200, None,
+                  busy.others)
+        print(f"  ours, {label}: {seconds:.2f} s; {busy.note()}", flush=True)
     return out
 
 

@@ -10,6 +10,7 @@ stand-in for the CUDA backend and gives the plain loop's numbers bit for bit.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import pytest
@@ -212,3 +213,31 @@ def test_graphs_are_for_cuda_only_and_can_be_switched_off(monkeypatch):
     assert graphs_enabled(torch.device("cuda", 1)) is True
     monkeypatch.setenv(GRAPHS_ENV, "0")
     assert graphs_enabled(torch.device("cuda", 1)) is False
+
+
+def test_the_gpu_checks_of_stage_two_pass_on_the_cpu_with_the_stand_in(data, monkeypatch):
+    """``make gpu-check``'s graph checks, run here on the CPU with graphs that run their steps
+    again: the code the first GPU runs, exercised before it does."""
+    import featcache.linear.engine.search as search_module
+    from benchmarks import gpu_check_linear as checks
+
+    pooled, _ = data
+    for module in (trainer_module, search_module):
+        monkeypatch.setattr(module, "graphs_enabled", lambda device: True)
+    monkeypatch.setattr(trainer_module, "graph_backend", lambda device: RerunGraphs())
+    monkeypatch.setattr(checks, "EPOCHS", 2)
+    monkeypatch.setattr(checks, "LOSSES", ("an", "role", "gr", "opml-sp"))
+    monkeypatch.setattr(search_module, "usable_cpus", lambda: 1)  # in this process, as on a GPU
+    monkeypatch.setenv(STEPS_ENV, "2")
+    _, numbers = checks.graphs_vs_eager(None, data=pooled)
+    assert numbers["largest_difference"] == 0.0
+    assert {g["failed"] is not None for g in numbers["groups"]} == {True, False}
+
+    @contextlib.contextmanager
+    def refused():
+        with monkeypatch.context() as patch:
+            patch.setattr(trainer_module, "graph_backend", lambda device: RerunGraphs(refuse=True))
+            yield
+
+    _, numbers = checks.capture_failure_and_device(None, data=pooled, provoke=refused)
+    assert numbers["largest_difference"] == 0.0 and numbers["next_group"]["captures"] > 0

@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import torch
 from torch import Tensor
@@ -36,6 +36,7 @@ from featcache.interrupt import check_stop
 from featcache.linear.engine.steptrace import HostCopies, StepTrace
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 #: ``FEATCACHE_CUDA_GRAPHS=0`` trains every step without a graph (for comparison or debugging)
 GRAPHS_ENV = "FEATCACHE_CUDA_GRAPHS"
@@ -219,6 +220,32 @@ class GraphedSteps:
         return {"captures": self.captures, "replays": self.replays,
                 "eager_steps": self.eager_steps, "steps_per_graph": self.chunk,
                 "failed": self.failed}
+
+
+class Branches:
+    """Where the independent parts of a step run: on CUDA with graphs, each part on a stream
+    of its own, forked after the work queued before it and joined before the work after it
+    (a captured graph keeps them as parallel branches, so a step of many losses waits for the
+    slowest loss's terms, not for all of them one after the other); elsewhere one after the
+    other, in order (the same operations on the same values)."""
+
+    def __init__(self, device: torch.device, parts: int, forked: bool):
+        self.device = device
+        self.streams = ([torch.cuda.Stream(device=device) for _ in range(parts)]
+                        if forked and parts > 1 else None)
+
+    def run(self, parts: Sequence[Callable[[], T]]) -> list[T]:
+        if self.streams is None:
+            return [part() for part in parts]
+        main = torch.cuda.current_stream(self.device)
+        out = []
+        for stream, part in zip(self.streams, parts, strict=True):
+            stream.wait_stream(main)
+            with torch.cuda.stream(stream):
+                out.append(part())
+        for stream in self.streams:
+            main.wait_stream(stream)
+        return out
 
 
 def graph_backend(device: torch.device) -> Backend:

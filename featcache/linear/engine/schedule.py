@@ -26,7 +26,7 @@ from featcache.interrupt import check_stop
 from featcache.linear.engine.evaluation import EpochState, Evaluation, HeadResult, TrainedGroup
 from featcache.linear.engine.stacking import StackedGroup, balanced
 from featcache.linear.engine.trainer import GroupTrainer
-from featcache.linear.engine.workers import fork_is_safe, map_groups
+from featcache.linear.engine.workers import cuda_groups, fork_is_safe, map_groups
 from featcache.progress import progress as progress_bar
 from featcache.runtime import Ranks
 
@@ -104,12 +104,17 @@ class SharedWorkers:
         pieces = 2 * local if local > 1 else 1
         if job is not None and job.world > 1:
             pieces = job.world
-        self.groups = sorted(balanced(groups, pieces), key=lambda g: -g.cost())
+        # the costliest first; on a GPU a group whose step cannot be captured first of all
+        # (it trains step by step, far slower than the replayed groups beside it)
+        self.groups = sorted(balanced(groups, pieces),
+                             key=lambda g: (device.type == "cuda" and g.capturable, -g.cost()))
         self.evaluate_elsewhere = (evaluate_elsewhere
                                    and workers_evaluate_elsewhere(device, jobs, job)
                                    and any(group.can_defer for group in self.groups))
         # then every worker may help, even beyond the number of groups
         self.workers = jobs if self.evaluate_elsewhere else min(jobs, len(self.groups))
+        if device.type == "cuda":  # groups at once in threads (progress bars' rows)
+            self.workers = min(cuda_groups(), len(self.groups))
         self.epochs_per_evaluation = max(1, math.ceil(
             max((g.epochs for g in self.groups), default=1) / (4 * jobs)))
         self.evaluations: dict[int, Evaluation] = {}  # this process's, built on first use

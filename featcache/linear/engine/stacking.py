@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from featcache.heads import HeadKind
 from featcache.linear.data import TrainingSplits
 from featcache.linear.engine.member import Member, evaluation_can_move
-from featcache.losses import SPMLLoss
+from featcache.losses import SPMLLoss, loss_class
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,11 @@ class StackedGroup:
     @property
     def heads(self) -> int:
         return sum(member.heads for _, member in self.members)
+
+    @property
+    def capturable(self) -> bool:
+        """Whether every loss's step can be captured as a CUDA graph."""
+        return all(loss_class(member.loss).capturable for _, member in self.members)
 
     def cost(self) -> float:
         """About how much work the group is: its training steps times its heads, plus a

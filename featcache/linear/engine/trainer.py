@@ -29,7 +29,7 @@ from __future__ import annotations
 import functools
 import itertools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -47,6 +47,7 @@ from featcache.linear.engine.evaluation import (
     feature_rows,
 )
 from featcache.linear.engine.graphs import (
+    Branches,
     DeviceBatches,
     GraphedSteps,
     graph_backend,
@@ -127,9 +128,11 @@ class GroupTrainer:
                         if data.train.clean is not None else None)
         self.graphs: GraphedSteps | None = None
         self.batches: DeviceBatches | None = None
-        if graphs_enabled(device) and in_memory:
+        graphed = graphs_enabled(device) and in_memory
+        if graphed:
             self.batches = DeviceBatches(self.steps, batch_size, device)
             self.graphs = GraphedSteps(graph_backend(device), self.describe(), self.adam)
+        self.branches = Branches(device, len(self.members), forked=graphed and device.type == "cuda")
 
     @property
     def sizes(self) -> list[int]:
@@ -221,12 +224,14 @@ class GroupTrainer:
         else:
             batches = ((index, x, self.labels.gather(index))
                        for index, x in rows.epoch(self.order, self.batch_size))
+        running = self.running
         for number, (index, x, targets) in enumerate(batches):
             check_stop()
-            per_head, logits = self.train_step(x, targets, epoch)
+            keep = None if running is None else functools.partial(running.put_batch, number)
+            per_head, _ = self.train_step(x, targets, epoch, keep)
             self.loss_sum.add_(per_head)
-            if self.running is not None:
-                self.running.put_batch(number, index, logits, self.head)
+            if running is not None:
+                running.index[number * self.batch_size:(number + 1) * self.batch_size].copy_(index)
 
     def device_step(self, epoch: int) -> None:
         """One training step that finds its batch on the device (the rows the device step
@@ -234,21 +239,35 @@ class GroupTrainer:
         graph records, the plain step's operations on the same values."""
         assert self.batches is not None and isinstance(self.train_rows, MemoryRows)
         index = self.batches.take()
-        per_head, logits = self.train_step(self.train_rows.gather(index),
-                                           self.labels.take(self.batches.counter, index), epoch)
+        running, keep = self.running, None
+        if running is not None:
+            slots = self.batches.slots()
+            running.index.index_copy_(0, slots, index)
+            keep = functools.partial(running.put, slots)
+        per_head, _ = self.train_step(self.train_rows.gather(index),
+                                      self.labels.take(self.batches.counter, index), epoch, keep)
         self.loss_sum.add_(per_head)
-        if self.running is not None:
-            self.running.put(self.batches.slots(), index, logits, self.head)
         self.batches.advance()
 
-    def train_step(self, x: Tensor, targets: Targets, epoch: int) -> tuple[Tensor, Tensor]:
+    def train_step(self, x: Tensor, targets: Targets, epoch: int,
+                   keep: Callable[[slice, Tensor], None] | None = None) -> tuple[Tensor, Tensor]:
         """One Adam step of every head on the batch ``x`` (its labels ``targets``): one batched
         matmul for the logits of all heads, each loss's share of the step on its block
-        (:meth:`LossMember.step`), the heads' gradients as two batched matmuls
-        (:meth:`~featcache.heads.LinearHeads.grads`), one optimizer update. Returns the
-        per-head loss and the batch's logits."""
+        (:meth:`LossMember.step`; on CUDA with graphs, the losses' shares as parallel branches,
+        :class:`~featcache.linear.engine.graphs.Branches`), the heads' gradients as two batched
+        matmuls (:meth:`~featcache.heads.LinearHeads.grads`), one optimizer update.
+        ``keep(block, logits)`` sees each loss's block of the logits in its share (the training
+        predictions). Returns the per-head loss and the batch's logits."""
         logits = self.head.forward(x)
-        steps = [m.step(self.head, x, logits, targets, epoch) for m in self.members]
+
+        def share(member: LossMember) -> Callable[[], tuple[Tensor, Tensor, Sequence[Tensor]]]:
+            def run() -> tuple[Tensor, Tensor, Sequence[Tensor]]:
+                if keep is not None:
+                    keep(member.block, logits)
+                return member.step(self.head, x, logits, targets, epoch)
+            return run
+
+        steps = self.branches.run([share(m) for m in self.members])
         if len(steps) == 1:
             per_head, grad_logits, learned = steps[0]
         else:
