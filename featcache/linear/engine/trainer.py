@@ -33,6 +33,7 @@ from collections.abc import Iterator, Sequence
 
 import torch
 from torch import Tensor
+from tqdm import tqdm
 
 from featcache.errors import OptionError, plural
 from featcache.heads import LinearHeads
@@ -165,7 +166,7 @@ class GroupTrainer:
                             [(m.member.heads, m.record()) for m in self.members],
                             time.perf_counter() - started)
 
-    def progress_bar(self, progress: bool, position: int):
+    def progress_bar(self, progress: bool, position: int) -> tqdm:
         names = ",".join(m.member.loss for m in self.members)
         if len(names) > 24:
             names = plural(len(self.members), "loss", "losses")
