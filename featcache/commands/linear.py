@@ -140,7 +140,7 @@ def command(ctx, dataset, loss_names, learning_rates, batch_sizes, epochs, param
         search=search, weight_decays=weight_decays, tensorboard=tensorboard)
     outcome = run_linear(options, say=lambda line: click.echo(line, err=True),
                          on_run=lambda run: click.echo(run.line()))
-    if outcome.table is not None:
+    if outcome.table is not None and outcome.table_path is not None:
         click.echo("")
         click.echo(outcome.table.markdown())
         click.echo(f"table written to {outcome.table_path.with_suffix('')}.md / .csv / .json")

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import datetime as _dt
 from collections.abc import Callable
-from typing import cast
+from typing import TypeVar, cast
 
 import torch
 import torch.distributed as dist
@@ -30,6 +30,8 @@ from torch import Tensor
 from featcache.errors import FeatcacheError
 from featcache.finetune.data import shard_range
 from featcache.runtime import Ranks
+
+T = TypeVar("T")
 
 
 def all_reduce_sum(tensor: Tensor, job: Ranks) -> Tensor:
@@ -103,7 +105,7 @@ def check_same(tensors: dict[str, Tensor], job: Ranks) -> None:
                                  "drifted apart (please report this)")
 
 
-def broadcast_object(obj, job: Ranks):
+def broadcast_object(obj: T, job: Ranks) -> T:
     """Rank 0's ``obj`` on every rank (picklable objects)."""
     if job.world == 1:
         return obj
@@ -112,7 +114,7 @@ def broadcast_object(obj, job: Ranks):
     return box[0]
 
 
-def on_main(job: Ranks | None, step: Callable[[], object]):
+def on_main(job: Ranks | None, step: Callable[[], T]) -> T:
     """Run ``step`` on rank 0 only and hand its result to every rank (errors stop all ranks)."""
     if job is None or job.world == 1:
         return step()

@@ -91,7 +91,7 @@ def resolve_start(options: FinetuneOptions, data: FinetuneData, job: Ranks | Non
     if options.init == "best":
         run_dir = on_main(job, lambda: best_linear_run(options, data))
         ran = run_dir is None
-        if ran:
+        if run_dir is None:
             lr, batch_size = linearinit_hparams(options.loss, data.dataset, options.linear_lr,
                                                 options.linear_batch_size)
             if linear_phase is None:

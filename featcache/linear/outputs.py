@@ -10,9 +10,11 @@ mAP's bootstrap interval), ``best.pt`` (the selected head and the loss's hand-of
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
+from torch import Tensor
 
 from featcache.fileio import write_json_atomic, write_text_atomic
 from featcache.linear.data import TrainingSplits
@@ -20,14 +22,14 @@ from featcache.linear.engine.evaluation import HeadResult
 from featcache.linear.engine.search import SearchResult, SearchSpec
 from featcache.linear.selected_scores import keep_selected_scores
 from featcache.losses import loss_class
-from featcache.protocol.coverage import evaluation_coverage, evaluation_notes
+from featcache.protocol.coverage import ClassCoverage, evaluation_coverage, evaluation_notes
 from featcache.protocol.handoff import HEAD_FILE, save_head
 from featcache.protocol.records import document_header, machine_record
 from featcache.protocol.runs import RESULTS, fingerprint
 from featcache.published import published
 
 
-def run_settings(result_spec, data: TrainingSplits) -> dict:
+def run_settings(result_spec: SearchSpec, data: TrainingSplits) -> dict:
     """The settings that decide whether a finished run can be reused (its fingerprint).
 
     A streamed run adds how it read the features (its shuffle differs from the protocol's);
@@ -43,7 +45,7 @@ def run_settings(result_spec, data: TrainingSplits) -> dict:
     return settings
 
 
-def _per_class(classes, test_ap) -> dict[str, float]:
+def _per_class(classes: Sequence[str], test_ap: Tensor) -> dict[str, float]:
     return {c: float(a) * 100 for c, a in zip(classes, test_ap.tolist(), strict=True)}
 
 
@@ -65,8 +67,8 @@ def _config_record(head: HeadResult, probe: bool = False) -> dict:
     }
 
 
-def _selection_record(selected, classes: list[str], val_cover, test_cover, val_key: str,
-                      probe: bool = False) -> dict:
+def _selection_record(selected: HeadResult, classes: list[str], val_cover: ClassCoverage,
+                      test_cover: ClassCoverage, val_key: str, probe: bool = False) -> dict:
     """The selected configuration of a search (``selection`` of results.json; ``probe``: with
     its weight decay, ``--search probe``)."""
     return {

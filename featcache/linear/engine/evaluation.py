@@ -11,16 +11,17 @@ the same numbers wherever they run.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from featcache.heads import LinearHeads
-from featcache.linear.data import TrainingSplits
+from featcache.linear.data import SplitData, SplitTensors, TrainingSplits
 from featcache.linear.engine.rows import FeatureRows, MemoryRows
 from featcache.linear.memory import FLOAT32, STACKED_SCORES_BYTES
+from featcache.linear.stream import StreamedSplit
 from featcache.metrics import RankedScores, average_precision
 from featcache.protocol.grid import GridPoint
 from featcache.protocol.records import EpochRecord
@@ -70,7 +71,8 @@ class Evaluation:
             done.val_map = _map(clean)
         return done
 
-    def _aps(self, val_scores: Tensor, test_scores) -> tuple[Tensor, Tensor | None, Tensor]:
+    def _aps(self, val_scores: Tensor, test_scores: Callable[[], Tensor]
+             ) -> tuple[Tensor, Tensor | None, Tensor]:
         """Per-class AP (..., L) of validation scores against the observed and (when known) the
         full labels, and of the test scores (``test_scores()``, made once the validation split
         is ranked) against the test labels."""
@@ -88,19 +90,19 @@ class Evaluation:
         (each (head, class) column's AP is computed alone either way), when they are plain
         linear heads on rows held in memory and the scores stay under
         :data:`STACKED_SCORES_BYTES`; else one epoch at a time."""
-        rows = max(len(self.val_rows), len(self.test_rows))
+        val_rows, test_rows = self.val_rows, self.test_rows
+        rows = max(len(val_rows), len(test_rows))
         width = len(epochs) * heads.num_heads * self.data.num_classes
         if (type(heads) is not LinearHeads or len(epochs) < 2
-                or not isinstance(self.val_rows, MemoryRows)
-                or not isinstance(self.test_rows, MemoryRows)
+                or not isinstance(val_rows, MemoryRows) or not isinstance(test_rows, MemoryRows)
                 or rows * width * FLOAT32 > STACKED_SCORES_BYTES):
             return [self.evaluate(heads, done) for done in epochs]
         stacked = heads.repeated(torch.cat([done.weight for done in epochs]),
                                  torch.cat([done.bias for done in epochs]), len(epochs))
         per_epoch = (len(epochs), -1, self.data.num_classes)
         observed, clean, test = self._aps(
-            self.val_rows.scores_of_epochs(stacked, len(epochs)),
-            lambda: self.test_rows.scores_of_epochs(stacked, len(epochs)))
+            val_rows.scores_of_epochs(stacked, len(epochs)),
+            lambda: test_rows.scores_of_epochs(stacked, len(epochs)))
         for index, done in enumerate(epochs):
             done.val_map_observed = _map(observed.view(per_epoch)[index])
             if clean is not None:
@@ -301,10 +303,13 @@ def positives_in_order(clean: Tensor, index: Tensor) -> Tensor:
     return rows.view(torch.bool) if rows.dtype == torch.uint8 else rows > 0
 
 
-def feature_rows(split) -> FeatureRows:
+def feature_rows(split: SplitData) -> FeatureRows:
     """The feature rows of a split: its tensor, or the streamed source it carries."""
-    rows = getattr(split, "feature_rows", None)
-    return rows if rows is not None else MemoryRows(split.features)
+    if isinstance(split, StreamedSplit):
+        return split.feature_rows
+    if isinstance(split, SplitTensors):
+        return MemoryRows(split.features)
+    raise TypeError(f"a split holds its features or streams them, not {type(split).__name__}")
 
 
 def _map(ap: Tensor) -> Tensor:

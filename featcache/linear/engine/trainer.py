@@ -33,6 +33,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
+from tqdm import tqdm
 
 from featcache.errors import OptionError, plural
 from featcache.heads import LinearHeads
@@ -192,7 +193,7 @@ class GroupTrainer:
             names = plural(len(self.members), "loss", "losses")
         return f"{names} bs={self.batch_size} seed={self.seed} x{self.head.num_heads}"
 
-    def progress_bar(self, progress: bool, position: int):
+    def progress_bar(self, progress: bool, position: int) -> tqdm:
         return progress_bar(
             total=self.epochs * self.steps, unit="step", disable=not progress, leave=False,
             mininterval=1.0, position=position, desc=self.describe())

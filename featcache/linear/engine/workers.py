@@ -40,6 +40,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import (
     FIRST_COMPLETED,
+    Executor,
     Future,
     ProcessPoolExecutor,
     ThreadPoolExecutor,
@@ -149,7 +150,7 @@ def _run_local(run: Callable[[G], R], groups: Sequence[G], device: torch.device,
     return [results[index] for index in range(len(groups))]
 
 
-def _schedule(pool, submit: Callable[[G], Future], groups: Sequence[G], jobs: int,
+def _schedule(pool: Executor, submit: Callable[[G], Future], groups: Sequence[G], jobs: int,
               keep: Callable[[int | None, G, R], Sequence[G]]) -> None:
     """Run ``groups`` and their follow-ups on ``pool``, at most ``jobs`` at a time, follow-ups
     first; each result to ``keep``. The first failure cancels the rest."""
@@ -207,7 +208,7 @@ def _start_worker() -> None:
     die_with_parent()  # a main process killed with kill -9 leaves no worker behind
 
 
-def _run_task(key: int, group):
+def _run_task(key: int, group: object) -> object:
     return _TASKS[key](group)
 
 
