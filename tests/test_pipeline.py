@@ -14,7 +14,8 @@ from dataset_fixtures import invoke
 from linear_fixtures import synthetic_dataset
 from shipped_losses import SHIPPED_LOSSES
 
-from featcache.pipeline import list_recipes, load_recipe, readme_section
+import featcache
+from featcache.pipeline import list_recipes, load_recipe, readme_block, readme_section
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -254,7 +255,8 @@ def test_a_report_rewrites_its_readme_section_and_nothing_else(cache_dir, tmp_pa
     synthetic_dataset(cache_dir, "toy2", seed=1)
     (tmp_path / "pipelines").mkdir()
     recipe = tmp_path / "pipelines" / "toy.toml"
-    recipe.write_text(RECIPE + 'readme = "../README.md"\n')
+    recipe.write_text(RECIPE + 'readme = "../README.md"\nrecord = "../docs/toy.json"\n'
+                      'versus = "an"\n')
     readme = tmp_path / "README.md"
     before, after = "# Project\n\nintro\n\n", "\n\nmore text\n"
     readme.write_text(before + "<!-- featcache pipeline toy-table: begin -->\nold table\n"
@@ -265,8 +267,33 @@ def test_a_report_rewrites_its_readme_section_and_nothing_else(cache_dir, tmp_pa
     text = readme.read_text()
     assert text.startswith(before) and text.endswith(after) and "old table" not in text
     section = readme_section(text, "toy-table")
-    assert section.splitlines()[0].startswith("| loss ") and section in table
+    assert section.splitlines()[0].startswith("| loss ") and section.split("\n\nWritten")[0] in table
     assert "README.md: the toy-table section" in result.output
+    # the section is rendered from the record alone: its table, what made it, the comparisons
+    record = json.loads((tmp_path / "docs" / "toy.json").read_text())
+    assert record == json.loads((cache_dir / "pipelines" / "toy-table" / "results.json").read_text())
+    assert section == readme_block(record)
+    made = record["provenance"]
+    assert made["featcache_versions"] == [featcache.__version__] and made["runs_created"]
+    assert f"by featcache {featcache.__version__}" in section
+    assert "Differences to `an` that survive Holm's correction" in section
+    # the comparisons are what `featcache table DATASET --versus an` prints, dataset by dataset
+    for dataset in ("toy", "toy2"):
+        printed = invoke("table", cache_dir / dataset / "runs", "--run-id", "t", "--versus", "an",
+                         "--format", "json")
+        assert printed.exit_code == 0, printed.output
+        versus = {row["loss"]: row[dataset]["uncertainty"]["versus"]
+                  for row in json.loads(printed.stdout)["rows"] if row["loss"] != "an"}
+        recorded = {row["loss"]: row for row in record["comparisons"]["datasets"][dataset]}
+        assert set(versus) == set(recorded) == {"an-ls"}
+        for loss, row in recorded.items():
+            assert row["estimate"] == versus[loss]["estimate"]
+            assert row["survives_holm"] == versus[loss]["survives_holm"]
+    # `pipeline render` writes the section again from the record, running nothing
+    readme.write_text(text.replace(section, "edited by hand"))
+    rendered = invoke("pipeline", "render", recipe)
+    assert rendered.exit_code == 0, rendered.output
+    assert readme.read_text() == text
     readme.write_text("# no markers\n")
     again = invoke("pipeline", "run", recipe)
     assert again.exit_code == 0 and readme.read_text() == "# no markers\n"
