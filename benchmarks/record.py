@@ -191,6 +191,11 @@ def _extract_rows(document: dict, shared: dict) -> list[dict]:
     for what, ratio in document.get("ratio", {}).items():
         out.append(row(section="stage one", benchmark="extract", what=f"{what} / plain loop",
                        value=ratio, unit="x", settings=text, **shared))
+    if document.get("pil_ms_per_image_per_core"):
+        out.append(row(section="stage one", benchmark="extract",
+                       what=f"PIL decode + resize to {size} px, per image and core",
+                       value=document["pil_ms_per_image_per_core"], unit="ms", settings=text,
+                       **shared))
     return out
 
 

@@ -319,12 +319,16 @@ def publish_report(recipe: Recipe, document: dict) -> None:
     """Copy ``document`` (results.json) to the report's ``record`` and write its section of
     the report's ``readme`` from it."""
     if recipe.report.get("record"):
-        path = recipe.path.parent / recipe.report["record"]
+        path = _beside(recipe, "record")
         write_text_atomic(path, json.dumps(document, indent=2) + "\n")
         say(f"{path}: the record of this table")
     if recipe.report.get("readme"):
-        publish_section(recipe.path.parent / recipe.report["readme"], recipe.name,
-                        readme_block(document))
+        publish_section(_beside(recipe, "readme"), recipe.name, readme_block(document))
+
+
+def _beside(recipe: Recipe, key: str) -> Path:
+    """The file a report key names, relative to the recipe's folder."""
+    return Path(os.path.normpath(recipe.path.parent / recipe.report[key]))
 
 
 def render_report(recipe: Recipe) -> Path:
@@ -333,11 +337,11 @@ def render_report(recipe: Recipe) -> Path:
     if missing:
         raise InputError(f"{recipe.path}: its [report] has no {' or '.join(missing)}: nothing "
                          "to render")
-    path = recipe.path.parent / recipe.report["record"]
+    path = _beside(recipe, "record")
     if not path.is_file():
         raise InputError(f"{path} does not exist: run the recipe first (`featcache pipeline run "
                          f"{recipe.path}`)")
-    readme = recipe.path.parent / recipe.report["readme"]
+    readme = _beside(recipe, "readme")
     publish_section(readme, recipe.name, readme_block(json.loads(path.read_text())))
     return readme
 

@@ -63,7 +63,7 @@ def test_record_rows_from_a_benchmark_document_carry_its_provenance(tmp_path, mo
     document["machine"].update(featcache="9.9", commit="abcdef1")
     target = tmp_path / "record.jsonl"
     monkeypatch.setenv(record.RECORD_ENV, str(target))
-    assert record.keep(document, folder / "bench-extract-448.json") == 9
+    assert record.keep(document, folder / "bench-extract-448.json") == 10
     rows = record.read(target)
     assert {(r["featcache"], r["commit"], r["command"], r["device"], r["date"]) for r in rows} == {
         ("9.9", "abcdef1", document["command"], "NVIDIA H200", "2026-11-28")}
@@ -75,7 +75,7 @@ def test_record_rows_from_a_benchmark_document_carry_its_provenance(tmp_path, mo
     assert record.main(["add", str(folder), "--command", "make gpu-check", "--commit", "1a69886",
                         "--featcache", "0.1.0", "--record", str(target)]) == 0
     added = record.read(target)[len(rows):]
-    assert len(added) == 26 and sum(r["benchmark"] == "gpu_check" for r in added) == 1
+    assert len(added) == 28 and sum(r["benchmark"] == "gpu_check" for r in added) == 1
     monkeypatch.delenv(record.RECORD_ENV)
     assert record.keep(document, folder / "bench-extract-448.json") == 0  # not asked: no row
 

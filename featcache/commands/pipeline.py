@@ -33,7 +33,9 @@ def run(ctx: click.Context, recipe, assignments, dry_run, cache):
     a step that cannot run is named and nothing runs.
 
     The report goes to <cache>/pipelines/<name>/results.md, .csv, .tex and .json (the
-    table `featcache table` builds from the same runs).
+    table `featcache table` builds from the same runs). A [report] with record and readme
+    also copies results.json to its record and writes the table's block in that document
+    from it (what `featcache pipeline render` writes again).
     """
     from featcache.pipeline import load_recipe
 
