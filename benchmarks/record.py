@@ -28,6 +28,7 @@ import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from featcache.fileio import write_text_atomic
 from featcache.pipeline import readme_section, replace_section
 from featcache.tables import Table
 
@@ -472,8 +473,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.action == "render":
         for document in DOCUMENTS:
             path = REPO / document
-            path.write_text(rendered(document, path.read_text(encoding="utf-8"), rows),
-                            encoding="utf-8")
+            write_text_atomic(path, rendered(document, path.read_text(encoding="utf-8"), rows))
             print(f"{document}: rendered from {len(rows)} rows of {_relative(RECORD)}")
         return 0
     stale = stale_blocks(rows)

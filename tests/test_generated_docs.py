@@ -76,6 +76,15 @@ def test_record_rows_from_a_benchmark_document_carry_its_provenance(tmp_path, mo
                         "--featcache", "0.1.0", "--record", str(target)]) == 0
     added = record.read(target)[len(rows):]
     assert len(added) == 28 and sum(r["benchmark"] == "gpu_check" for r in added) == 1
+    # stage two's timing rows of a gpu-check, under the headline names the README shows
+    check = json.loads((folder / "gpu-check.json").read_text(encoding="utf-8"))
+    check["results"] = [{"name": "benchmark: stage two", "status": "pass", "numbers": {
+        "seconds": {"search": 0.9, "command": 3.5, "all_losses": 18.0}}}]
+    timing = record.rows_from_document(check, "make gpu-check", None, "1a69886", "0.1.0")
+    assert [(r["glance"], r["value"], r["unit"]) for r in timing] == [
+        ("stage two, the default an search (8 configurations x 25 epochs)", 0.9, "s"),
+        ("stage two, the whole featcache train-linear --loss an command", 3.5, "s"),
+        ("stage two, featcache train-linear --loss all", 18.0, "s")]
     monkeypatch.delenv(record.RECORD_ENV)
     assert record.keep(document, folder / "bench-extract-448.json") == 0  # not asked: no row
 
