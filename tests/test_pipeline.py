@@ -62,6 +62,16 @@ def test_a_recipe_runs_its_steps_and_writes_one_table(cache_dir, tmp_path):
     assert (report / "results.tex").read_text().startswith("\\begin{table}")
     again = invoke("pipeline", "run", recipe)  # finished runs are reused
     assert again.exit_code == 0 and again.output.count("reusing") == 4
+    # ... unless made under another numerics version: such a run is trained again
+    results = cache_dir / "toy2" / "runs" / "an-ls" / "t" / "results.json"
+    results.write_text(json.dumps(json.loads(results.read_text()) | {"numerics_version": 0}))
+    assert "1 run was made under another numerics version" in invoke(
+        "table", cache_dir / "toy2" / "runs").output
+    third = invoke("pipeline", "run", recipe)
+    assert third.exit_code == 0 and third.output.count("reusing") == 3
+    assert "finished with numerics version 0" in third.output
+    assert json.loads(results.read_text())["numerics_version"] > 0
+    assert "numerics version" not in (report / "results.md").read_text()
 
 
 def test_variables_can_be_overridden_and_unknown_ones_are_refused(tmp_path):

@@ -22,6 +22,7 @@ from pathlib import Path
 from featcache.errors import InputError, plural
 from featcache.protocol.catalog import loss_names
 from featcache.protocol.coverage import name_list
+from featcache.protocol.numerics import outdated_note
 from featcache.protocol.runs import RESULTS, describe_differences, read_json
 from featcache.protocol.table_cells import Cell, seed_choices
 from featcache.published import SOURCES, published
@@ -285,8 +286,14 @@ class ResultsTable:
         return ". ".join(part[:1].upper() + part[1:] for part in parts) + "."
 
     def notes(self) -> list[str]:
-        """Footnotes: classes scored AP 0 for lack of test positives."""
+        """Footnotes: classes scored AP 0 for lack of test positives, runs made under another
+        numerics version than this featcache's."""
         notes = []
+        outdated = outdated_note(
+            (f"{loss} on {dataset}", document)
+            for (loss, dataset), cell in sorted(self.cells.items()) for document in cell.documents)
+        if outdated:
+            notes.append(outdated)
         for dataset in self.datasets:
             missing: list[str] = []
             for (_, ds), cell in self.cells.items():
