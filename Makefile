@@ -23,7 +23,7 @@ DEMO_DIR := $(or $(FEATCACHE_CACHE),cache)/shapes
 # configuration is quick on a CPU.
 DEMO_IMAGE_SIZE ?= 96
 # The demo's linear searches: the protocol's grid for 8 epochs (25 is the protocol's: make demo
-# DEMO_EPOCHS=25), so that the whole demo runs in minutes on a laptop's CPU (its measured time:
+# DEMO_EPOCHS=25), so that the whole demo runs in minutes on a 2-core CPU (its measured time:
 # docs/performance.md).
 DEMO_EPOCHS ?= 8
 
