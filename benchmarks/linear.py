@@ -527,15 +527,17 @@ def measure_authors_code(args, data, loss: str, ours: float, table: Table) -> di
             "seconds_estimated": total, "speedup": total / ours, "busy": busy.record()}
 
 
-def measure_all_losses(args, device, labels_path, table: Table) -> dict:
-    """``featcache train-linear --loss all`` as a user runs it: a fresh process from start to
-    exit (every loss's results, best.pt, summary and curves.png, the losses table); with
-    ``--command-baseline REF`` the code at git revision REF runs it too, after this checkout."""
+def measure_all_losses(args, device, labels_path, table: Table, loss: str = "all") -> dict:
+    """``featcache train-linear --loss all`` (or ``--loss LOSS``) as a user runs it: a fresh
+    process from start to exit (every loss's results, best.pt, summary and curves.png, the
+    losses table); with ``--command-baseline REF`` the code at git revision REF runs it too,
+    after this checkout."""
     from benchmarks.commands import export_revision
 
     cache = labels_path.parent.parent.resolve()
+    run_id = f"bench-{loss.replace(',', '-')}"
     argv = ["train-linear", "--dataset", labels_path.parent.name, "--cache", str(cache),
-            "--loss", "all", "--device", args.device, "--run-id", "bench-all", "--overwrite",
+            "--loss", loss, "--device", args.device, "--run-id", run_id, "--overwrite",
             "--quiet", *(["--jobs", str(args.jobs)] if args.jobs else [])]
     out: dict = {"command": "featcache " + " ".join(argv), "versions": {}}
     with tempfile.TemporaryDirectory() as tmp:
@@ -549,7 +551,7 @@ def measure_all_losses(args, device, labels_path, table: Table) -> dict:
                 subprocess.run([sys.executable, "-m", "featcache", *argv], cwd=path, check=True,
                                capture_output=True, env={**os.environ, "PYTHONPATH": path})
             after = os.times()
-            runs = sorted((cache / labels_path.parent.name / "runs").glob("*/bench-all/results.json"))
+            runs = sorted((cache / labels_path.parent.name / "runs").glob(f"*/{run_id}/results.json"))
             per_loss = {p.parent.parent.name: json.loads(p.read_text())["timings"]["seconds"]
                         for p in runs}
             cpu = (after.children_user - before.children_user + after.children_system
@@ -557,9 +559,10 @@ def measure_all_losses(args, device, labels_path, table: Table) -> dict:
             out["versions"][version] = {"seconds": busy.seconds, "cpu_seconds": cpu,
                                         "losses": len(per_loss), "per_loss_seconds": per_loss,
                                         "busy": busy.record()}
-            table.add(f"train-linear --loss all, whole command ({len(per_loss)} losses, 8 x 25 "
-                      f"each; {version}, {cpu:.0f} CPU-s)", busy.seconds, None, None, busy.others)
-            print(f"  --loss all ({version}): {busy.seconds:.0f} s, {cpu:.0f} CPU-s; "
+            table.add(f"train-linear --loss {loss}, whole command ({len(per_loss)} losses, 8 x "
+                      f"25 each; {version}, {cpu:.0f} CPU-s)", busy.seconds, None, None,
+                      busy.others)
+            print(f"  --loss {loss} ({version}): {busy.seconds:.0f} s, {cpu:.0f} CPU-s; "
                   f"{busy.note()}", flush=True)
     ours = out["versions"]["this checkout"]["seconds"]
     out["all_losses_seconds"] = ours
