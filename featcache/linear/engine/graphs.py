@@ -46,6 +46,9 @@ STEPS_ENV = "FEATCACHE_GRAPH_STEPS"
 #: training steps per graph: a replay launches them all; a capture records them all (about
 #: the host time of as many steps run one by one, paid again when a step changes)
 STEPS_PER_GRAPH = 32
+#: the fewest steps per graph for a group whose graphs are captured again (every epoch for a
+#: loss that follows a schedule)
+MIN_STEPS_PER_GRAPH = 4
 #: traced steps before the first capture: the first warms up (caches, handles), the next two
 #: must launch the same operators
 FIRST_TRACED = 2
@@ -151,8 +154,9 @@ class GraphedSteps:
                     if len(set(later)) > 1:
                         self._fail("its steps launch other operators from one step to the next")
                     elif later and self.failed is None:
-                        if self.signature is not None:  # a schedule, a frozen head: smaller graphs
-                            self.chunk = max(1, self.chunk // 4)
+                        if self.signature is not None:  # a schedule, a frozen head: smaller
+                            # graphs (a capture costs about as many steps' host time)
+                            self.chunk = max(min(MIN_STEPS_PER_GRAPH, self.chunk), self.chunk // 4)
                         self._drop_graphs()
                         self.signature = later[-1]
             self.epochs += 1
