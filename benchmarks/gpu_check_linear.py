@@ -26,10 +26,11 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import sys
 import time
 from collections.abc import Iterator, Sequence
+
+from benchmarks._common import environment
 
 #: stage two, graphs vs eager and stacked vs alone on CUDA: largest difference of an epoch's
 #: validation or test mAP, in points (float rounding only)
@@ -86,20 +87,6 @@ def _compare(ours, theirs, what: str) -> float:
 
 
 @contextlib.contextmanager
-def _environment(**values: str) -> Iterator[None]:
-    before = {key: os.environ.get(key) for key in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for key, value in before.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
-@contextlib.contextmanager
 def _graph_records() -> Iterator[list]:
     """Every group's graph bookkeeping (``GraphedSteps``) made while it is open."""
     from featcache.linear.engine import trainer
@@ -149,10 +136,10 @@ def graphs_vs_eager(check, data=None) -> tuple[str, dict]:
     specs = _specs(data, LOSSES)
     device = data.train.observed.device
     started = time.perf_counter()
-    with _graph_records() as made, _environment(**{GRAPHS_ENV: "1"}):
+    with _graph_records() as made, environment(**{GRAPHS_ENV: "1"}):
         graphed = run_searches(data, specs, device, progress=False)
     middle = time.perf_counter()
-    with _environment(**{GRAPHS_ENV: "0", CUDA_GROUPS_ENV: "1"}):
+    with environment(**{GRAPHS_ENV: "0", CUDA_GROUPS_ENV: "1"}):
         eager = run_searches(data, specs, device, progress=False)
     ended = time.perf_counter()
     worst = _compare(graphed, eager, "graphs vs eager")
@@ -232,7 +219,7 @@ def capture_failure_and_device(check, data=None, provoke=_read_while_captured
         return trainer, trainer.run(progress=False, position=0)[0]
 
     before = torch.cuda.current_device() if cuda else None
-    with _environment(**{GRAPHS_ENV: "0"}):
+    with environment(**{GRAPHS_ENV: "0"}):
         _, eager = train()
     warnings: list[str] = []
     handler = logging.Handler()

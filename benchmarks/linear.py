@@ -60,7 +60,15 @@ import torch
 from sklearn.metrics import average_precision_score
 
 from benchmarks import record
-from benchmarks._common import BENCH_DIR, Busy, describe, machine, save, tree_memory
+from benchmarks._common import (
+    BENCH_DIR,
+    Busy,
+    describe,
+    environment,
+    machine,
+    save,
+    tree_memory,
+)
 from benchmarks.reference_code import authors_config_epochs, write_reference_layout
 from featcache.data.featurewrite import write_features
 from featcache.data.labelfile import LabelSet, SplitLabels, load_labels, write_labels
@@ -383,18 +391,9 @@ def cuda_variants(args, data, device, table: Table) -> dict:
     out = {}
     for label, env in (("without CUDA graphs", {GRAPHS_ENV: "0"}),
                        ("one group at a time", {CUDA_GROUPS_ENV: "1"})):
-        before = {key: os.environ.get(key) for key in env}
-        os.environ.update(env)
-        try:
-            with Busy() as busy:
-                seconds = run_search(data, SearchSpec(loss=args.loss), device=device,
-                                     progress=False).seconds
-        finally:
-            for key, value in before.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
+        with environment(**env), Busy() as busy:
+            seconds = run_search(data, SearchSpec(loss=args.loss), device=device,
+                                 progress=False).seconds
         out[label] = {"seconds": seconds, "env": env, "busy": busy.record()}
         table.add(f"featcache search, {args.loss}, {label}", seconds, seconds / 200, None,
                   busy.others)

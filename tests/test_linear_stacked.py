@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from linear_fixtures import pseudo_label_sets, spatial_features_file, synthetic_dataset
+from linear_fixtures import every_kind_of_data
 
-from featcache.linear.data import load_linear_data
 from featcache.linear.engine.member import Member
 from featcache.linear.engine.search import SearchSpec
 from featcache.linear.engine.stacking import Stackable, balanced, fit_all, stacked_groups, unstacked
@@ -21,11 +20,7 @@ CPU = torch.device("cpu")
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    root = tmp_path_factory.mktemp("stacked")
-    labels, features = synthetic_dataset(root, n_train=80, n_test=32, classes=4, dim=8)
-    pseudo_label_sets(labels)
-    spatial = spatial_features_file(labels, shape=(2, 2, 4))
-    return load_linear_data(labels, features), load_linear_data(labels, spatial)
+    return every_kind_of_data(tmp_path_factory.mktemp("stacked"))
 
 
 def _members(name: str, data, seed: int = 0, batch_size: int = 16) -> Member:

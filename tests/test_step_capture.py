@@ -15,10 +15,9 @@ import logging
 
 import pytest
 import torch
-from linear_fixtures import pseudo_label_sets, spatial_features_file, synthetic_dataset
+from linear_fixtures import every_kind_of_data
 
 import featcache.linear.engine.trainer as trainer_module
-from featcache.linear.data import load_linear_data
 from featcache.linear.engine.graphs import GRAPHS_ENV, STEPS_ENV, RerunGraphs, graphs_enabled
 from featcache.linear.engine.member import Member
 from featcache.linear.engine.search import SearchSpec
@@ -33,11 +32,7 @@ CPU = torch.device("cpu")
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    root = tmp_path_factory.mktemp("capture")
-    labels, features = synthetic_dataset(root, n_train=80, n_test=32, classes=4, dim=8)
-    pseudo_label_sets(labels)
-    spatial = spatial_features_file(labels, shape=(2, 2, 4))
-    return load_linear_data(labels, features), load_linear_data(labels, spatial)
+    return every_kind_of_data(tmp_path_factory.mktemp("capture"))
 
 
 @pytest.fixture
