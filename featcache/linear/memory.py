@@ -155,7 +155,8 @@ class GroupShape:
             predictions += n * classes
         # kept epochs: the trainer's, then the main process's while others evaluate them
         kept = 2 * self.snapshots * self.heads_bytes(sizes)
-        return head + state + predictions + kept + self.evaluation_bytes(sizes)
+        labels = 2 * n * classes * FLOAT32  # the epoch's observed and full labels, as float32
+        return head + state + predictions + kept + labels + self.evaluation_bytes(sizes)
 
     def evaluation_bytes(self, sizes: SplitSizes) -> int:
         """What scoring the validation and test splits takes (scores and AP work, BoostLU's
