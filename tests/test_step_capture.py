@@ -26,7 +26,7 @@ from featcache.linear.engine.steptrace import HostCopies, StepTrace
 from featcache.linear.engine.trainer import GroupTrainer
 from featcache.losses import loss_class, loss_names
 
-EPOCHS = 3
+EPOCHS = 2
 CPU = torch.device("cpu")
 
 
@@ -95,7 +95,7 @@ def test_every_losss_step_is_as_capturable_as_it_declares(name, data, graphed):
     assert trainer.steps >= 3
     loss = loss_class(name)
     by_epoch = []
-    for epoch in range(2):  # a schedule changes the step from the first epoch to the second
+    for epoch in range(EPOCHS):  # a schedule changes the step from the first epoch to the second
         later = _traced_epoch(trainer, epoch)[1:]
         if not loss.capturable:
             assert _reads(later), f"{name} declares a step that cannot be captured"
@@ -128,7 +128,7 @@ def test_the_largest_stacked_group_on_cuda_steps_alike_and_reads_nothing_on_the_
     trainer = GroupTrainer(largest.data, [m for _, m in largest.members], EPOCHS, "clean",
                            "none", CPU)
     by_epoch = []
-    for epoch in range(2):
+    for epoch in range(EPOCHS):
         later = _traced_epoch(trainer, epoch)[1:]
         assert not _reads(later)
         assert later[0][0].signature() == later[1][0].signature()
@@ -163,7 +163,7 @@ def _same(ours, theirs, name: str) -> None:
             assert torch.equal(a.state[key], b.state[key]), (name, key)
 
 
-@pytest.mark.parametrize("name", ["an", "role", "gr", "opml-sp", "ignore"])
+@pytest.mark.parametrize("name", ["role", "gr", "opml-sp", "ignore"])
 def test_graphed_steps_give_the_plain_loops_numbers(name, data, monkeypatch, caplog):
     """Many steps per graph, the batch chosen on the device: the plain loop's numbers, bit for
     bit; a graph captured once serves every epoch, again each epoch for a schedule; a step
