@@ -26,7 +26,6 @@ from featcache.linear.data import TrainingSplits, read_linear_data, split_rows
 from featcache.linear.engine.member import evaluation_can_move
 from featcache.linear.engine.schedule import workers_evaluate_elsewhere
 from featcache.linear.engine.search import SearchResult, SearchSpec, run_search, run_searches
-from featcache.linear.engine.workers import on_main
 from featcache.linear.lossrun import LinearOutcome, LossRun
 from featcache.linear.memory import (
     FLOAT32,
@@ -45,8 +44,7 @@ from featcache.linear.outputs import run_settings, write_run
 from featcache.linear.plan import LinearPlan, RunOutputs, SplitRowsOf, plan_linear
 from featcache.linear.report import losses_table, run_summary
 from featcache.linear.stream import load_streamed_data
-from featcache.linear.zeroshot import ZERO_SHOT
-from featcache.linear.zeroshot_choice import score_zero_shot
+from featcache.linear.zeroshot import ZERO_SHOT, score_zero_shot
 from featcache.losses import SPATIAL_FEATURES, SPMLLoss, loss_class
 from featcache.paths import labels_path, runs_dir, runs_root
 from featcache.protocol.coverage import evaluation_coverage, evaluation_notes
@@ -58,6 +56,7 @@ from featcache.protocol.tensorboard_log import log_run, require_tensorboard
 from featcache.runtime import (
     Ranks,
     describe_device,
+    on_main,
     pick_device,
     ranks,
     usable_cpus,

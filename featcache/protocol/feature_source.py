@@ -7,8 +7,9 @@ phase names a backbone, ``--weights`` and ``--image-size``
 (:mod:`featcache.protocol.linear_phase_source`). Each answer is resolved once, while
 the command's options are checked, into a :class:`FeatureSource`: the tag, the pooled file,
 its spatial sibling (the same backbone and weights) and whether the set came from images (a set
-imported from features has no feature maps to look for). The errors name the files there are
-and the command that makes a missing one.
+imported from features has no feature maps to look for); stage two opens its files here too
+(:func:`open_feature_files`, :class:`FeatureFiles`), and every later part reads them from
+there. The errors name the files there are and the command that makes a missing one.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from featcache.data.featurefile import FeatureFile, read_feature_attrs
+from featcache.data.featurefile import FeatureFile, open_features, read_feature_attrs
 from featcache.data.labelfile import LabelSet
 from featcache.errors import InputError, OptionError
 from featcache.paths import (
@@ -25,9 +26,10 @@ from featcache.paths import (
     feature_file_tag,
     features_files_in,
     find_features,
+    find_spatial_features,
     spatial_features_path,
 )
-from featcache.protocol.loss_choice import WITHOUT_IMAGES, needs_spatial
+from featcache.protocol.loss_choice import WITHOUT_IMAGES, needs_spatial, requested_losses
 
 #: the backbone fine-tuning and its linear phase take when none is named
 DEFAULT_BACKBONE = "resnet50"
@@ -54,6 +56,25 @@ class FeatureSource:
         return path
 
 
+@dataclass(frozen=True)
+class FeatureFiles:
+    """The features files a ``train-linear`` call trains on: the pooled one (every loss but
+    those that read feature maps) and the spatial one, each opened only when a chosen loss
+    needs it; ``source`` says which files they are."""
+
+    source: FeatureSource
+    pooled: FeatureFile | None
+    spatial: FeatureFile | None
+
+    @property
+    def first(self) -> FeatureFile:
+        """The pooled file, else the spatial one (the split rows are read from it)."""
+        found = self.pooled if self.pooled is not None else self.spatial
+        if found is None:
+            raise LookupError("no features file was opened")
+        return found
+
+
 def came_from_images(labels: LabelSet) -> bool:
     """Whether the labels file's set has images (else it was imported from features)."""
     return labels.provenance.get("source_format") not in WITHOUT_IMAGES
@@ -74,6 +95,39 @@ def reads_maps(names: Sequence[str]) -> bool:
 
 
 # ------------------------------------------------------------------------- stage two's --backbone
+def open_feature_files(dataset: str, backbone: str | None, cache: str | None,
+                       losses: str | Sequence[str], labels: LabelSet,
+                       say: Callable[[str], None] = lambda _: None) -> FeatureFiles:
+    """Stage two's features files, resolved and opened once: the pooled file of ``--backbone``
+    unless only losses that read feature maps are named, and its spatial sibling when it exists
+    and ``--loss all`` or such a loss is named (a named one without a spatial file is refused by
+    its need, naming the command that makes one)."""
+    names = requested_losses(losses)
+    images = came_from_images(labels)
+    pooled = None
+    if reads_pooled(names, images):
+        pooled = open_features(pooled_features_path(dataset, backbone, cache, say), labels)
+    tag = (feature_file_tag(pooled.path) if pooled is not None
+           else backbone or only_spatial_tag(dataset, cache))
+    path = spatial_sibling(dataset, tag, cache, pooled)
+    spatial = None
+    if reads_maps(names) and path is not None:
+        spatial = open_features(path, labels)
+        if spatial.spatial_shape is None:
+            raise InputError(f"{path} holds pooled features (no layout 'spatial' and "
+                             "spatial_shape attributes); BoostLU and IGNORE train on feature maps: "
+                             f"extract it again with `featcache features --dataset "
+                             f"{dataset} --backbone {tag} --spatial`")
+    if pooled is not None and pooled.spatial_shape is not None:
+        raise InputError(f"{pooled.path} holds spatial feature maps, not pooled features; a "
+                         "spatial file is named spatial-<backbone>.h5")
+    if pooled is None and spatial is None:
+        find_spatial_features(dataset, tag or "resnet50", cache)
+    source = FeatureSource(tag, None if pooled is None else pooled.path,
+                           None if spatial is None else spatial.path, images)
+    return FeatureFiles(source, pooled, spatial)
+
+
 def pooled_features_path(dataset: str, backbone: str | None, cache: str | None,
                          say: Callable[[str], None]) -> Path:
     """``--backbone``'s pooled features file: ``features-<backbone>.h5``, else the only file

@@ -177,13 +177,3 @@ def _start_worker() -> None:
 
 def _run_task(key: int, group: object) -> object:
     return _TASKS[key](group)
-
-
-def on_main(job: Ranks | None, step: Callable[[], R]) -> R:
-    """Run ``step`` on rank 0 only and hand its result to every rank (errors stop all ranks)."""
-    if job is None or job.world == 1:
-        return step()
-    result = job.together(lambda: step() if job.is_main else None)
-    shared = [result]
-    dist.broadcast_object_list(shared, src=0)
-    return shared[0]
