@@ -116,6 +116,7 @@ def _fail_after(monkeypatch, module, budget: int, code: int = errno.ENOSPC, writ
     monkeypatch.setattr(module, "open", fake_open, raising=False)
 
 
+@pytest.mark.slow  # fine-tunes a network
 def test_a_checkpoint_that_hits_a_full_disk_keeps_the_previous_one_and_resume_continues(
         tmp_path_factory, tmp_path, monkeypatch):
     from helpers_finetune import NAME, copy_cache, finetune

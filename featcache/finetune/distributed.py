@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import datetime as _dt
 from collections.abc import Callable
-from typing import TypeVar, cast
+from typing import cast
 
 import torch
 import torch.distributed as dist
@@ -30,8 +30,6 @@ from torch import Tensor
 from featcache.errors import FeatcacheError
 from featcache.finetune.data import shard_range
 from featcache.runtime import Ranks
-
-T = TypeVar("T")
 
 
 def all_reduce_sum(tensor: Tensor, job: Ranks) -> Tensor:
@@ -103,23 +101,6 @@ def check_same(tensors: dict[str, Tensor], job: Ranks) -> None:
             names = [n for n, a, b in zip(tensors, part, parts[0], strict=True) if not torch.equal(a, b)]
             raise FeatcacheError(f"rank {rank}'s {', '.join(names)} differ from rank 0's; the ranks "
                                  "drifted apart (please report this)")
-
-
-def broadcast_object(obj: T, job: Ranks) -> T:
-    """Rank 0's ``obj`` on every rank (picklable objects)."""
-    if job.world == 1:
-        return obj
-    box = [obj]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
-
-
-def on_main(job: Ranks | None, step: Callable[[], T]) -> T:
-    """Run ``step`` on rank 0 only and hand its result to every rank (errors stop all ranks)."""
-    if job is None or job.world == 1:
-        return step()
-    result = job.together(lambda: step() if job.is_main else None)
-    return broadcast_object(result, job)
 
 
 #: how long a rank that has finished its own configurations waits for the others

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 
 from featcache.heads import HeadKind
 from featcache.linear.data import TrainingSplits
-from featcache.linear.engine.member import Member, evaluation_can_move
+from featcache.linear.engine.member import Member
 from featcache.losses import SPMLLoss, loss_class
 
 
@@ -45,7 +45,6 @@ class StackedGroup:
     epochs: int
     val_variant: str
     early_stop: str
-    can_defer: bool
     members: tuple[tuple[int, Member], ...]
 
     @property
@@ -82,28 +81,26 @@ def stacked_groups(searches: Sequence[Stackable], configs: Sequence[Sequence[Mem
                    graphs: bool = False) -> list[StackedGroup]:
     """The groups of a run's searches: for each search, ``configs[i]`` holds one
     :class:`Member` per (seed, batch size) of its grid. Losses join a group when they share
-    its data (the same object: fitted alike), kind of head, seed, batch size, settings and
-    whether their evaluation may leave the worker; with ``graphs`` (CUDA graphs), also how
-    their step may be captured (:attr:`~featcache.losses.SPMLLoss.capturable`, ``scheduled``:
-    a loss that cannot be captured, or whose graph changes every epoch, does not hold back
-    the others). Groups keep the order of first appearance, members the order of the
-    searches."""
+    its data (the same object: fitted alike), kind of head, seed, batch size and settings;
+    with ``graphs`` (CUDA graphs), also how their step may be captured
+    (:attr:`~featcache.losses.SPMLLoss.capturable`, ``scheduled``: a loss that cannot be
+    captured, or whose graph changes every epoch, does not hold back the others). Groups keep
+    the order of first appearance, members the order of the searches."""
     groups: dict[tuple, list[tuple[int, Member]]] = {}
     data_of: dict[tuple, TrainingSplits] = {}
     for index, (search, members) in enumerate(zip(searches, configs, strict=True)):
-        defer = evaluation_can_move(search.loss, search.early_stop)
         capture = (search.loss.capturable, search.loss.scheduled) if graphs else ()
         for member in members:
             seed, batch_size = member.configs[0].seed, member.configs[0].batch_size
             key = (id(search.data), search.loss.head, seed, batch_size, search.epochs,
-                   search.val_variant, search.early_stop, defer, capture)
+                   search.val_variant, search.early_stop, capture)
             groups.setdefault(key, []).append((index, member))
             data_of[key] = search.data
     out = []
     for key, shares in groups.items():
-        _, kind, seed, batch_size, epochs, val_variant, early_stop, defer, _ = key
+        _, kind, seed, batch_size, epochs, val_variant, early_stop, _ = key
         out.append(StackedGroup(data_of[key], kind, seed, batch_size, epochs, val_variant,
-                                early_stop, defer, tuple(shares)))
+                                early_stop, tuple(shares)))
     return out
 
 
