@@ -232,6 +232,7 @@ def test_a_real_small_file_system_refuses_an_import_up_front_without_crashing(tm
     assert "labels.h5" not in done.stdout  # nothing written
 
 
+@pytest.mark.slow  # fills a disk, then resumes the extraction
 def test_a_disk_that_fills_during_extraction_keeps_the_chunks_and_the_run_resumes(tmp_path):
     make_dataset(tmp_path, num_train=24, num_test=8)
     slow = "from featcache.features.extract import Extraction\n_slow(Extraction, 'forward', 0.3)"
