@@ -9,8 +9,9 @@ On a CUDA machine, offline, in under 8 minutes on one H100 or H200, it
    and features agree with PIL's within :data:`TOL_DECODE_PIXELS` / :data:`TOL_DECODE`; a run
    killed with SIGKILL mid-way resumes to a file identical to an uninterrupted run's;
 3. stage two on the GPU equals stage two on the CPU within :data:`TOL_LINEAR_MAP` points;
-   CUDA graphs equal eager steps and a stacked pass equals each loss alone, and CPU workers
-   run in a process that trained on CUDA (:mod:`benchmarks.gpu_check_linear`);
+   CUDA graphs (many steps each, several groups at once) equal eager steps and a stacked pass
+   equals each loss alone; a capture that fails falls back, once, on the run's device; CPU
+   workers run in a process that trained on CUDA (:mod:`benchmarks.gpu_check_linear`);
 4. fine-tuning: LinearInit's first evaluation equals the linear head on the cached features
    (:data:`TOL_LINEARINIT`); one epoch of bf16 autocast; ``--compile`` (two configurations:
    the second must compile nothing new; the compile time is reported); a ``--deterministic``
