@@ -90,7 +90,7 @@ class ConfigTrainer:
         spec = backbone_spec(start.backbone)
         dim = spec.dim
         self.loss: SPMLLoss = create_loss(settings.loss, num_classes, 1, params=settings.params,
-                                          dataset=data.dataset)
+                                          dataset=data.dataset, facts=data.facts)
         # a masked-pass loss (IGNORE) trains one configuration in one process and gets strong
         # views from the loader
         self.masked_pass = self.loss if isinstance(self.loss, MaskedPassLoss) else None
