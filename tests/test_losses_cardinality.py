@@ -155,3 +155,24 @@ def test_lc_dist_needs_the_distribution():
     counted = create_loss("lc-dist", L)  # without the data's facts: P(k) of the rows' labels
     counted.init_state(tensor(OBSERVED), tensor(CLEAN))
     assert counted.histogram == ((2, 1), (4, 1))
+
+
+def test_lc_dist_fine_tunes_with_its_matching_and_its_run_keeps_label_sets(tmp_path_factory,
+                                                                           tmp_path):
+    """Stage three: two epochs (lc-max's terms, then the matched counts), state in the
+    checkpoint, and the run's validation scores and label sets kept."""
+    import json
+
+    from helpers_finetune import NAME, SIZE, copy_cache, finetune
+
+    cache = copy_cache(tmp_path_factory.getbasetemp(), tmp_path / "cache")
+    result = finetune(cache, "--loss", "lc-dist", "--init", "none", "--weights", "random",
+                      "--image-size", str(SIZE), "--epochs", "2", "--lr", "1e-3", "--bsize", "8",
+                      "--run-id", "card")
+    assert result.exit_code == 0, result.output
+    run_dir = cache / NAME / "finetune" / "lc-dist" / "card"
+    document = json.loads((run_dir / "results.json").read_text())
+    epochs = document["configs"][0]["epochs"]
+    assert all(1.0 <= e["extra"]["cardinality_mean"] <= 3.0 for e in epochs)
+    assert (run_dir / "val-scores.h5").is_file()
+    assert [entry["level"] for entry in document["label_sets"]["levels"]] == [0.8, 0.9, 0.95]

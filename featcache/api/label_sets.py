@@ -10,7 +10,12 @@ from pathlib import Path
 import numpy as np
 
 from featcache.errors import InputError, OptionError
-from featcache.protocol.label_sets import Calibration, NoCalibration, read_val_scores
+from featcache.protocol.label_sets import (
+    VAL_SCORES_FILE,
+    Calibration,
+    NoCalibration,
+    read_val_scores,
+)
 from featcache.stats.label_sets import DEFAULT_METHOD, METHODS, LabelSetRule, check_level
 
 
@@ -34,10 +39,11 @@ def calibrated_rule(calibration: Calibration, level: float, method: str) -> Labe
         raise InputError(f"label sets cannot be calibrated: {exc}") from None
 
 
-def rule_note(rule: LabelSetRule, classes, source: str) -> str:
+def rule_note(rule: LabelSetRule, classes, run_dir: Path) -> str:
     """One line on the rule in use: the level, the method, the cut and the calibration."""
     note = (f"label sets at level {rule.level:g} ({rule.method}): {rule.describe(classes)}; "
-            f"calibrated on the observed positives of {rule.rows} validation rows ({source})")
+            f"calibrated on the observed positives of {rule.rows} validation rows "
+            f"({Path(run_dir) / VAL_SCORES_FILE})")
     if rule.method == "rank" and rule.top()[0] >= len(classes):
         note += "; too few rows for this level: every class is kept"
     return note

@@ -11,6 +11,12 @@ from featcache.errors import plural
 PREDICT_SUFFIXES = {"csv": (".csv", ".txt"), "jsonl": (".jsonl", ".json", ".ndjson")}
 
 
+def refuse_filters_with_sets(sets_level, top_k, threshold) -> None:
+    if sets_level is not None and (top_k is not None or threshold is not None):
+        raise click.UsageError("--sets chooses each row's labels itself: give it without "
+                               "--top-k and --threshold")
+
+
 @click.command("predict")
 @click.option("--run", "run_path", required=True, type=click.Path(),
               help="A finished run folder: cache/<dataset>/runs/<loss>/<id> (stage two) or "
@@ -82,14 +88,11 @@ def command(run_path, features_path, images, out, fmt, top_k, threshold, sets_le
     from featcache.api.runs import load_run
     from featcache.interrupt import on_stop
     from featcache.paths import check_out
-    from featcache.protocol.label_sets import VAL_SCORES_FILE
     from featcache.runtime import default_workers, pick_device
 
     if (features_path is None) == (not images):
         raise click.UsageError("give either --features FILE or IMAGES (files or folders)")
-    if sets_level is not None and (top_k is not None or threshold is not None):
-        raise click.UsageError("--sets chooses each row's labels itself: give it without "
-                               "--top-k and --threshold")
+    refuse_filters_with_sets(sets_level, top_k, threshold)
     if out != "-":
         suffixes = (PREDICT_SUFFIXES[fmt] if fmt else PREDICT_SUFFIXES["csv"] + PREDICT_SUFFIXES["jsonl"])
         check_out(out, "--out", suffixes, f"predictions ({fmt or 'csv or jsonl, from the ending'})",
@@ -114,6 +117,6 @@ def command(run_path, features_path, images, out, fmt, top_k, threshold, sets_le
     write_text(prediction_text(ids, probs, run.classes, fmt, top_k, threshold, sets), out,
                overwrite)
     if rule is not None:
-        click.echo(rule_note(rule, run.classes, str(run.path / VAL_SCORES_FILE)), err=True)
+        click.echo(rule_note(rule, run.classes, run.path), err=True)
     if out != "-":
         click.echo(f"{plural(len(ids), 'row')} x {plural(len(run.classes), 'class', 'classes')} -> {out}")

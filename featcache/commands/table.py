@@ -69,10 +69,6 @@ def command(run_dirs, fmt, per_class, out, label, run_id, all_runs, ci, versus, 
     --ci reads each run's test scores (test-scores.h5; for an older stage-two run, its
     best.pt and features file) and adds a 95% bootstrap interval to every cell; --versus an
     compares every loss with an on the same resampled images (docs/uncertainty.md).
-
-    \b
-    --sets 0.9 shows, beside each mAP, the run's conformal label sets at level 0.9 on the test
-    split: what share of each image's true positives they hold and their mean size.
     """
     import json
 
@@ -88,14 +84,11 @@ def command(run_dirs, fmt, per_class, out, label, run_id, all_runs, ci, versus, 
     if per_class and (ci or versus):
         raise OptionError("--per-class takes no --ci or --versus: the per-class paired "
                           "intervals are the heatmap of `featcache report`")
-    if sets_level is not None and (per_class or ci or versus):
-        raise OptionError("--sets is a table of its own (mAP, share and set size with their "
-                          "intervals): give it without --per-class, --ci and --versus")
     results = ResultsTable.from_paths(run_dirs, run_id=run_id, all_runs=all_runs)
     for line in results.chosen:
         click.echo(f"note: {line}", err=True)
     if sets_level is not None:
-        text = _with_sets(results, fmt, label, sets_level, sets_method)
+        text = _with_sets(results, fmt, label, sets_level, sets_method, per_class or ci or versus)
     elif ci or versus:
         text = _with_intervals(results, fmt, label, versus, resamples, ci_seed)
     elif fmt == "json":
@@ -145,11 +138,16 @@ def _with_intervals(results, fmt: str, label: str, versus: str | None, resamples
     return table.markdown() + "\n\n" + results.configurations().markdown() + "\n"
 
 
-def _with_sets(results, fmt: str, label: str, level: float, method: str) -> str:
-    """The label-set table in ``fmt``."""
+def _with_sets(results, fmt: str, label: str, level: float, method: str, other: bool) -> str:
+    """The label-set table in ``fmt`` (``other``: a table option it cannot take was given)."""
     import json
 
+    from featcache.errors import OptionError
     from featcache.protocol.label_sets_table import flat_sets_table, label_sets_table
+
+    if other:
+        raise OptionError("--sets is a table of its own (mAP, share and set size with their "
+                          "intervals): give it without --per-class, --ci and --versus")
 
     if fmt == "json":
         return json.dumps(flat_sets_table(results, level, method).records(), indent=2) + "\n"
