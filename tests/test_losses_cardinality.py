@@ -157,6 +157,7 @@ def test_lc_dist_needs_the_distribution():
     assert counted.histogram == ((2, 1), (4, 1))
 
 
+@pytest.mark.slow
 def test_lc_dist_fine_tunes_with_its_matching_and_its_run_keeps_label_sets(tmp_path_factory,
                                                                            tmp_path):
     """Stage three: two epochs (lc-max's terms, then the matched counts), state in the
