@@ -68,12 +68,10 @@ from featcache.errors import plural
                    "on the CPU. The loss is always computed in float32.")
 @click.option("--compile", "use_compile", is_flag=True, default=False,
               help="torch.compile the network. Compiling is paid once per batch size (later "
-                   "configurations of the grid reuse the graphs): about 59 s on an H200 "
-                   "(2026-11-26). It pays when it makes the step faster by more than that share "
-                   "of the training time: uncompiled, VOC at 448 px trains at 485 img/s at batch "
-                   "16 on that GPU (4 learning rates x 10 epochs: about 380 s), so above a 16 % "
-                   "speed-up; at batch 64 the step already runs at its compute's rate (1,147 of "
-                   "1,160 img/s). Its speed-up is not measured yet.")
+                   "configurations of the grid reuse the graphs); it pays when it makes the step "
+                   "faster by more than that share of the training time, which is least likely "
+                   "at large batches, where the step already runs at its compute's rate "
+                   "(docs/finetune.md; figures in docs/performance.md).")
 @click.option("--deterministic", is_flag=True, default=False,
               help="GPU: deterministic cuDNN and PyTorch kernels, no autotuner (slower): the same "
                    "command gives the same bits, and a resumed run equals an uninterrupted one. "
