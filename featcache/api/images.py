@@ -97,6 +97,7 @@ def run_on_images(paths: Sequence[Named], forward: Callable[[Tensor], Tensor], i
                 if not skip_bad:
                     raise InputError(f"cannot read image {paths[row]}: {reason}; {fix_hint}")
                 warnings.warn(f"left out {paths[row]}: {reason}", FeatcacheWarning, stacklevel=2)
+                bar.skip(1)
             if ok.any():
                 batch = normalize(images[ok].to(device, non_blocking=True))
                 batch = batch.contiguous(memory_format=layout)

@@ -149,7 +149,7 @@ class ImageSurvey:
             notes.append(f"{converted - self.deep} palette/CMYK/other modes converted to RGB as "
                          "the reference does")
         bad = f"; {len(self.bad)} unreadable" if self.bad else ""
-        return (f"images verified: {self.count} decoded ({modes}){sizes}{bad}"
+        return (f"images verified: {self.count - len(self.bad)} decoded ({modes}){sizes}{bad}"
                 + ("; " + "; ".join(notes) if notes else ""))
 
     def record(self) -> dict:
@@ -167,7 +167,8 @@ def survey_images(root: str | os.PathLike, names: Iterable[str], desc: str = "ve
     read, so truncation is caught) and note its mode, size and transparency."""
     require_strict_pil()
     survey = ImageSurvey()
-    for name in progress(names, desc=desc, unit="img", total=total):
+    bar = progress(names, desc=desc, unit="img", total=total)
+    for name in bar:
         path = Path(root) / str(name)
         survey.count += 1
         try:
@@ -179,6 +180,7 @@ def survey_images(root: str | os.PathLike, names: Iterable[str], desc: str = "ve
                 alpha = mode in ("RGBA", "LA", "PA", "RGBa", "La") or "transparency" in image.info
         except DECODE_ERRORS as exc:
             survey.bad.append((str(name), _decode_reason(path, exc)))
+            bar.skip(1)
             continue
         survey.modes[mode] += 1
         survey.widths.append(width)
