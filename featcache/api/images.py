@@ -105,5 +105,8 @@ def run_on_images(paths: Sequence[Named], forward: Callable[[Tensor], Tensor], i
                     outputs.append(forward(batch).float().cpu().numpy())
                 kept += [paths[row] for row in rows[ok].tolist()]
             bar.update(len(rows))
-    width = outputs[0].shape[1] if outputs else 0
-    return kept, (np.concatenate(outputs) if outputs else np.zeros((0, width), np.float32))
+    if not outputs:  # every image was left out (--skip-bad): nothing to score
+        which = (f"{paths[0]} was left out" if len(paths) == 1 else
+                 f"all {len(paths)} were left out, each named above")
+        raise InputError(f"no image could be read: {which}; nothing to score")
+    return kept, np.concatenate(outputs)

@@ -22,7 +22,9 @@ from featcache.errors import plural
 
 @click.command("finetune")
 @dataset_option()
-@click.option("--loss", required=True, help="The loss (`featcache losses` lists them).")
+@click.option("--loss", default=None,
+              help="The loss (`featcache losses` lists them)  [required; without it the "
+                   "error names the finished linear runs --init best can start from].")
 @click.option("--init", "init", default="best", show_default=True, metavar="best|none|PATH",
               help="best: the finished linear run of this loss with the best validation mAP on "
                    "these labels (trained first, with LinearInit's fixed hyperparameters, when there "
@@ -137,6 +139,8 @@ def command(dataset, loss, init, learning_rates, batch_sizes, epochs, head_lr_mu
     from featcache.linear.run import train_linear_phase
 
     dataset = chosen_dataset(dataset, cache)
+    if loss is None:
+        raise click.UsageError(_missing_loss(dataset, cache, init))
     params = parse_params(param_pairs)
     for name, values in params.items():
         if len(values) != 1:
@@ -160,3 +164,36 @@ def command(dataset, loss, init, learning_rates, batch_sizes, epochs, head_lr_mu
         click.echo(outcome)
         if tensorboard:
             click.echo(tensorboard_line(tensorboard), err=True)
+
+
+def _missing_loss(dataset: str, cache: str | None, init: str) -> str:
+    """``Missing option '--loss'``, with the finished linear runs of ``dataset`` that
+    ``--init best`` could start from (at most a few run ids per loss)."""
+    import shlex
+
+    from featcache.data.labelfile import load_labels
+    from featcache.errors import name_list
+    from featcache.paths import labels_path, runs_root
+    from featcache.protocol.catalog import loss_names
+    from featcache.protocol.loss_choice import WITHOUT_IMAGES
+    from featcache.protocol.runs import finished_runs
+
+    message = "Missing option '--loss': the loss to fine-tune (`featcache losses` lists them)"
+    labels = load_labels(labels_path(dataset, cache), image_names=False)
+    if labels.provenance.get("source_format") in WITHOUT_IMAGES:
+        return (f"{message}; but {dataset} has features and no images (imported or generated), "
+                "so it cannot be fine-tuned end to end: its linear runs are final")
+    if init != "best":
+        return message
+    root = runs_root(dataset, cache)
+    found = {folder.name: [run.name for run in finished_runs(folder)]
+             for folder in sorted(root.iterdir()) if folder.is_dir()} if root.is_dir() else {}
+    found = {loss: runs for loss, runs in found.items() if runs and loss in loss_names()}
+    if not found:
+        return (f"{message}; {dataset} has no finished linear run yet, so --init best trains "
+                "LinearInit's linear phase first (its hyperparameters are known for an-ls and role)")
+    listed = "; ".join(f"{loss} ({name_list(runs, 3)})" for loss, runs in found.items())
+    example = "role" if "role" in found else next(iter(found))
+    return (f"{message}; --init best can start from the finished linear runs of {dataset}: "
+            f"{listed}, e.g. `featcache finetune --dataset {dataset} --loss {example}"
+            f"{'' if cache is None else ' --cache ' + shlex.quote(str(cache))}`")

@@ -21,15 +21,18 @@ from __future__ import annotations
 import os
 import warnings
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 import numpy as np
 from PIL import Image, ImageFile, UnidentifiedImageError
 
 from featcache.data.labelfile import LabelSet
-from featcache.errors import InputError, OptionError
+from featcache.errors import FeatcacheWarning, InputError, OptionError
+from featcache.fileio import human_bytes
 from featcache.progress import progress
 
 #: how images deeper than 8 bits become 8-bit RGB (the reference would clip them at 255)
@@ -50,6 +53,27 @@ def require_strict_pil() -> None:
         ImageFile.LOAD_TRUNCATED_IMAGES = False
 
 
+@contextmanager
+def open_image(path: str | os.PathLike | IO[bytes], name: str | os.PathLike | None = None
+               ) -> Iterator[Image.Image]:
+    """``Image.open(path)``, with PIL's two-line decompression-bomb warning (an image of more
+    than ``Image.MAX_IMAGE_PIXELS`` pixels, decoded anyway) replaced by one featcache line
+    naming the image (``name``, default ``path``). Images twice over the limit still raise
+    PIL's DecompressionBombError (one of :data:`DECODE_ERRORS`)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        image = Image.open(path)
+    with image:
+        width, height = image.size
+        limit = Image.MAX_IMAGE_PIXELS
+        if limit and width * height > limit:
+            warnings.warn(f"{name or path} is {width} x {height} ({width * height:,} pixels), over "
+                          f"PIL's limit of {limit:,} for untrusted images; decoding it anyway "
+                          f"({human_bytes(width * height * 3)} as RGB)",
+                          FeatcacheWarning, stacklevel=3)
+        yield image
+
+
 def load_rgb(path: str | os.PathLike, draft: tuple[int, int] | None = None) -> Image.Image:
     """Decode ``path`` as the reference does: ``Image.open(path).convert("RGB")``, fully loaded.
 
@@ -57,7 +81,7 @@ def load_rgb(path: str | os.PathLike, draft: tuple[int, int] | None = None) -> I
     in libjpeg (``Image.draft``) when the result stays at least w x h: much less work for
     photos far larger than the network's input, slightly different pixels. Other formats ignore it.
     """
-    with Image.open(path) as image:
+    with open_image(path) as image:
         if draft is not None:
             image.draft(None, draft)
         return to_rgb(image)
@@ -172,7 +196,7 @@ def survey_images(root: str | os.PathLike, names: Iterable[str], desc: str = "ve
         path = Path(root) / str(name)
         survey.count += 1
         try:
-            with Image.open(path) as image:
+            with open_image(path) as image:
                 mode, (width, height) = image.mode, image.size
                 if image.format == "JPEG":
                     image.draft(image.mode, (max(1, width // 8), max(1, height // 8)))
