@@ -13,6 +13,7 @@ from linear_fixtures import pseudo_label_sets, spatial_features_file, synthetic_
 
 from featcache.losses import loss_names
 from featcache.protocol.handoff import load_head
+from featcache.protocol.numerics import NUMERICS_VERSION
 from featcache.protocol.runs import best_run, load_results
 
 FAST = ("--epochs", "2", "--lr", "1e-2,1e-3", "--bsize", "16", "--quiet", "--no-plots")
@@ -64,6 +65,26 @@ def test_rerunning_a_finished_run_reuses_it_and_other_settings_are_refused(toy):
                       "--overwrite")
     assert replaced.exit_code == 0
     assert json.loads((run_dir(toy, "an") / "results.json").read_text())["protocol"]["epochs"] == 3
+
+
+def test_a_finished_run_of_another_numerics_version_is_trained_again_and_tables_mark_it(toy):
+    args = ("train-linear", "--dataset", "toy", "--loss", "an", "--run-id", "r1", *FAST)
+    assert invoke(*args).exit_code == 0
+    results = run_dir(toy, "an") / "results.json"
+    document = json.loads(results.read_text())
+    assert document["numerics_version"] == NUMERICS_VERSION
+    del document["numerics_version"]  # as written before featcache recorded it
+    results.write_text(json.dumps(document))
+    table = invoke("table", toy / "toy" / "runs", "--run-id", "r1")
+    assert table.exit_code == 0, table.output
+    assert "1 run was made under another numerics version" in table.output
+    assert "an on toy" in table.output
+    again = invoke(*args)
+    assert again.exit_code == 0, again.output
+    assert "finished with no numerics version" in again.output and "training it again" in again.output
+    assert "reusing" not in again.output
+    assert json.loads(results.read_text())["numerics_version"] == NUMERICS_VERSION
+    assert "numerics version" not in invoke("table", toy / "toy" / "runs", "--run-id", "r1").output
 
 
 def test_loss_all_trains_every_loss_and_writes_a_table(toy):
