@@ -1,7 +1,7 @@
 """Stage two at full speed and any size: every figure of README "Performance" (stage two).
 
 1. Speed, side by side (default): the 8-configuration x 25-epoch search of one loss
-   (``--loss``, default ``an``) with ``featcache.linear.search.run_search``, next to the
+   (``--loss``, default ``an``) with ``featcache.linear.engine.search.run_search``, next to the
    reference loop measured in the same run. The reference loop is Cole et al.'s ``train.py``
    as it trains one configuration: a DataLoader with its 4 workers over the feature rows
    yielding a dict per example, the label estimator's forward on every batch, the loss built
@@ -66,8 +66,8 @@ from featcache.data.featurewrite import write_features
 from featcache.data.labelfile import LabelSet, SplitLabels, load_labels, write_labels
 from featcache.data.sampling import observe_uniform, split_train_val
 from featcache.linear.data import load_linear_data
+from featcache.linear.engine.search import SearchSpec, run_search
 from featcache.linear.memory import parse_size
-from featcache.linear.search import SearchSpec, run_search
 from featcache.protocol.runs import load_results
 from featcache.runtime import usable_cpus
 from featcache.tables import Table

@@ -1,6 +1,6 @@
 """How fast ``train-linear --loss all`` could be on this machine: the floor of its kernels.
 
-``--loss all`` trains the stacked groups that :func:`featcache.linear.search.stacked_plan`
+``--loss all`` trains the stacked groups that :func:`featcache.linear.engine.search.stacked_plan`
 makes of every loss the data can serve (VOC-sized features, the default 8 x 25 search). Any
 implementation that keeps the protocol's numbers must, for every group, every epoch and every
 training step, compute the batch's logits for all the group's heads and the weight gradient
@@ -44,7 +44,7 @@ from benchmarks.linear import measure_all_losses, results_table, sgemm_peak, syn
 from benchmarks.linear_kernels import per_call_us
 from featcache.errors import plural
 from featcache.linear.data import load_linear_data
-from featcache.linear.search import SearchSpec, stacked_plan
+from featcache.linear.engine.search import SearchSpec, stacked_plan
 from featcache.protocol.loss_choice import choose_losses
 from featcache.runtime import usable_cpus
 from featcache.tables import Table

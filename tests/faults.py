@@ -39,7 +39,7 @@ LINEAR_AN_ROLE = ["train-linear", "--dataset", "toy", "--loss", "an,role", "--ep
 #: of ``--loss an,role`` finishes first while ROLE still trains, whatever order the workers
 #: take the pieces in (the costliest first)
 SLOW_ROLE_STEPS = """
-from featcache.linear.trainer import GroupTrainer
+from featcache.linear.engine.trainer import GroupTrainer
 _train_step = GroupTrainer.train_step
 def _slowed_step(self, *args, **kwargs):
     _time.sleep(0.3 if any(m.member.loss == "role" for m in self.members) else 0.02)

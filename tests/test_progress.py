@@ -96,7 +96,7 @@ def test_stage_two_groups_report_progress_as_lines_in_a_log(log, tmp_path):
     from linear_fixtures import synthetic_dataset
 
     from featcache.linear.data import load_linear_data
-    from featcache.linear.trainer import train_group
+    from featcache.linear.engine.trainer import train_group
     from featcache.protocol.grid import GridPoint
 
     capsys, _ = log
@@ -111,9 +111,9 @@ def test_stage_two_evaluation_on_other_workers_reports_progress_too(log, tmp_pat
     """Groups trained first hand their epochs to other workers: the main process counts them."""
     from linear_fixtures import synthetic_dataset
 
-    import featcache.linear.schedule as schedule_module
+    import featcache.linear.engine.schedule as schedule_module
     from featcache.linear.data import load_linear_data
-    from featcache.linear.search import SearchSpec, run_search
+    from featcache.linear.engine.search import SearchSpec, run_search
 
     bars = []
 

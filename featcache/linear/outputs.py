@@ -16,8 +16,8 @@ import torch
 
 from featcache.fileio import write_json_atomic, write_text_atomic
 from featcache.linear.data import TrainingSplits
-from featcache.linear.evaluation import HeadResult
-from featcache.linear.search import SearchResult, SearchSpec
+from featcache.linear.engine.evaluation import HeadResult
+from featcache.linear.engine.search import SearchResult, SearchSpec
 from featcache.linear.selected_scores import keep_selected_scores
 from featcache.losses import loss_class
 from featcache.protocol.coverage import evaluation_coverage, evaluation_notes

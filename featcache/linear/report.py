@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from featcache.errors import plural
 from featcache.linear.data import TrainingSplits
-from featcache.linear.search import SearchResult
+from featcache.linear.engine.search import SearchResult
 from featcache.linear.zeroshot import ZERO_SHOT
 from featcache.protocol.coverage import evaluation_coverage, evaluation_notes
 from featcache.protocol.records import observation_line

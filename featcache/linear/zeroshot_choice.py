@@ -11,9 +11,9 @@ import torch
 from featcache.data.featurefile import FeatureFile, read_text_embeddings
 from featcache.data.labelfile import LabelSet
 from featcache.errors import OptionError
+from featcache.linear.engine.workers import on_main
 from featcache.linear.featurefiles import FeatureFiles, requested_losses
 from featcache.linear.lossrun import LossRun
-from featcache.linear.workers import on_main
 from featcache.linear.zeroshot import ZERO_SHOT, zero_shot_run
 from featcache.runtime import Ranks, describe_device
 

@@ -1,14 +1,14 @@
 """Where a run's stacked groups train: one pool of workers for every loss of the run.
 
-The searches of a run (``--loss all``) train as stacked groups (:mod:`featcache.linear.stacking`:
-the losses that share data, kind of head, seed and batch size, in one set of heads). On the
-CPU the groups are cut into pieces of whole losses until no piece is more than its share of
-the work among twice as many pieces as workers (each loss's numbers are its own whatever its
-group), and ``jobs`` worker processes take them, the costliest first; a piece whose training does not read its evaluation trains first and hands each
-epoch's heads back, and whichever worker is free evaluates them in pieces (the same numbers:
-the same operations on the same weights), so no core waits for the slowest group. On a GPU
-every group is one piece (the most heads per step). Under ``torchrun`` the ranks share the
-pieces.
+The searches of a run (``--loss all``) train as stacked groups
+(:mod:`featcache.linear.engine.stacking`: the losses that share data, kind of head, seed and batch
+size, in one set of heads). On the CPU the groups are cut into pieces of whole losses until no piece
+is more than its share of the work among twice as many pieces as workers (each loss's numbers are
+its own whatever its group), and ``jobs`` worker processes take them, the costliest first; a piece
+whose training does not read its evaluation trains first and hands each epoch's heads back, and
+whichever worker is free evaluates them in pieces (the same numbers: the same operations on the same
+weights), so no core waits for the slowest group. On a GPU every group is one piece (the most heads
+per step). Under ``torchrun`` the ranks share the pieces.
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ import torch
 
 from featcache.heads import LinearHeads
 from featcache.interrupt import check_stop
-from featcache.linear.evaluation import EpochState, Evaluation, HeadResult, TrainedGroup
-from featcache.linear.stacking import StackedGroup, balanced
-from featcache.linear.trainer import GroupTrainer
-from featcache.linear.workers import fork_is_safe, map_groups
+from featcache.linear.engine.evaluation import EpochState, Evaluation, HeadResult, TrainedGroup
+from featcache.linear.engine.stacking import StackedGroup, balanced
+from featcache.linear.engine.trainer import GroupTrainer
+from featcache.linear.engine.workers import fork_is_safe, map_groups
 from featcache.progress import progress as progress_bar
 from featcache.runtime import Ranks
 
@@ -80,7 +80,7 @@ def workers_evaluate_elsewhere(device: torch.device, jobs: int, job: Ranks | Non
     """Whether a group's evaluation may leave its worker: only where other local workers can
     take it (several CPU worker processes, forked from a process where that is safe, one rank),
     and only for groups whose losses allow it
-    (:func:`~featcache.linear.member.evaluation_can_move`)."""
+    (:func:`~featcache.linear.engine.member.evaluation_can_move`)."""
     return (device.type == "cpu" and jobs > 1 and fork_is_safe()
             and (job is None or job.world == 1))
 

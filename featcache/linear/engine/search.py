@@ -1,7 +1,7 @@
 """The protocol's hyperparameter search for one loss: every grid point, every seed, one selection.
 
 Grid points that share a seed and a batch size train together as stacked heads
-(:class:`featcache.linear.trainer.GroupTrainer`). With several CPU workers, a group whose
+(:class:`featcache.linear.engine.trainer.GroupTrainer`). With several CPU workers, a group whose
 training does not read its evaluation trains first and hands each epoch's heads back; its
 evaluation then runs in pieces on whichever worker is free (the same numbers: the same
 operations on the same weights), so a worker done with a fast group evaluates the slow one's
@@ -22,10 +22,10 @@ from typing import Any
 import torch
 
 from featcache.linear.data import TrainingSplits
-from featcache.linear.evaluation import HeadResult
-from featcache.linear.member import Member
-from featcache.linear.schedule import Outcomes, SharedWorkers
-from featcache.linear.stacking import (
+from featcache.linear.engine.evaluation import HeadResult
+from featcache.linear.engine.member import Member
+from featcache.linear.engine.schedule import Outcomes, SharedWorkers
+from featcache.linear.engine.stacking import (
     Stackable,
     StackedGroup,
     fit_all,
@@ -136,9 +136,9 @@ def run_search(data: TrainingSplits, spec: SearchSpec, device: torch.device | st
                job: Ranks | None = None, evaluate_elsewhere: bool = True) -> SearchResult:
     """Train and select every configuration of ``spec`` on ``data``.
 
-    Groups (one per seed and batch size) train independently (:mod:`featcache.linear.workers`):
-    on the CPU ``jobs`` of them at once in worker processes (default: one per core), each with
-    one intra-op thread; under ``torchrun`` (``job``) spread over the ranks. The numbers never
+    Groups (one per seed and batch size) train independently
+    (:mod:`featcache.linear.engine.workers`): on the CPU ``jobs`` of them at once in worker
+    processes (default: one per core), each with one intra-op thread; under ``torchrun`` (``job``) spread over the ranks. The numbers never
     depend on ``jobs`` or on the number of ranks, nor on ``evaluate_elsewhere`` (False: every
     group evaluates where it trains; see :func:`run_searches`).
     """
@@ -176,9 +176,9 @@ def run_searches(data: TrainingSplits, specs: Sequence[SearchSpec],
                  evaluate_elsewhere: bool = True) -> list[SearchResult]:
     """Several searches on the same data (``--loss all``) in one pass: the losses that share
     their data, kind of head, seed and batch size train as one stacked group
-    (:mod:`featcache.linear.stacking`; each loss's numbers are the ones it gets alone), and the
-    groups share the workers (:mod:`featcache.linear.schedule`). ``on_done`` sees each search
-    as soon as all its groups are trained (in the order they finish; under ``torchrun`` once
+    (:mod:`featcache.linear.engine.stacking`; each loss's numbers are the ones it gets alone), and
+    the groups share the workers (:mod:`featcache.linear.engine.schedule`). ``on_done`` sees
+    each search as soon as all its groups are trained (in the order they finish; under ``torchrun`` once
     every rank is done, in the order of the groups). A search's ``seconds`` run from its first
     group's start to its last group's end (groups are shared: so are their times).
     ``evaluate_elsewhere`` (the default) lets local CPU workers evaluate the groups that train
