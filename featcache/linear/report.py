@@ -81,7 +81,7 @@ def run_summary(result: SearchResult, data: TrainingSplits) -> str:
     if reference is not None:
         lines.append(f"- published (Cole et al. Table 1, linear): {reference:.1f}")
     lines.append(f"- time: {result.seconds:.1f} s" + (
-        f", its share of the time {result.shared['losses']} losses trained together "
+        f", its share of the time {plural(result.shared['losses'], 'loss', 'losses')} trained together "
         "(results.json timings.shared)" if result.shared else ""))
     val_cover, test_cover = evaluation_coverage(data, spec.val_variant)
     for note in result.notes + evaluation_notes(val_cover, test_cover,

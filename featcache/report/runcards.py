@@ -90,7 +90,7 @@ def _shared_text(timings: dict) -> str:
     shared = timings.get("shared")
     if not isinstance(shared, dict) or not shared.get("losses"):
         return ""
-    return f", its share of the time {shared['losses']} losses trained together"
+    return f", its share of the time {plural(shared['losses'], 'loss', 'losses')} trained together"
 
 
 def provenance_html(run: Run) -> str:
