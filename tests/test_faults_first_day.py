@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from dataset_fixtures import invoke
-from faults import run, run_many
+from faults import run_many
 from helpers_finetune import NAME, copy_cache, linear_run
 from helpers_images import write_image
 from PIL import Image
@@ -140,8 +140,9 @@ def test_a_new_users_day_on_imported_sets(tmp_path, cache_dir):
 
 
 def test_a_new_users_day_on_images(tmp_path):
-    """finetune without --loss, the demo's vlpl hint and its CLIP command offline, predict
-    on unreadable images (all, or some with --skip-bad)."""
+    """finetune without --loss, the demo's vlpl hint and its CLIP command offline, predict on
+    unreadable images (all, or some with --skip-bad) and on an image over PIL's pixel limit
+    (decoded in the DataLoader worker the command starts by default)."""
     cache = copy_cache(tmp_path.parent, tmp_path / "cache")
     unreadable, mixed = tmp_path / "unreadable", tmp_path / "mixed"
     for index in range(2):
@@ -150,18 +151,24 @@ def test_a_new_users_day_on_images(tmp_path):
         write_image(mixed / f"good{index}.jpg", seed=index)
     for index in range(2):
         write_image(mixed / f"bad{index}.jpg", "truncated", seed=index)
-    predict = ["predict", "--run", linear_run(cache), "--device", "cpu", "--workers", "0",
-               "--skip-bad"]
+    big = tmp_path / "big.png"
+    Image.new("RGB", (120, 100), (200, 40, 40)).save(big)
+    predict = ["predict", "--run", linear_run(cache), "--device", "cpu"]
+    clip = (f"featcache features --dataset {NAME} --backbone clip-vit-l14-336 --preprocess "
+            "protocol --image-size 336 --text")
     env = {"FEATCACHE_CACHE": str(cache), "FEATCACHE_PROGRESS": "lines",
            # a machine without network: the hub's host refuses connections, nothing is cached
            "HF_HUB_OFFLINE": "", "HF_ENDPOINT": "http://127.0.0.1:9",
            "HF_HUB_CACHE": str(tmp_path / "hf")}
-    missing, vlpl, nothing_read, some_read = run_many([
+    limit = "import PIL.Image\nPIL.Image.MAX_IMAGE_PIXELS = 10_000\n"  # big.png's 12,000 are over
+    missing, vlpl, offline, nothing_read, some_read, over_limit = run_many([
         ["finetune", "--dataset", NAME],
         ["train-linear", "--dataset", NAME, "--loss", "vlpl", *QUICK],
-        [*predict, unreadable],
-        [*predict, mixed, "--out", tmp_path / "p.csv"],
-    ], cwd=tmp_path, env=env)
+        shlex.split(clip)[1:],
+        [*predict, "--workers", "0", "--skip-bad", unreadable],
+        [*predict, "--workers", "0", "--skip-bad", mixed, "--out", tmp_path / "p.csv"],
+        [*predict, "--quiet", big],
+    ], cwd=tmp_path, env=env, prelude=limit)
 
     assert missing.returncode == 2
     error = one_line_error(missing)
@@ -171,10 +178,9 @@ def test_a_new_users_day_on_images(tmp_path):
 
     hint = one_line_error(vlpl)
     commands = re.findall(r"`(featcache [^`]+)`", hint)
-    assert [c.split()[1] for c in commands] == ["features", "pseudo-label"], hint
+    assert commands[0] == clip and commands[1].startswith("featcache pseudo-label "), hint
     assert "the first run needs the network" in hint
-    (offline,) = run_many([shlex.split(commands[0])[1:]], cwd=tmp_path, env=env)
-    error = one_line_error(offline)
+    error = one_line_error(offline)  # the printed command, pasted, on a machine without network
     assert "127.0.0.1 cannot be reached" in error and "Retrying" not in offline.output
     assert offline.seconds < 30, offline.seconds  # the library's retries took about 50 s
 
@@ -186,19 +192,9 @@ def test_a_new_users_day_on_images(tmp_path):
     assert "done, 3 img and 2 skipped in" in some_read.stderr
     assert len((tmp_path / "p.csv").read_text().splitlines()) == 4  # the header and 3 rows
 
-
-def test_an_image_over_pils_limit_is_one_featcache_line(tmp_path):
-    """PIL's two-line DecompressionBombWarning becomes one line naming the image, also from
-    the DataLoader worker that decodes it (the command's default)."""
-    cache = copy_cache(tmp_path.parent, tmp_path / "cache")
-    big = tmp_path / "big.png"
-    Image.new("RGB", (120, 100), (200, 40, 40)).save(big)
-    limit = "import PIL.Image\nPIL.Image.MAX_IMAGE_PIXELS = 10_000\n"  # 12,000 px is over it
-    done = run(["predict", "--run", str(linear_run(cache)), str(big), "--device", "cpu",
-                "--quiet"], tmp_path, prelude=limit, env={"FEATCACHE_CACHE": str(cache)})
-    assert done.returncode == 0, done.stderr
-    assert "DecompressionBomb" not in done.stderr and "warnings.warn" not in done.stderr
-    (line,) = [x for x in done.stderr.splitlines() if "PIL's limit" in x]
+    assert over_limit.returncode == 0, over_limit.output
+    assert "DecompressionBomb" not in over_limit.stderr and "warnings.warn" not in over_limit.stderr
+    (line,) = [x for x in over_limit.stderr.splitlines() if "PIL's limit" in x]
     assert line == (f"featcache: warning: {big} is 120 x 100 (12,000 pixels), over PIL's limit of "
                     "10,000 for untrusted images; decoding it anyway (36.0 kB as RGB)")
 
