@@ -20,9 +20,18 @@ from featcache.commands.common import (
 from featcache.errors import plural
 
 
+def _require_loss(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """--loss is required (also when a recipe's step is checked): its error names the finished
+    linear runs ``--init best`` could start from."""
+    if value is not None or ctx.resilient_parsing:
+        return value
+    raise click.UsageError(_missing_loss(ctx.params.get("dataset"), ctx.params.get("cache"),
+                                         ctx.params.get("init") or "best"), ctx=ctx)
+
+
 @click.command("finetune")
 @dataset_option()
-@click.option("--loss", default=None,
+@click.option("--loss", default=None, callback=_require_loss,
               help="The loss (`featcache losses` lists them)  [required; without it the "
                    "error names the finished linear runs --init best can start from].")
 @click.option("--init", "init", default="best", show_default=True, metavar="best|none|PATH",
@@ -139,8 +148,6 @@ def command(dataset, loss, init, learning_rates, batch_sizes, epochs, head_lr_mu
     from featcache.linear.run import train_linear_phase
 
     dataset = chosen_dataset(dataset, cache)
-    if loss is None:
-        raise click.UsageError(_missing_loss(dataset, cache, init))
     params = parse_params(param_pairs)
     for name, values in params.items():
         if len(values) != 1:
@@ -166,9 +173,22 @@ def command(dataset, loss, init, learning_rates, batch_sizes, epochs, head_lr_mu
             click.echo(tensorboard_line(tensorboard), err=True)
 
 
-def _missing_loss(dataset: str, cache: str | None, init: str) -> str:
-    """``Missing option '--loss'``, with the finished linear runs of ``dataset`` that
-    ``--init best`` could start from (at most a few run ids per loss)."""
+def _missing_loss(dataset: str | None, cache: str | None, init: str) -> str:
+    """``Missing option '--loss'``, with the finished linear runs of ``dataset`` (default: the
+    only one prepared) that ``--init best`` could start from (at most a few run ids per loss);
+    the plain line where the dataset cannot be read yet."""
+    from featcache.errors import FeatcacheError
+
+    message = "Missing option '--loss': the loss to fine-tune (`featcache losses` lists them)"
+    try:
+        return message + _runs_to_start_from(chosen_dataset(dataset, cache), cache, init)
+    except FeatcacheError:  # no such dataset (yet): the missing option is the news
+        return message
+
+
+def _runs_to_start_from(dataset: str, cache: str | None, init: str) -> str:
+    """'; ...' naming what ``--init best`` could start from on ``dataset`` ('' for another
+    --init)."""
     import shlex
 
     from featcache.data.labelfile import load_labels
@@ -178,22 +198,21 @@ def _missing_loss(dataset: str, cache: str | None, init: str) -> str:
     from featcache.protocol.loss_choice import WITHOUT_IMAGES
     from featcache.protocol.runs import finished_runs
 
-    message = "Missing option '--loss': the loss to fine-tune (`featcache losses` lists them)"
     labels = load_labels(labels_path(dataset, cache), image_names=False)
     if labels.provenance.get("source_format") in WITHOUT_IMAGES:
-        return (f"{message}; but {dataset} has features and no images (imported or generated), "
+        return (f"; but {dataset} has features and no images (imported or generated), "
                 "so it cannot be fine-tuned end to end: its linear runs are final")
     if init != "best":
-        return message
+        return ""
     root = runs_root(dataset, cache)
     found = {folder.name: [run.name for run in finished_runs(folder)]
              for folder in sorted(root.iterdir()) if folder.is_dir()} if root.is_dir() else {}
     found = {loss: runs for loss, runs in found.items() if runs and loss in loss_names()}
     if not found:
-        return (f"{message}; {dataset} has no finished linear run yet, so --init best trains "
+        return (f"; {dataset} has no finished linear run yet, so --init best trains "
                 "LinearInit's linear phase first (its hyperparameters are known for an-ls and role)")
     listed = "; ".join(f"{loss} ({name_list(runs, 3)})" for loss, runs in found.items())
     example = "role" if "role" in found else next(iter(found))
-    return (f"{message}; --init best can start from the finished linear runs of {dataset}: "
+    return (f"; --init best can start from the finished linear runs of {dataset}: "
             f"{listed}, e.g. `featcache finetune --dataset {dataset} --loss {example}"
             f"{'' if cache is None else ' --cache ' + shlex.quote(str(cache))}`")
