@@ -129,6 +129,8 @@ def test_a_new_users_day_on_imported_sets(tmp_path, cache_dir):
     assert "hashing source files" not in hashing.stderr
 
     assert report.returncode == 0 and report_again.returncode == 0, report_again.output
+    page = (cache_dir / "sa" / "report.html").read_text(encoding="utf-8")
+    assert "None weights" not in page and "none weights" not in page  # imported features
     assert "replacing the report written there before" in report_again.stdout
     assert report_foreign.returncode == 1 and "--overwrite" in one_line_error(report_foreign)
     assert foreign.read_text() == "<html>my own notes</html>"
@@ -216,3 +218,17 @@ def test_fit_on_a_full_label_matrix_warns_that_it_is_not_single_positive():
         warnings.simplefilter("error", FeatcacheWarning)
         clf.fit(X, single)  # single positives: nothing to say
         clf.fit(X, np.where(full == 1, 1, -1))  # observed negatives: a partial-label matrix
+
+
+def test_a_long_chart_title_wraps_inside_the_chart():
+    """The report's fine-tuning charts (420 px) clipped titles such as 'linear start:
+    <loss>/<run id> (each seed's selection)' at their right edge."""
+    from featcache.report.svg import TITLE_CHAR_PX, Series, curves_svg
+
+    title = "linear start: runs/ll-ct-abs/real-features-2026-11-28-seed-0 (each seed's selection)"
+    series = [Series("a", [1, 2], [50.0, 60.0], [40.0, 45.0], "#000")]
+    svg = curves_svg(series, title, width=420, height=260)
+    lines = re.findall(r"<tspan[^>]*>([^<]*)</tspan>", svg)
+    assert len(lines) == 2 and " ".join(lines).replace("\u2026", "") in title
+    assert all(4 + len(line) * TITLE_CHAR_PX <= 420 for line in lines)
+    assert f'aria-label="{title}"' in svg.replace("&#x27;", "'")

@@ -100,9 +100,9 @@ def provenance_html(run: Run) -> str:
               f"{document.get('labels', {}).get('sha256')})"]
     if "features" in document:
         features = document["features"]
-        weights = features.get("weights")  # None: imported features, made by no backbone here
+        weights = features.get("weights")  # none: imported features, made by no backbone here
         inputs.append(f"features {features.get('path')}: {features_text(features)} "
-                      f"({f'{weights} weights; ' if weights else ''}sha256 "
+                      f"({f'{weights} weights; ' if weights not in (None, '', 'none') else ''}sha256 "
                       f"{features.get('sha256')})")
     if "backbone" in document:
         backbone = document["backbone"]
