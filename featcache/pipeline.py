@@ -69,7 +69,7 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from featcache.errors import FeatcacheWarning, InputError, OptionError, did_you_mean
+from featcache.errors import FeatcacheWarning, InputError, OptionError, did_you_mean, name_list
 from featcache.fileio import write_text_atomic
 from featcache.paths import cache_root, dataset_dir
 from featcache.progress import say
@@ -121,7 +121,10 @@ def load_recipe(path: str | Path, overrides: dict[str, str] | None = None,
                           f"{did_you_mean(unknown[0], variables)}; its variables are "
                           f"{', '.join(sorted(variables)) or 'none'}")
     builtins = {"cache": str(cache_root(cache)), "recipe_dir": str(path.resolve().parent)}
-    variables = {k: _fill(v, builtins, path) for k, v in variables.items()}
+    # a path built from {recipe_dir} or {cache} reads as the folder it is ('../..' resolved)
+    variables = {k: os.path.normpath(_fill(v, builtins, path))
+                 if any(f"{{{b}}}" in v for b in builtins) else _fill(v, builtins, path)
+                 for k, v in variables.items()}
     variables.update(overrides or {})
     variables.update(builtins)
     steps = []
@@ -162,17 +165,29 @@ def _user_variables(template: str, variables: dict[str, str], builtins: dict[str
 
 
 def missing_inputs(recipe: Recipe) -> list[str]:
-    """One line for each input path of a step that will run (its ``skip_if_exists`` output is
-    absent) that does not exist, naming the variable and the ``--set`` that points it elsewhere."""
-    lines = []
+    """One line for each [vars] variable through which steps that will run (their
+    ``skip_if_exists`` output is absent) read paths that do not exist: the steps, the first
+    path, the variable's value and the ``--set`` that points it elsewhere."""
+    missing: dict[str, list[tuple[int, str, str]]] = {}
     for number, step in enumerate(recipe.steps, start=1):
         if step.skip_if_exists and Path(step.skip_if_exists).exists():
             continue
         for value, name in step.inputs:
             if not Path(value).exists():
-                lines.append(f"step {number} ({step.name}) reads {value}, which does not exist "
-                             f"({{{name}}} is {recipe.variables[name]!r}): point it at the data "
-                             f"with `featcache pipeline run {recipe.path} --set {name}=PATH`")
+                missing.setdefault(name, []).append((number, step.name, value))
+    lines = []
+    for name, entries in missing.items():
+        fix = (f"point it at the data with `featcache pipeline run {recipe.path} "
+               f"--set {name}=PATH`")
+        where = f"{{{name}}} is {recipe.variables[name]}"
+        if len(entries) == 1:
+            number, step_name, value = entries[0]
+            lines.append(f"step {number} ({step_name}) reads {value}, which does not exist "
+                         f"({where}): {fix}")
+            continue
+        readers = dict.fromkeys(f"{number} ({step_name})" for number, step_name, _ in entries)
+        lines.append(f"{len(entries)} inputs do not exist ({where}), read by steps "
+                     f"{name_list(list(readers), 3)}; the first: {entries[0][2]}; {fix}")
     return lines
 
 

@@ -144,6 +144,7 @@ class ResultsTable:
         ``all_runs`` every run (their seeds pooled, as for runs named one by one).
         """
         documents: list[tuple[dict, Path, bool]] = []
+        paths = list(paths)
         for raw in paths:
             for path in find_results([raw]):
                 if path.resolve() in (p.resolve() for _, p, _ in documents):
@@ -155,11 +156,7 @@ class ResultsTable:
                 named = Path(raw).resolve() in (path.parent.resolve(), path.resolve())
                 documents.append((document, path, named))
         if run_id is not None:
-            found = sorted({p.parent.name for _, p, _ in documents})
-            documents = [entry for entry in documents if entry[1].parent.name == run_id]
-            if not documents:
-                raise InputError(f"no run with id {run_id!r} under {', '.join(map(str, paths))} "
-                                 f"(run ids there: {', '.join(found)})")
+            documents = _of_run_id(documents, paths, run_id)
         chosen: list[str] = []
         if run_id is None and not all_runs:
             documents = _latest_runs(documents, chosen)
@@ -433,3 +430,20 @@ def _protocol_text(document: dict) -> str:
     if protocol.get("early_stop", "none") != "none":
         text += f", early stopping '{protocol['early_stop']}'"
     return text
+
+
+def _of_run_id(documents: list[tuple[dict, Path, bool]], paths: list[str | Path],
+               run_id: str) -> list[tuple[dict, Path, bool]]:
+    """The runs of ``run_id``; every folder searched must hold one (a folder without it would
+    leave its column out silently), else one error naming the folder and its run ids."""
+    def under(raw: str | Path, path: Path) -> bool:
+        root = Path(raw).resolve()
+        return path.resolve() == root or root in path.resolve().parents
+
+    for raw in paths:
+        found = sorted({p.parent.name for _, p, _ in documents if under(raw, p)})
+        if run_id not in found:
+            there = f"run ids there: {', '.join(found)}" if found else "no finished run there"
+            others = "" if len(paths) == 1 else "; leave the folder out or finish that run"
+            raise InputError(f"no run with id {run_id!r} under {raw} ({there}){others}")
+    return [entry for entry in documents if entry[1].parent.name == run_id]
