@@ -38,8 +38,8 @@ TABLE_SUFFIXES = {"md": (".md", ".markdown", ".txt"), "csv": (".csv", ".txt"),
               default=None,
               help="Conformal label sets at this level (e.g. 0.9) beside each cell's mAP: the "
                    "share of each test image's true positives its set holds and the mean set "
-                   "size, with 95% intervals, and the smallest top-k of the same share (each "
-                   "run's records; docs/label-sets.md).")
+                   "size, each with its 95% bootstrap interval, and the smallest top-k of the same "
+                   "share (each run's records; docs/label-sets.md).")
 @click.option("--sets-method", type=click.Choice(["rank", "threshold", "class"]), default="rank",
               show_default=True, help="How --sets calibrates (see `featcache predict --help`).")
 @click.option("--resamples", type=click.IntRange(min=1), default=1000, show_default=True,
