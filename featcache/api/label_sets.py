@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from featcache.errors import InputError, OptionError
+from featcache.errors import InputError, OptionError, plural
 from featcache.protocol.label_sets import (
     VAL_SCORES_FILE,
     Calibration,
@@ -42,7 +42,7 @@ def calibrated_rule(calibration: Calibration, level: float, method: str) -> Labe
 def rule_note(rule: LabelSetRule, classes, run_dir: Path) -> str:
     """One line on the rule in use: the level, the method, the cut and the calibration."""
     note = (f"label sets at level {rule.level:g} ({rule.method}): {rule.describe(classes)}; "
-            f"calibrated on the observed positives of {rule.rows} validation rows "
+            f"calibrated on the observed positives of {plural(rule.rows, 'validation row')} "
             f"({Path(run_dir) / VAL_SCORES_FILE})")
     if rule.method == "rank" and rule.top()[0] >= len(classes):
         note += "; too few rows for this level: every class is kept"

@@ -87,16 +87,12 @@ def command(run_path, features_path, images, out, fmt, top_k, threshold, sets_le
     )
     from featcache.api.runs import load_run
     from featcache.interrupt import on_stop
-    from featcache.paths import check_out
     from featcache.runtime import default_workers, pick_device
 
     if (features_path is None) == (not images):
         raise click.UsageError("give either --features FILE or IMAGES (files or folders)")
     refuse_filters_with_sets(sets_level, top_k, threshold)
-    if out != "-":
-        suffixes = (PREDICT_SUFFIXES[fmt] if fmt else PREDICT_SUFFIXES["csv"] + PREDICT_SUFFIXES["jsonl"])
-        check_out(out, "--out", suffixes, f"predictions ({fmt or 'csv or jsonl, from the ending'})",
-                  inputs=[p for p in (features_path, run_path, *images) if p], overwrite=overwrite)
+    _check_out(out, fmt, [p for p in (features_path, run_path, *images) if p], overwrite)
     run = load_run(run_path)
     rule = None if sets_level is None else run.label_set_rule(sets_level, sets_method)
     if features_path is not None:
@@ -122,6 +118,16 @@ def command(run_path, features_path, images, out, fmt, top_k, threshold, sets_le
         click.echo(f"{plural(len(ids), 'row')} x {plural(len(run.classes), 'class', 'classes')} -> {out}")
     if threshold is not None:
         _say_unlabelled(probs, threshold)
+
+
+def _check_out(out: str, fmt: str | None, inputs: list, overwrite: bool) -> None:
+    """Refuse an --out that is not a predictions file name, or one that exists or is an input."""
+    from featcache.paths import check_out
+
+    if out != "-":
+        suffixes = (PREDICT_SUFFIXES[fmt] if fmt else PREDICT_SUFFIXES["csv"] + PREDICT_SUFFIXES["jsonl"])
+        check_out(out, "--out", suffixes, f"predictions ({fmt or 'csv or jsonl, from the ending'})",
+                  inputs=inputs, overwrite=overwrite)
 
 
 def _say_unlabelled(probs, threshold: float) -> None:

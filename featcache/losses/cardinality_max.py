@@ -39,7 +39,7 @@ from featcache.losses.terms import expected_positive_regularizer, matrix_mean, n
 #: where these losses stand in ``featcache losses`` and ``--loss all`` (featcache.losses.registry)
 CATALOG_ORDER = 95
 
-GHARIB = "Gharib, Murena and Klami TMLR 2025"
+GHARIB = "Gharib, Murena and Klami TMLR 2025, reconstruction"
 GHARIB_PAPER = ("Single-positive Multi-label Learning with Label Cardinality (OpenReview "
                 "XEPPXH2nKu)")
 

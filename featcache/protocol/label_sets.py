@@ -28,6 +28,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
+from featcache.errors import plural
 from featcache.hdf5 import decode_attrs, encode_attr, write_hdf5_atomic
 from featcache.protocol.test_scores import NoScores, read_stored_scores
 from featcache.stats.label_sets import (
@@ -112,7 +113,8 @@ def read_val_scores(run_dir: Path, document: dict) -> Calibration:
                             f"from {Path(run_dir) / 'results.json'}'s)")
     if found.scores.shape != found.observed.shape or found.scores.shape[1] != len(found.classes):
         raise NoCalibration(f"{path}: its scores {found.scores.shape}, observed labels "
-                            f"{found.observed.shape} and {len(found.classes)} classes disagree")
+                            f"{found.observed.shape} and {plural(len(found.classes), 'class', 'classes')} "
+                            "disagree")
     return found
 
 

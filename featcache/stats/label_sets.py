@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from featcache.errors import plural
 from featcache.stats.intervals import interval_of
 from featcache.stats.resample import Resampling
 
@@ -85,7 +86,7 @@ class LabelSetRule:
             return ranks(scores) - scores <= self.cut
         cut = np.asarray(self.cut, dtype=np.float64)
         if cut.ndim and cut.shape[0] != scores.shape[1]:
-            raise ValueError(f"a rule calibrated for {cut.shape[0]} classes cannot score "
+            raise ValueError(f"a rule calibrated for {plural(cut.shape[0], 'class', 'classes')} cannot score "
                              f"{scores.shape[1]}")
         return scores >= cut
 
@@ -93,7 +94,7 @@ class LabelSetRule:
         """The rule in words, for a note."""
         if self.method == "rank":
             top, next_at = self.top()
-            return (f"each row's top {top} of {len(classes)} classes"
+            return (f"each row's top {top} of {plural(len(classes), 'class', 'classes')}"
                     + (f", and the next where its probability is at least {next_at:.4g}"
                        if top < len(classes) else ""))
         if self.method == "threshold":
@@ -101,7 +102,7 @@ class LabelSetRule:
             return ("every class" if cut == -math.inf else
                     f"every class with probability at least {cut:.4g}")
         always = sum(c == -math.inf for c in self.cut)  # type: ignore[union-attr]
-        return ("one cut per class" + (f" ({always} of {len(classes)} classes always kept: too "
+        return ("one cut per class" + (f" ({always} of {plural(len(classes), 'class', 'classes')} always kept: too "
                                         "few calibration rows)" if always else ""))
 
     def top(self) -> tuple[int, float]:
@@ -155,7 +156,7 @@ def calibrate(scores: np.ndarray, positives: np.ndarray, level: float,
     positives = np.asarray(positives, dtype=np.int64)
     rows, classes = scores.shape
     if len(positives) != rows:
-        raise ValueError(f"{rows} calibration rows but {len(positives)} positives")
+        raise ValueError(f"{plural(rows, 'calibration row')} but {plural(len(positives), 'positive')}")
     if method == "rank":
         taken = np.arange(rows), positives
         placed = np.sort(ranks(scores)[taken] - scores[taken])
