@@ -57,6 +57,7 @@ import numpy as np
 import torch
 from sklearn.metrics import average_precision_score
 
+from benchmarks import record
 from benchmarks._common import BENCH_DIR, Busy, describe, machine, save, tree_memory
 from benchmarks.reference_code import authors_config_epochs, write_reference_layout
 from featcache.data.featurewrite import write_features
@@ -695,7 +696,8 @@ def main(argv: list[str] | None = None) -> dict:
     device = torch.device(args.device)
     info = machine(device)
     labels_path, features_path, source = synthetic_dataset(args.size)
-    document = {"benchmark": "linear", "size": args.size, "labels": source, "machine": info}
+    document = {"benchmark": "linear", "command": record.command_line("linear", argv),
+                "size": args.size, "labels": source, "machine": info}
     table = results_table()
     print(f"machine: {describe(info)}; data: {args.size}-sized ({source})", flush=True)
     document["speed"] = measure_speed(args, device, labels_path, features_path, table)

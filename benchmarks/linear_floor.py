@@ -38,6 +38,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from benchmarks import record
 from benchmarks._common import Busy, describe, machine, save
 from benchmarks.linear import measure_all_losses, results_table, sgemm_peak, synthetic_dataset
 from benchmarks.linear_kernels import per_call_us
@@ -198,7 +199,8 @@ def main(argv: list[str] | None = None) -> dict:
               found["arithmetic_floor_seconds"])
     table.add(f"kernel floor: forward, gradient, fused Adam, scoring, nothing else ({on}, "
               f"{found['kernel_cpu_seconds']:.0f} CPU-s)", found["kernel_floor_seconds"])
-    document = {"benchmark": "linear_floor", "machine": info, "labels": source,
+    document = {"benchmark": "linear_floor", "command": record.command_line("linear_floor", argv),
+                "machine": info, "labels": source,
                 "losses": losses, "cores": cores, "target_seconds": args.target,
                 "timing_busy": busy.record(), **found,
                 "kernels": [{"heads": h, "batch_size": b, **v} for (h, b), v in one_core.items()]}

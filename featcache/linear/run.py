@@ -304,7 +304,7 @@ def reuse_finished(data: TrainingSplits, spec: SearchSpec, run_dir: Path, output
     for a new run, or refused when it finished with other settings)."""
     data = loss_class(spec.loss).fit_data(data)  # its pseudo-labels are part of its settings
     folder, reuse = on_main(job, lambda: open_finished_or_new(
-        run_dir, run_settings(spec, data), outputs.overwrite))
+        run_dir, run_settings(spec, data), outputs.overwrite, say))
     if not reuse:
         return None
     say(f"{spec.loss}: run {run_dir.name} already finished with these settings; reusing it")

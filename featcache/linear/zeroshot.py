@@ -207,12 +207,14 @@ def summary_markdown(document: dict) -> str:
 
 
 def zero_shot_run(labels: LabelSet, features: FeatureFile, run_dir: Path, val_variant: str,
-                  device: str, overwrite: bool = False) -> tuple[dict, bool]:
+                  device: str, overwrite: bool = False,
+                  say: Callable[[str], None] | None = None) -> tuple[dict, bool]:
     """Score, write ``run_dir`` (summary.md, then results.json last) and return (the document,
-    whether a finished run with the same settings was reused instead)."""
+    whether a finished run with the same settings was reused instead; ``say`` hears why a
+    finished one is not)."""
     texts = class_prompt_embeddings(features, labels, labels.dataset)
     folder, reuse = open_finished_or_new(run_dir, zero_shot_settings(labels, features,
-                                                                     val_variant), overwrite)
+                                                                     val_variant), overwrite, say)
     if reuse:
         return folder.results(), True
     result = evaluate_zero_shot(labels, features, texts, val_variant)
@@ -261,7 +263,7 @@ def score_zero_shot(labels: LabelSet, features: FeatureFile, run_dir: Path, val_
     """The zero-shot row's run (:mod:`featcache.linear.zeroshot`), or the finished one
     (``overwrite``: a finished one with other settings is replaced)."""
     document, reused = on_main(job, lambda: zero_shot_run(
-        labels, features, run_dir, val_variant, describe_device(device), overwrite))
+        labels, features, run_dir, val_variant, describe_device(device), overwrite, say))
     if reused:
         say(f"{ZERO_SHOT}: run {run_dir.name} already finished with these settings; reusing it")
     return LossRun(ZERO_SHOT, run_dir, document, reused, document["timings"]["seconds"])

@@ -67,14 +67,16 @@ def balance(costs: Sequence[float], workers: int) -> list[list[int]]:
 
 def map_groups(run: Callable[[G], R], groups: Sequence[G], costs: Sequence[float],
                device: torch.device, jobs: int, job: Ranks | None = None,
-               on_result: Callable[[int, G, R], None] | None = None) -> list[R]:
+               on_result: Callable[[int, G, R], None] | None = None,
+               on_start: Callable[[G], None] | None = None) -> list[R]:
     """``run(group)`` for every group wherever it runs; the results in the order of
     ``groups``, and each passed to ``on_result(index, group, result)`` as soon as it is known.
 
     Locally ``jobs`` workers (at most; started as groups need them) take the groups in their
-    order. Under ``torchrun`` (``job.world > 1``) this rank trains its share, balanced by
-    ``costs``, and every rank receives every result once all ranks are done (``on_result`` is
-    then called in the order of ``groups`` on every rank).
+    order, ``on_start(group)`` told as each is handed to a worker. Under ``torchrun``
+    (``job.world > 1``) this rank trains its share, balanced by ``costs``, and every rank
+    receives every result once all ranks are done (``on_result`` is then called in the order
+    of ``groups`` on every rank; ``on_start`` is not).
     """
     if job is not None and job.world > 1:
         mine = balance(costs, job.world)[job.rank]
@@ -89,12 +91,14 @@ def map_groups(run: Callable[[G], R], groups: Sequence[G], costs: Sequence[float
             if on_result is not None:
                 on_result(index, groups[index], result)
         return results
-    return _run_local(run, groups, device, jobs, on_result)
+    return _run_local(run, groups, device, jobs, on_result, on_start)
 
 
 def _run_local(run: Callable[[G], R], groups: Sequence[G], device: torch.device, jobs: int,
-               on_result: Callable[[int, G, R], None] | None = None) -> list[R]:
+               on_result: Callable[[int, G, R], None] | None = None,
+               on_start: Callable[[G], None] | None = None) -> list[R]:
     results: dict[int, R] = {}
+    started = on_start or (lambda task: None)
 
     def keep(index: int, task: G, result: R) -> None:
         results[index] = result
@@ -105,10 +109,12 @@ def _run_local(run: Callable[[G], R], groups: Sequence[G], device: torch.device,
     with intraop_threads(1) if device.type == "cpu" else nullcontext():
         if jobs == 1:
             for index, task in enumerate(groups):
+                started(task)
                 keep(index, task, run(task))
         elif "fork" not in multiprocessing.get_all_start_methods():  # pragma: no cover - Windows
             with ThreadPoolExecutor(max_workers=jobs) as threads:
-                _schedule(threads, lambda task: threads.submit(run, task), groups, jobs, keep)
+                _schedule(threads, lambda task: threads.submit(run, task), groups, jobs, keep,
+                          started)
         else:
             key = id(run)
             _TASKS[key] = run
@@ -116,22 +122,24 @@ def _run_local(run: Callable[[G], R], groups: Sequence[G], device: torch.device,
                 with ProcessPoolExecutor(max_workers=jobs, initializer=_start_worker,
                                          mp_context=multiprocessing.get_context("fork")) as pool:
                     _schedule(pool, lambda task: pool.submit(_run_task, key, task), groups, jobs,
-                              keep)
+                              keep, started)
             finally:
                 del _TASKS[key]
     return [results[index] for index in range(len(groups))]
 
 
 def _schedule(pool: Executor, submit: Callable[[G], Future], groups: Sequence[G], jobs: int,
-              keep: Callable[[int, G, R], None]) -> None:
+              keep: Callable[[int, G, R], None], started: Callable[[G], None]) -> None:
     """Run ``groups`` on ``pool`` in their order, at most ``jobs`` at a time (so that a failure
-    leaves the rest unstarted); each result to ``keep``. The first failure cancels the rest."""
+    leaves the rest unstarted; ``started`` told as each is submitted); each result to ``keep``.
+    The first failure cancels the rest."""
     waiting = list(enumerate(groups))[::-1]
     running: dict[Future, tuple[int, G]] = {}
     try:
         while waiting or running:
             while len(running) < jobs and waiting:
                 index, task = waiting.pop()
+                started(task)
                 running[submit(task)] = (index, task)
             finished, _ = wait(running, return_when=FIRST_COMPLETED)
             for future in finished:
