@@ -57,7 +57,6 @@ import os
 import shlex
 import statistics
 import string
-import tomllib
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,7 +65,9 @@ from featcache.errors import FeatcacheWarning, InputError, OptionError, did_you_
 from featcache.fileio import write_text_atomic
 from featcache.paths import cache_root, dataset_dir
 from featcache.progress import say
+from featcache.protocol.documents import require_results
 from featcache.protocol.results_table import ResultsTable
+from featcache.schema import AnyOf, Flag, ListOf, MapOf, Number, Record, Text, read_document
 from featcache.tables import Table
 
 REPORT_STAGES = {"linear": "runs", "finetune": "finetune"}
@@ -94,6 +95,29 @@ class Recipe:
 
 #: options whose value a step writes (never checked as an input that must exist)
 OUTPUT_OPTIONS = ("--out", "-o")
+_WORD = AnyOf(Text(), Number(), Flag())
+#: what a recipe may hold (the module docstring describes each key)
+RECIPE_SCHEMA = Record(optional={
+    "name": Text(),
+    "description": Text(),
+    "vars": MapOf(_WORD),
+    "steps": ListOf(Record(
+        required={"command": AnyOf(Text(), ListOf(Text(), at_least=1))},
+        optional={"name": Text(), "skip_if_exists": Text(),
+                  "each": MapOf(AnyOf(Text(), ListOf(_WORD, at_least=1)))})),
+    "report": Record(optional={
+        "stage": Text(), "kind": Text(), "run_id": Text(),
+        "reference_run_id": Text(), "datasets": ListOf(Text(), at_least=1),
+        "losses": ListOf(Text()), "readme": Text(), "loss": Text(), "param": Text()}),
+})
+#: the fix for a recipe that cannot be read
+RECIPE_ADVICE = ("fix it by hand: the recipe format is described at the top of "
+                 "featcache/pipeline.py, and pipelines/*.toml are examples")
+
+
+def read_recipe_document(path: Path) -> dict:
+    """The recipe in ``path`` as TOML, checked against :data:`RECIPE_SCHEMA`."""
+    return read_document(path, RECIPE_SCHEMA, "pipeline recipe", RECIPE_ADVICE, kind="toml")
 
 
 def load_recipe(path: str | Path, overrides: dict[str, str] | None = None,
@@ -103,10 +127,7 @@ def load_recipe(path: str | Path, overrides: dict[str, str] | None = None,
     if not path.is_file():
         raise InputError(f"pipeline recipe {path} does not exist (`featcache pipeline list` "
                          "shows the ones in pipelines/)")
-    try:
-        document = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise InputError(f"{path} is not valid TOML: {exc}") from exc
+    document = read_recipe_document(path)
     variables = {str(k): str(v) for k, v in document.get("vars", {}).items()}
     unknown = sorted(set(overrides or {}) - set(variables))
     if unknown:
@@ -267,7 +288,7 @@ def report_table(report: dict, cache: str | None = None) -> ResultsTable:
     for dataset in datasets:
         root = dataset_dir(dataset, cache) / REPORT_STAGES[stage]
         for results in sorted(root.glob(f"*/{run_id}/results.json")):
-            documents.append((str(results.parent), json.loads(results.read_text())))
+            documents.append((str(results.parent), require_results(results)))
     if not documents:
         raise InputError(f"no finished {stage} run {run_id!r} for {', '.join(datasets)}: the "
                          "report has nothing to show")
@@ -285,7 +306,7 @@ def _run_scores(document: dict) -> list[float]:
 
 def _sweep_runs(report: dict, key: str, dataset: str, cache: str | None) -> list[dict]:
     root = dataset_dir(dataset, cache) / REPORT_STAGES[report.get("stage", "linear")] / report["loss"]
-    return [json.loads(path.read_text())
+    return [require_results(path)
             for path in sorted(root.glob(f"{report[key]}/results.json"))]
 
 
@@ -330,8 +351,8 @@ def list_recipes(folder: str | Path = "pipelines") -> list[tuple[Path, str]]:
     out = []
     for path in sorted(Path(folder).glob("*.toml")):
         try:
-            description = tomllib.loads(path.read_text()).get("description", "")
-        except tomllib.TOMLDecodeError:
-            description = "(not valid TOML)"
+            description = read_recipe_document(path).get("description", "")
+        except InputError:
+            description = "(not a valid recipe: `featcache pipeline run` on it says why)"
         out.append((path, description))
     return out

@@ -22,7 +22,8 @@ from pathlib import Path
 from featcache.errors import InputError, plural
 from featcache.protocol.catalog import loss_names
 from featcache.protocol.coverage import name_list
-from featcache.protocol.runs import RESULTS, describe_differences, read_json
+from featcache.protocol.documents import require_results
+from featcache.protocol.runs import RESULTS, describe_differences
 from featcache.protocol.table_cells import Cell, seed_choices
 from featcache.published import SOURCES, published
 from featcache.tables import Table
@@ -147,10 +148,7 @@ class ResultsTable:
             for path in find_results([raw]):
                 if path.resolve() in (p.resolve() for _, p, _ in documents):
                     continue
-                document = read_json(path)
-                if (not isinstance(document, dict) or "selection" not in document
-                        or "loss" not in document):
-                    raise InputError(f"{path} is not a featcache results file (no selection)")
+                document = require_results(path)
                 named = Path(raw).resolve() in (path.parent.resolve(), path.resolve())
                 documents.append((document, path, named))
         if run_id is not None:
