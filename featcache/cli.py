@@ -17,7 +17,7 @@ import click
 
 from featcache import __version__
 from featcache.errors import FeatcacheError, FeatcacheWarning, Interrupted, unknown_name
-from featcache.interrupt import exit_on_signals, stop_signals
+from featcache.interrupt import SignalStop, exit_on_signals, stop_signals
 from featcache.notices import said_after_command
 
 #: set to 1 to see the traceback of an unexpected error instead of its one-line summary
@@ -75,9 +75,14 @@ class LazyGroup(click.Group):
             try:
                 with said_after_command():
                     return super().invoke(ctx)
-            except Interrupted as exc:
-                click.echo(f"featcache: interrupted: {exc}", err=True)
-                ctx.exit(exc.exit_code)
+            except (Interrupted, SignalStop) as exc:
+                # nothing may keep the exception (its traceback holds the frames of the work,
+                # DataLoader iterators included, whose workers end when they are collected)
+                said = exc.interrupted() if isinstance(exc, SignalStop) else exc
+                message, code = str(said), said.exit_code
+                del said
+                click.echo(f"featcache: interrupted: {message}", err=True)
+                ctx.exit(code)
             except FeatcacheError as exc:
                 raise click.ClickException(str(exc)) from exc
             except UnicodeEncodeError as exc:
@@ -162,6 +167,9 @@ def main() -> None:
     exit_on_signals()  # each command handles Ctrl-C itself (stop_signals); before and after: exit
     try:
         cli.main(prog_name="featcache")
+    except SignalStop as exc:  # landed outside a command's own handling (click's last steps)
+        click.echo(f"featcache: interrupted: {exc.interrupted()}", err=True)
+        sys.exit(exc.exit_code)
     except Exception as exc:  # anything click did not already turn into a one-line error
         if os.environ.get(TRACEBACK_ENV):
             raise

@@ -46,7 +46,7 @@ def command(run_paths, image, class_names, top, out, alpha, cmap, device, overwr
     from featcache.api.cam import class_activation_maps, draw_maps
     from featcache.api.runs import load_run
     from featcache.errors import OptionError, plural, unknown_name
-    from featcache.interrupt import check_stop, on_stop
+    from featcache.interrupt import check_stop, on_stop, safe_points
     from featcache.paths import check_out
 
     check_out(out, "--out", (".png",), "a PNG figure", inputs=[image, *run_paths],
@@ -57,7 +57,7 @@ def command(run_paths, image, class_names, top, out, alpha, cmap, device, overwr
     runs = [load_run(path) for path in run_paths]
     names = list(class_names)
     rows = []
-    with on_stop(f"{out} was not written; run the same command again"):
+    with on_stop(f"{out} was not written; run the same command again"), safe_points():
         for run in runs:
             if run.classes != runs[0].classes:
                 raise OptionError(f"runs {runs[0].path} and {run.path} predict different "

@@ -136,6 +136,7 @@ def command(dataset, loss, init, learning_rates, batch_sizes, epochs, head_lr_mu
     """
     from featcache.finetune.options import FinetuneOptions
     from featcache.finetune.run import run_finetune
+    from featcache.interrupt import safe_points
     from featcache.linear.run import train_linear_phase
 
     dataset = chosen_dataset(dataset, cache)
@@ -157,7 +158,8 @@ def command(dataset, loss, init, learning_rates, batch_sizes, epochs, head_lr_mu
         keep_checkpoints=keep_checkpoints,
         plots=not no_plots, progress=not quiet, cache=cache, tensorboard=tensorboard,
     )
-    outcome = run_finetune(options, linear_phase=train_linear_phase)
+    with safe_points():  # stage three stops at its next step, keeping finished epochs
+        outcome = run_finetune(options, linear_phase=train_linear_phase)
     if outcome is not None:
         click.echo(outcome)
         if tensorboard:

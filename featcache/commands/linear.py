@@ -118,6 +118,7 @@ def command(ctx, dataset, loss_names, learning_rates, batch_sizes, epochs, param
         from featcache.protocol import plot_process
 
         plot_process.start()
+    from featcache.interrupt import safe_points
     from featcache.linear.options import LinearOptions
     from featcache.linear.run import run_linear
 
@@ -138,8 +139,9 @@ def command(ctx, dataset, loss_names, learning_rates, batch_sizes, epochs, param
         jobs=jobs, max_memory=max_memory, stream=stream, plots=not no_plots, progress=not quiet,
         device=device, cache=cache, overwrite=overwrite, pseudo_labels=pseudo_labels,
         search=search, weight_decays=weight_decays, tensorboard=tensorboard)
-    outcome = run_linear(options, say=lambda line: click.echo(line, err=True),
-                         on_run=lambda run: click.echo(run.line()))
+    with safe_points():  # stage two stops at its next step, keeping finished losses
+        outcome = run_linear(options, say=lambda line: click.echo(line, err=True),
+                             on_run=lambda run: click.echo(run.line()))
     if outcome.table is not None:
         click.echo("")
         click.echo(outcome.table.markdown())
