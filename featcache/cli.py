@@ -7,7 +7,6 @@ Each subcommand lives in ``featcache/commands/<module>.py`` and exposes a click 
 from __future__ import annotations
 
 import importlib
-import os
 import signal
 import sys
 import warnings
@@ -16,6 +15,7 @@ from pathlib import Path
 import click
 
 from featcache import __version__
+from featcache.environment import TRACEBACK, check_environment
 from featcache.errors import FeatcacheError, FeatcacheWarning, Interrupted, unknown_name
 from featcache.interrupt import SignalStop, exit_on_signals, stop_signals
 from featcache.notices import said_after_command
@@ -70,6 +70,10 @@ class LazyGroup(click.Group):
             formatter.write_dl(rows)
 
     def invoke(self, ctx: click.Context):
+        try:
+            check_environment()  # before any work: a variable read late must not end a long job
+        except FeatcacheError as exc:
+            raise click.ClickException(str(exc)) from exc
         with warnings.catch_warnings(), stop_signals():
             warnings.showwarning = _show_warning
             try:
@@ -154,6 +158,15 @@ def cli() -> None:
     """
 
 
+def _traceback_wanted() -> bool:
+    """``$FEATCACHE_TRACEBACK`` (a value it does not take counts as set: an error is already
+    being reported)."""
+    try:
+        return bool(TRACEBACK.value(False))
+    except FeatcacheError:
+        return True
+
+
 def main() -> None:
     """Console-script entry point: expected failures print one line (click does that for
     FeatcacheError and option errors); an unexpected exception prints one line too, unless
@@ -171,7 +184,7 @@ def main() -> None:
         click.echo(f"featcache: interrupted: {exc.interrupted()}", err=True)
         sys.exit(exc.exit_code)
     except Exception as exc:  # anything click did not already turn into a one-line error
-        if os.environ.get(TRACEBACK_ENV):
+        if _traceback_wanted():
             raise
         click.echo(f"Error: unexpected {type(exc).__name__}: {exc}\n(this may be a bug in "
                    f"featcache: run again with {TRACEBACK_ENV}=1 to see where it happened, and "

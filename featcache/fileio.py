@@ -32,6 +32,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from featcache.environment import FSYNC
 from featcache.errors import DiskFullError, OutputExistsError
 from featcache.interrupt import partial_file
 
@@ -327,7 +328,7 @@ def fsync_wanted() -> bool:
     ``FEATCACHE_FSYNC=0`` on a scratch disk: each write stays atomic (a crash or kill never
     leaves a half-file under a final name), but a power cut may lose the newest files or
     leave them empty."""
-    return os.environ.get("FEATCACHE_FSYNC", "1").strip().lower() not in ("0", "false", "no")
+    return bool(FSYNC.value(True))
 
 
 def _fsync_file(path: Path) -> None:

@@ -62,8 +62,9 @@ class SignalStop(BaseException):
     command line reports it as :meth:`interrupted` says."""
 
     def __init__(self, signum: int | None):
-        super().__init__(f"stopped by {SIGNAL_NAMES.get(signum, 'a stop request')}")
-        self.exit_code = SIGNALS.get(signum, 130)
+        known = signum if signum in SIGNALS else signal.SIGINT
+        super().__init__(f"stopped by {SIGNAL_NAMES[known] if signum else 'a stop request'}")
+        self.exit_code = SIGNALS[known]
 
     def interrupted(self) -> Interrupted:
         """The one-line interruption the command line prints."""

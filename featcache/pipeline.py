@@ -65,8 +65,8 @@ from featcache.errors import FeatcacheWarning, InputError, OptionError, did_you_
 from featcache.fileio import write_text_atomic
 from featcache.paths import cache_root, dataset_dir
 from featcache.progress import say
-from featcache.protocol.documents import require_results
 from featcache.protocol.results_table import ResultsTable
+from featcache.protocol.runs import load_results
 from featcache.schema import AnyOf, Flag, ListOf, MapOf, Number, Record, Text, read_document
 from featcache.tables import Table
 
@@ -288,7 +288,7 @@ def report_table(report: dict, cache: str | None = None) -> ResultsTable:
     for dataset in datasets:
         root = dataset_dir(dataset, cache) / REPORT_STAGES[stage]
         for results in sorted(root.glob(f"*/{run_id}/results.json")):
-            documents.append((str(results.parent), require_results(results)))
+            documents.append((str(results.parent), load_results(results.parent)))
     if not documents:
         raise InputError(f"no finished {stage} run {run_id!r} for {', '.join(datasets)}: the "
                          "report has nothing to show")
@@ -306,7 +306,7 @@ def _run_scores(document: dict) -> list[float]:
 
 def _sweep_runs(report: dict, key: str, dataset: str, cache: str | None) -> list[dict]:
     root = dataset_dir(dataset, cache) / REPORT_STAGES[report.get("stage", "linear")] / report["loss"]
-    return [require_results(path)
+    return [load_results(path.parent)
             for path in sorted(root.glob(f"{report[key]}/results.json"))]
 
 

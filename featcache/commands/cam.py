@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from featcache.commands.common import device_option, overwrite_option
+from featcache.commands.common import FiniteFloat, device_option, overwrite_option
 
 
 @click.command("cam")
@@ -18,7 +18,7 @@ from featcache.commands.common import device_option, overwrite_option
               help="Map the K most probable classes (of the first run, so rows compare).")
 @click.option("--out", required=True, type=click.Path(),
               help="The PNG to write.")
-@click.option("--alpha", type=click.FloatRange(0, 1), default=0.6, show_default=True,
+@click.option("--alpha", type=FiniteFloat(0, 1), default=0.6, show_default=True,
               help="Opacity of the map's brightest spot over the image (fainter where the map "
                    "is low).")
 @click.option("--cmap", default="magma", show_default=True,

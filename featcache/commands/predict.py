@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from featcache.commands.common import device_option, overwrite_option
+from featcache.commands.common import FiniteFloat, device_option, overwrite_option
 from featcache.errors import plural
 
 #: the file endings each --format may be written to
@@ -26,7 +26,7 @@ PREDICT_SUFFIXES = {"csv": (".csv", ".txt"), "jsonl": (".jsonl", ".json", ".ndjs
                    "row  [default: from --out's ending, else csv].")
 @click.option("--top-k", type=click.IntRange(min=1), default=None,
               help="Keep each row's K most probable classes (a labels column in CSV).")
-@click.option("--threshold", type=click.FloatRange(0, 1), default=None,
+@click.option("--threshold", type=FiniteFloat(0, 1), default=None,
               help="Keep the classes with probability at least T (with --top-k: both).")
 @click.option("--split", type=click.Choice(["all", "train", "test"]), default="all",
               show_default=True, help="With a features file: which official split's rows.")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from featcache.commands.common import overwrite_option
+from featcache.commands.common import GENERATOR_SEED, overwrite_option
 from featcache.errors import plural
 
 #: the file endings each --format may be written to
@@ -34,9 +34,9 @@ TABLE_SUFFIXES = {"md": (".md", ".markdown", ".txt"), "csv": (".csv", ".txt"),
               help="Add each cell's difference to LOSS on the same resampled images, with its "
                    "paired interval, the share of resamples it wins, and Holm's correction "
                    "(implies --ci).")
-@click.option("--resamples", type=click.IntRange(min=1), default=1000, show_default=True,
+@click.option("--resamples", type=click.IntRange(1, 1_000_000), default=1000, show_default=True,
               help="Bootstrap resamples of --ci / --versus.")
-@click.option("--ci-seed", type=int, default=0, show_default=True,
+@click.option("--ci-seed", type=GENERATOR_SEED, default=0, show_default=True,
               help="Seed of the bootstrap's resampling (the same seed, the same intervals).")
 @overwrite_option
 def command(run_dirs, fmt, per_class, out, label, run_id, all_runs, ci, versus, resamples,

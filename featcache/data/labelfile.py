@@ -312,6 +312,22 @@ def _first_row(observed: np.ndarray, clean: np.ndarray, block: int = 1 << 16) ->
     return None
 
 
+def _read_split(h5: h5py.File, name: str, path: Path, remake: str,
+                image_names: bool) -> SplitLabels:
+    """The official split ``name`` of an open labels file, its label values checked."""
+    group = h5[name]
+    matrices = {key: _label_values(read_checked(group[key], path, remake), path,
+                                   f"{name}/{key}", remake)
+                for key in LABEL_VALUES if key in group}
+    return SplitLabels(
+        images=(np.array(group["images"].asstr()[()], dtype=object) if image_names
+                else ImageNames(path, name, count=len(group["images"]))),
+        observed=matrices["observed"].astype(np.int8, copy=False),
+        clean=(matrices["labels"].astype(np.uint8, copy=False) if "labels" in matrices
+               else None),
+    )
+
+
 def _label_values(values: np.ndarray, path: Path, key: str, remake: str) -> np.ndarray:
     """``values`` of the dataset ``key`` when they are what it may hold (labels: -1, 0, 1 or
     0, 1; row indices: whole numbers), stored as integers or not; else refused naming the
@@ -355,19 +371,8 @@ def load_labels(path: str | os.PathLike, image_names: bool = True) -> LabelSet:
         check_layout(h5, LAYOUT, path, remake)
         try:
             classes = [c for c in h5["classes"].asstr()[()]]
-            parts = {}
-            for name in ("train", "test"):
-                group = h5[name]
-                matrices = {key: _label_values(read_checked(group[key], path, remake), path,
-                                               f"{name}/{key}", remake)
-                            for key in LABEL_VALUES if key in group}
-                parts[name] = SplitLabels(
-                    images=(np.array(group["images"].asstr()[()], dtype=object) if image_names
-                            else ImageNames(path, name, count=len(group["images"]))),
-                    observed=matrices["observed"].astype(np.int8, copy=False),
-                    clean=(matrices["labels"].astype(np.uint8, copy=False)
-                           if "labels" in matrices else None),
-                )
+            parts = {name: _read_split(h5, name, path, remake, image_names)
+                     for name in ("train", "test")}
             train_index = _label_values(read_checked(h5["split/train"], path, remake), path,
                                         "split/train", remake).astype(np.int64)
             val_index = _label_values(read_checked(h5["split/val"], path, remake), path,

@@ -15,7 +15,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from featcache.errors import InputError
 from featcache.schema import (
     Choice,
     Integer,
@@ -122,15 +121,11 @@ HISTORY_SCHEMA = Record(
               "stopped_at": nullable(Integer()), "seconds": Number()})
 
 
-def read_results(path: str | Path, remake: str | Callable[[], str] | None = None) -> dict | None:
+def read_results(path: str | Path, remake: str | Callable[[], str]) -> dict | None:
     """A run's ``results.json`` checked against :data:`RESULTS_SCHEMA` (None when there is
-    none); a damaged one is refused naming the key and the command that trains the run again
-    (``remake``: other advice)."""
-    path = Path(path)
-    from featcache.protocol.runs import rerun_advice
-
-    return read_document(path, RESULTS_SCHEMA, "featcache results file",
-                         remake or (lambda: rerun_advice(path.parent)))
+    none); a damaged one is refused naming the key, then ``remake`` (how to train the run
+    again: :func:`featcache.protocol.runs.rerun_advice`)."""
+    return read_document(path, RESULTS_SCHEMA, "featcache results file", remake)
 
 
 def read_run_record(path: str | Path) -> dict | None:
@@ -146,11 +141,3 @@ def read_history(path: str | Path) -> dict | None:
     path = Path(path)
     return read_document(path, HISTORY_SCHEMA, "featcache configuration history",
                          f"delete {path} to train that configuration again")
-
-
-def require_results(path: str | Path) -> dict:
-    """A finished run's checked results (``path``: its ``results.json``)."""
-    document = read_results(path)
-    if document is None:
-        raise InputError(f"{Path(path).parent} is not a finished run (no {Path(path).name})")
-    return document

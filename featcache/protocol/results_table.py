@@ -22,8 +22,7 @@ from pathlib import Path
 from featcache.errors import InputError, plural
 from featcache.protocol.catalog import loss_names
 from featcache.protocol.coverage import name_list
-from featcache.protocol.documents import require_results
-from featcache.protocol.runs import RESULTS, describe_differences
+from featcache.protocol.runs import RESULTS, describe_differences, load_results
 from featcache.protocol.table_cells import Cell, seed_choices
 from featcache.published import SOURCES, published
 from featcache.tables import Table
@@ -148,7 +147,7 @@ class ResultsTable:
             for path in find_results([raw]):
                 if path.resolve() in (p.resolve() for _, p, _ in documents):
                     continue
-                document = require_results(path)
+                document = load_results(path.parent)
                 named = Path(raw).resolve() in (path.parent.resolve(), path.resolve())
                 documents.append((document, path, named))
         if run_id is not None:

@@ -22,7 +22,7 @@ from pathlib import Path
 from featcache.errors import InputError, OutputExistsError
 from featcache.fileio import write_json_atomic
 from featcache.locks import OutputLock
-from featcache.protocol.documents import read_run_record, require_results
+from featcache.protocol.documents import read_results, read_run_record
 from featcache.schema import MapOf, read_document
 
 RESULTS = "results.json"
@@ -111,7 +111,10 @@ class RunFolder:
     def results(self) -> dict:
         """The finished run's results.json, checked; the error says when the run is not
         finished, or what is wrong with the file."""
-        return require_results(self.path / RESULTS)
+        document = read_results(self.path / RESULTS, lambda: rerun_advice(self.path))
+        if document is None:
+            raise InputError(f"{self.path} is not a finished run (no {RESULTS})")
+        return document
 
     def settings(self) -> dict | None:
         """The settings the run was started with (None when it records none)."""

@@ -16,8 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from featcache.errors import InputError
-from featcache.protocol.documents import require_results
-from featcache.protocol.runs import RESULTS
+from featcache.protocol.runs import RESULTS, load_results
 
 #: stage -> the folder of the dataset directory that holds its runs
 STAGE_FOLDERS = {"linear": "runs", "finetune": "finetune"}
@@ -80,7 +79,7 @@ def find_runs(dataset_dir: Path) -> list[Run]:
     runs = []
     for stage, folder in STAGE_FOLDERS.items():
         for results in sorted((dataset_dir / folder).glob(f"*/*/{RESULTS}")):
-            document = require_results(results)
+            document = load_results(results.parent)
             if document.get("stage", "linear") != stage:
                 raise InputError(f"{results} is a {document.get('stage')} run inside "
                                  f"{dataset_dir / folder}, which holds runs of stage {stage!r}")

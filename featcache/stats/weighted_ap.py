@@ -51,7 +51,7 @@ class RankedClasses:
         self.rows, self.classes = scores.shape
         sums, images, self.blocks = [], [], []
         offset = 0
-        has_positive = positive.any(axis=0)
+        has_positive = np.asarray(positive.any(axis=0))
         for c in range(self.classes):
             if not has_positive[c]:  # AP 0: no threshold holds a positive, no sums to add
                 self.blocks.append(_Block(offset, 0))
