@@ -103,10 +103,17 @@ class LazyGroup(click.Group):
                     is_disk_full,
                     is_read_only,
                     read_only_message,
+                    unreadable,
                 )
 
                 if is_read_only(exc):
                     raise click.ClickException(read_only_message(exc, self._out_option(ctx))) from exc
+                denied = unreadable(exc)
+                if denied is not None:
+                    raise click.ClickException(
+                        f"cannot read {denied}: permission denied (this user may not read it); "
+                        "ask its owner to make it readable (chmod a+r), or copy it where you "
+                        "may") from exc
                 if not is_disk_full(exc):
                     raise
                 where = getattr(exc, "filename", None)

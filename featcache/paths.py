@@ -53,6 +53,12 @@ def cache_root(cache: str | os.PathLike | None = None) -> Path:
     if root.exists() and not root.is_dir():
         raise OptionError(f"{where or 'the cache root'} {root} is a file, not a folder; give the "
                           "folder featcache keeps its outputs in")
+    blocking = next((parent for parent in root.absolute().parents
+                     if parent.exists() and not parent.is_dir()), None)
+    if blocking is not None:
+        raise OptionError(f"{where or 'the cache root'} {root} is below {blocking}, a file, not "
+                          "a folder: no folder can be made there; give the folder featcache "
+                          "keeps its outputs in")
     return root
 
 
