@@ -126,13 +126,15 @@ class Table:
 
     def csv(self) -> str:
         """The same rows as CSV with a header line (full precision; None is empty; an
-        :class:`Estimate` as ``mean ± sd``)."""
+        :class:`Estimate` as ``mean ± sd``; text cells a spreadsheet would run as a formula
+        escaped: :func:`spreadsheet_safe`)."""
         out = io.StringIO()
         writer = csv.writer(out, lineterminator="\n")
-        writer.writerow(self.columns)
+        writer.writerow([spreadsheet_safe(column) for column in self.columns])
         for row in self.rows:
-            writer.writerow(["" if value is None else
-                             value.text("{!r}") if isinstance(value, Estimate) else value
+            writer.writerow([spreadsheet_safe("" if value is None else
+                                              value.text("{!r}") if isinstance(value, Estimate)
+                                              else value)
                              for value in row])
         return out.getvalue()
 
@@ -179,6 +181,24 @@ _LATEX_SPECIAL = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$",
 def latex_escape(text: str) -> str:
     """``text`` with LaTeX's special characters escaped (``ours_1 & 5%`` -> ``ours\\_1 \\& 5\\%``)."""
     return "".join(_LATEX_SPECIAL.get(ch, ch) for ch in str(text))
+
+
+#: what starts a formula in a spreadsheet (OWASP's CSV-injection list)
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def spreadsheet_safe(value):
+    """A CSV cell that no spreadsheet runs as a formula: text starting with ``=``, ``+``,
+    ``-``, ``@``, a tab or a carriage return (a class name ``=cmd|' /C calc'!A0``, an image
+    named ``+SUM(1+1).jpg``) gets a leading ``'``, as OWASP's CSV-injection rule says; numbers,
+    and text that reads as a number (``-0.5``), are written as they are."""
+    if not isinstance(value, str) or not value.startswith(FORMULA_STARTS):
+        return value
+    try:
+        float(value)
+    except ValueError:
+        return "'" + value
+    return value
 
 
 def _is_number(value) -> bool:

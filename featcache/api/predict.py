@@ -31,6 +31,7 @@ from featcache.data.formats.npz import check_feature_matrix, npz_array, open_npz
 from featcache.data.labelfile import load_labels
 from featcache.errors import FeatcacheWarning, InputError, OptionError, plural
 from featcache.fileio import atomic_output, sha256_file
+from featcache.tables import spreadsheet_safe
 
 FORMATS = ("csv", "jsonl")
 
@@ -192,10 +193,12 @@ def prediction_text(ids: Sequence[str], probs: np.ndarray, classes: Sequence[str
     out = io.StringIO()
     if fmt == "csv":
         writer = csv.writer(out, lineterminator="\n")
-        writer.writerow(["image", *classes] + (["labels"] if kept is not None else []))
+        writer.writerow([spreadsheet_safe(text) for text in ["image", *classes]]
+                        + (["labels"] if kept is not None else []))
         for i, (name, row) in enumerate(zip(ids, probs, strict=True)):
-            writer.writerow([name, *(f"{p:.6g}" for p in row)]
-                            + ([";".join(c for c, _ in kept[i])] if kept is not None else []))
+            writer.writerow([spreadsheet_safe(name), *(f"{p:.6g}" for p in row)]
+                            + ([spreadsheet_safe(";".join(c for c, _ in kept[i]))]
+                               if kept is not None else []))
         return out.getvalue()
     for i, (name, row) in enumerate(zip(ids, probs, strict=True)):
         record = ({"image": name, "labels": [{"class": c, "probability": p} for c, p in kept[i]]}
