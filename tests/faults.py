@@ -9,11 +9,14 @@ whole group, like Ctrl-C.
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -70,6 +73,77 @@ def run(args: list[str], cwd: Path, prelude: str = "", env: dict | None = None,
     process = start(args, cwd, prelude, env, shell_prefix, read_only)
     out, err = process.communicate(timeout=timeout)
     return subprocess.CompletedProcess(process.args, process.returncode, out, err)
+
+
+#: the driver of :func:`run_many`: imports the command line (and ``prelude``) once, then runs
+#: each case as ``featcache ARGS`` in a process forked from it, its output in two files
+MANY = """
+import json, os, sys
+{prelude}
+from featcache.cli import main
+cases, base = json.loads(sys.argv[1]), sys.argv[2]
+codes = []
+for number, (args, env) in enumerate(cases):
+    sys.stdout.flush(); sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        for fd, name in ((1, "out"), (2, "err")):
+            handle = os.open(f"{{base}}-{{number}}.{{name}}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+            os.dup2(handle, fd)
+            os.close(handle)
+        os.environ.update(env)
+        sys.argv = ["featcache", *args]
+        code = 0
+        try:
+            main()
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
+        except BaseException:
+            import traceback
+            traceback.print_exc()
+            code = 99
+        sys.stdout.flush(); sys.stderr.flush()
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    codes.append(os.waitstatus_to_exitcode(status))
+print(json.dumps(codes))
+"""
+
+
+def run_many(cases: list, cwd: Path, prelude: str = "", env: dict | None = None,
+             user: int | None = None, timeout: float = 300) -> list[subprocess.CompletedProcess]:
+    """Run ``featcache ARGS`` for each case (``ARGS``, or ``(ARGS, ENV)`` with ENV added to the
+    environment of that case), each in its own process, forked from one that imported the
+    command line once (``prelude``: more to import first, e.g. ``import torch``): the real
+    command, at the cost of one interpreter start for all of them. ``user``: run as that uid
+    (and its group), without root's right to write anywhere (``setpriv``)."""
+    normal = [(list(case), {}) if not isinstance(case, tuple) else (list(case[0]), case[1])
+              for case in cases]
+    base = Path(tempfile.mkdtemp(prefix="featcache-many-")) / "case"
+    command = [sys.executable, "-c", MANY.format(prelude=prelude), json.dumps(normal), str(base)]
+    if user is not None:
+        os.chmod(base.parent, 0o777)
+        command = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", *command]
+    done = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "COLUMNS": "120", **(env or {})})
+    assert done.returncode == 0, done.stderr
+    codes = json.loads(done.stdout.strip().splitlines()[-1])
+    results = []
+    for number, (args, _) in enumerate(normal):
+        out, err = (Path(f"{base}-{number}.{name}").read_text() for name in ("out", "err"))
+        results.append(subprocess.CompletedProcess(["featcache", *args], codes[number], out, err))
+    shutil.rmtree(base.parent, ignore_errors=True)
+    return results
+
+
+def one_error_line(result: subprocess.CompletedProcess) -> str:
+    """The one featcache line of a refused command (checked: exit 1, or click's 2 for a bad
+    option, no traceback, nothing unexpected), without its ``Error: ``."""
+    assert result.returncode in (1, 2), (result.args, result.returncode, result.stderr)
+    lines = [line for line in result.stderr.splitlines() if line.startswith("Error: ")]
+    assert len(lines) == 1, (result.args, result.stderr)
+    assert "Traceback" not in result.stderr and "unexpected" not in result.stderr, result.stderr
+    return lines[0].removeprefix("Error: ")
 
 
 def wait_for(condition, process: subprocess.Popen, timeout: float = 120) -> None:
