@@ -20,25 +20,27 @@ DEMO_RUN := demo-$(DEMO_TAG)
 # too), else under cache/.
 DEMO_DIR := $(or $(FEATCACHE_CACHE),cache)/shapes
 # The demo's image size (features and fine-tuning): small, so that its one fine-tuning
-# configuration takes under a minute of CPU.
+# configuration is quick on a CPU.
 DEMO_IMAGE_SIZE ?= 96
 # The demo's linear searches: the protocol's grid for 8 epochs (25 is the protocol's: make demo
-# DEMO_EPOCHS=25), so that the whole demo needs under 3 minutes of CPU on 2 cores.
+# DEMO_EPOCHS=25), so that the whole demo runs in minutes on a 2-core CPU (its measured time:
+# docs/performance.md).
 DEMO_EPOCHS ?= 8
 
-.PHONY: install test demo features lint bench gpu-check clean-demo real-features catalog help
+.PHONY: install test demo features lint bench gpu-check clean-demo real-features catalog docs help
 
 help:
 	@echo "make install   create .venv and install featcache with its dev tools and the timm/open_clip backbones"
-	@echo "make demo      run all three stages on the embedded 'shapes' dataset (offline, under 3 minutes of CPU on 2 cores)"
+	@echo "make demo      make install, then all three stages on the embedded 'shapes' dataset, offline (random weights; WEIGHTS=v1 for ImageNet's)"
 	@echo "make test      the architecture contracts (lint-imports), the type checker (mypy), then the test suite (one pytest worker per core)"
 	@echo "make features DATASET=voc [SPATIAL=1] [FEATURES_ARGS=...]   stage one for a prepared dataset (SPATIAL=1: feature maps for BoostLU and IGNORE too)"
 	@echo "make lint      ruff, the import-linter architecture contracts and the type checker (mypy)"
 	@echo "make catalog   rewrite featcache/protocol/catalog.json after adding or editing a loss or backbone (what the listings read without torch on a fresh clone)"
 	@echo "make bench     speed benchmarks (benchmarks/), figures in cache/bench/"
-	@echo "               (REFERENCE_CODE=PATH: also the authors' train.py from that clone)"
-	@echo "make gpu-check validate the GPU paths (under 8 min on one H100/H200; CPU-able parts only without CUDA)"
-	@echo "make real-features [SHARED=PATH]   every loss on the real feature sets of ../shared/data (README table)"
+	@echo "               (RECORD=1: also appended to benchmarks/record.jsonl; REFERENCE_CODE=PATH: also the authors' train.py from that clone)"
+	@echo "make gpu-check validate the GPU paths on a CUDA machine, with the GPU benchmarks (CPU-able parts only without CUDA; docs/gpu-check.md)"
+	@echo "make real-features [SHARED=PATH]   every loss on the real feature sets of ../shared/data (the README's results table; long on a CPU)"
+	@echo "make docs      render the README's and docs/'s generated blocks again from their records (the results table, the benchmark record)"
 
 install: $(STAMP)
 
@@ -80,10 +82,18 @@ lint: install
 	$(BIN)/mypy
 
 # REFERENCE_CODE=PATH (a clone of elijahcole/single-positive-multi-label) adds the authors' own
-# train.py to stage two's side-by-side figures.
+# train.py to stage two's side-by-side figures; RECORD=1 appends every figure to the benchmark
+# record (benchmarks/record.py), from which `make docs` renders docs/performance.md.
 REFERENCE_CODE ?=
+RECORD ?=
 bench: install
-	FEATCACHE_REFERENCE_CODE=$(REFERENCE_CODE) $(BIN)/python -m benchmarks
+	FEATCACHE_REFERENCE_CODE=$(REFERENCE_CODE) $(if $(RECORD),FEATCACHE_BENCH_RECORD=$(CURDIR)/benchmarks/record.jsonl) $(BIN)/python -m benchmarks
+
+# The generated blocks of README.md and docs/: each from its record, nothing re-run
+# (tests/test_generated_docs.py fails when one differs from what its record gives).
+docs: install
+	$(FEATCACHE) pipeline render pipelines/real-features.toml
+	$(BIN)/python -m benchmarks.record render
 
 # The GPU check runs where the project is not installed too (a lent GPU machine with its own
 # PyTorch): the repository on PYTHONPATH, the venv's python if there is one, else python3.

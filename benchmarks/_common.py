@@ -11,7 +11,9 @@ from pathlib import Path
 
 import torch
 
+from benchmarks import record
 from benchmarks.window import BatchTap, account, check_window, closes, drain
+from featcache import __version__
 from featcache.errors import FeatcacheError
 from featcache.fileio import write_json_atomic
 
@@ -19,9 +21,11 @@ BENCH_DIR = Path(os.environ.get("FEATCACHE_BENCH_DIR", "cache/bench"))
 
 
 def machine(device: torch.device | str) -> dict:
-    """What the figures were measured on."""
+    """What the figures were measured on, and with which code."""
     device = torch.device(device)
     info = {
+        "featcache": __version__,
+        "commit": record.checkout_commit(),
         "device": str(device),
         "cpu": platform.processor() or platform.machine(),
         "cpu_count": os.cpu_count(),
@@ -44,8 +48,12 @@ def describe(info: dict) -> str:
 
 
 def save(name: str, document: dict, path: str | os.PathLike | None = None) -> Path:
-    """Write a benchmark's figures to ``path`` (default cache/bench/<name>.json)."""
-    return write_json_atomic(Path(path) if path else BENCH_DIR / f"{name}.json", document)
+    """Write a benchmark's figures to ``path`` (default cache/bench/<name>.json), and append
+    their rows to the benchmark record when $FEATCACHE_BENCH_RECORD names it
+    (:mod:`benchmarks.record`)."""
+    written = write_json_atomic(Path(path) if path else BENCH_DIR / f"{name}.json", document)
+    record.keep(document, written)
+    return written
 
 
 def synchronize(device: torch.device) -> None:

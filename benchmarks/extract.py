@@ -45,6 +45,7 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
+from benchmarks import record
 from benchmarks._common import describe, machine, save, steady_rate, synchronize
 from benchmarks.photos import DISTINCT_PHOTOS, image_dataset
 from benchmarks.window import MIN_BATCHES_PER_WORKER, BatchTap, check_window
@@ -265,6 +266,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> dict:
     """Run the benchmark, print a Markdown table, save the JSON file; returns the document."""
     args = parse(argv)
+    args.command = record.command_line("extract", argv)
     device = torch.device(args.device)
     precision = resolve_precision(args.precision, device)
     count = args.batch_size * batches_per_row(args.warmup, args.timed, args.workers)
@@ -327,7 +329,7 @@ def report(args, info: dict, settings: dict, rows: list[tuple[str, dict, str]], 
     print(f"PIL decode + resize to {args.image_size}: {per_core:.2f} ms per image per core "
           f"(at most {1e3 / per_core * max(1, args.workers):.0f} images/s with {args.workers} workers)")
     document = {
-        "benchmark": "extract", "machine": info, "settings": settings,
+        "benchmark": "extract", "command": args.command, "machine": info, "settings": settings,
         "images": count, "mean_jpeg_kB": mean_kb, "warmup_batches": args.warmup,
         "timed_batches": args.timed, "pil_ms_per_image_per_core": per_core,
         "window_rule": "benchmarks/window.py: at least 3 batches per worker, opened on a drained "

@@ -43,6 +43,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader
 
+from benchmarks import record
 from benchmarks._common import BENCH_DIR, describe, machine, save, steady_rate, synchronize
 from benchmarks.extract import FolderImages, window_note
 from benchmarks.photos import generated_images
@@ -240,7 +241,8 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"batch {figure['batch_size']}: first step {first:.1f} s"
               + (" (includes torch.compile)" if args.compile else ""))
     document = {
-        "benchmark": "finetune", "machine": info, "settings": settings, "images": count,
+        "benchmark": "finetune", "command": record.command_line("finetune", argv),
+        "machine": info, "settings": settings, "images": count,
         "mean_jpeg_kB": mean_kb, "warmup_steps": args.warmup, "timed_steps": args.timed,
         "baseline": {"what": "plain loop: PIL + full torchvision transform, DataLoader, fp32, "
                              "default Adam, predictions copied to the host",

@@ -54,6 +54,7 @@ import numpy as np
 import torch
 
 from benchmarks import gpu_check_linear as linear_checks
+from benchmarks import record
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -690,6 +691,9 @@ def main(argv: list[str] | None = None) -> int:
                              "(it is reported as failed, not run); default 450: the whole "
                              "command stays under 8 minutes")
     args = parser.parse_args(argv)
+    # the benchmarks it runs append no rows of their own: the whole folder's are added at the
+    # end, under this command (benchmarks.record)
+    record_to = os.environ.pop(record.RECORD_ENV, None)
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     cuda = torch.cuda.is_available() and not args.cpu_only
@@ -700,7 +704,7 @@ def main(argv: list[str] | None = None) -> int:
     from featcache.fileio import write_json_atomic, write_text_atomic
 
     def write_report() -> dict:
-        report = check.report()
+        report = {**check.report(), "command": record.command_line("gpu_check", argv)}
         write_json_atomic(out / "gpu-check.json", report)
         write_text_atomic(out / "gpu-check.md", markdown(report))
         return report
@@ -716,6 +720,9 @@ def main(argv: list[str] | None = None) -> int:
                 shutil.rmtree(out / leftover, ignore_errors=True)
     print(markdown(report), flush=True)
     print(f"report: {out / 'gpu-check.json'}, {out / 'gpu-check.md'}", flush=True)
+    if record_to:
+        os.environ[record.RECORD_ENV] = record_to
+        record.keep_folder(out, report["command"])
     return 0 if report["passed"] else 1
 
 

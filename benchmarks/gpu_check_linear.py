@@ -39,7 +39,7 @@ def _data(check, device: str):
 
 
 def _specs(data, losses: Sequence[str]):
-    from featcache.linear.search import SearchSpec
+    from featcache.linear.engine.search import SearchSpec
     from featcache.losses import loss_class
 
     usable = [n for n in losses if loss_class(n).unmet_need(data.facts) is None]
@@ -71,8 +71,8 @@ def _compare(ours, theirs, what: str) -> float:
 
 
 def graphs_vs_eager(check) -> tuple[str, dict]:
-    from featcache.linear.graphs import GRAPHS_ENV
-    from featcache.linear.search import run_searches
+    from featcache.linear.engine.graphs import GRAPHS_ENV
+    from featcache.linear.engine.search import run_searches
 
     data = _data(check, "cuda")
     specs = _specs(data, LOSSES)
@@ -90,7 +90,7 @@ def graphs_vs_eager(check) -> tuple[str, dict]:
 
 
 def stacked_vs_alone(check) -> tuple[str, dict]:
-    from featcache.linear.search import run_search, run_searches
+    from featcache.linear.engine.search import run_search, run_searches
     from featcache.losses import loss_names
 
     data = _data(check, "cuda")
@@ -107,8 +107,8 @@ def cpu_after_cuda(check) -> tuple[str, dict]:
     """Stage two with CPU worker processes in this process, which has trained on CUDA."""
     import torch
 
-    from featcache.linear.search import run_searches
-    from featcache.linear.workers import fork_is_safe
+    from featcache.linear.engine.search import run_searches
+    from featcache.linear.engine.workers import fork_is_safe
 
     if not torch.cuda.is_initialized():
         run_searches(_data(check, "cuda"), _specs(_data(check, "cuda"), ("an",)), "cuda",

@@ -1,7 +1,7 @@
 """Stage two at full speed and any size: every figure of README "Performance" (stage two).
 
 1. Speed, side by side (default): the 8-configuration x 25-epoch search of one loss
-   (``--loss``, default ``an``) with ``featcache.linear.search.run_search``, next to the
+   (``--loss``, default ``an``) with ``featcache.linear.engine.search.run_search``, next to the
    reference loop measured in the same run. The reference loop is Cole et al.'s ``train.py``
    as it trains one configuration: a DataLoader with its 4 workers over the feature rows
    yielding a dict per example, the label estimator's forward on every batch, the loss built
@@ -59,14 +59,15 @@ import numpy as np
 import torch
 from sklearn.metrics import average_precision_score
 
+from benchmarks import record
 from benchmarks._common import BENCH_DIR, Busy, describe, machine, save, tree_memory
 from benchmarks.reference_code import authors_config_epochs, write_reference_layout
 from featcache.data.featurewrite import write_features
 from featcache.data.labelfile import LabelSet, SplitLabels, load_labels, write_labels
 from featcache.data.sampling import observe_uniform, split_train_val
 from featcache.linear.data import load_linear_data
+from featcache.linear.engine.search import SearchSpec, run_search
 from featcache.linear.memory import parse_size
-from featcache.linear.search import SearchSpec, run_search
 from featcache.protocol.runs import load_results
 from featcache.runtime import usable_cpus
 from featcache.tables import Table
@@ -704,7 +705,8 @@ def main(argv: list[str] | None = None) -> dict:
     device = torch.device(args.device)
     info = machine(device)
     labels_path, features_path, source = synthetic_dataset(args.size)
-    document = {"benchmark": "linear", "size": args.size, "labels": source, "machine": info}
+    document = {"benchmark": "linear", "command": record.command_line("linear", argv),
+                "size": args.size, "labels": source, "machine": info}
     table = results_table()
     print(f"machine: {describe(info)}; data: {args.size}-sized ({source})", flush=True)
     document["speed"] = measure_speed(args, device, labels_path, features_path, table)

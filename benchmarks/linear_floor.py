@@ -1,6 +1,6 @@
 """How fast ``train-linear --loss all`` could be on this machine: the floor of its kernels.
 
-``--loss all`` trains the stacked groups that :func:`featcache.linear.search.stacked_plan`
+``--loss all`` trains the stacked groups that :func:`featcache.linear.engine.search.stacked_plan`
 makes of every loss the data can serve (VOC-sized features, the default 8 x 25 search). Any
 implementation that keeps the protocol's numbers must, for every group, every epoch and every
 training step, compute the batch's logits for all the group's heads and the weight gradient
@@ -38,12 +38,13 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from benchmarks import record
 from benchmarks._common import Busy, describe, machine, save
 from benchmarks.linear import measure_all_losses, results_table, sgemm_peak, synthetic_dataset
 from benchmarks.linear_kernels import per_call_us
 from featcache.errors import plural
 from featcache.linear.data import load_linear_data
-from featcache.linear.search import SearchSpec, stacked_plan
+from featcache.linear.engine.search import SearchSpec, stacked_plan
 from featcache.protocol.loss_choice import choose_losses
 from featcache.runtime import usable_cpus
 from featcache.tables import Table
@@ -198,7 +199,8 @@ def main(argv: list[str] | None = None) -> dict:
               found["arithmetic_floor_seconds"])
     table.add(f"kernel floor: forward, gradient, fused Adam, scoring, nothing else ({on}, "
               f"{found['kernel_cpu_seconds']:.0f} CPU-s)", found["kernel_floor_seconds"])
-    document = {"benchmark": "linear_floor", "machine": info, "labels": source,
+    document = {"benchmark": "linear_floor", "command": record.command_line("linear_floor", argv),
+                "machine": info, "labels": source,
                 "losses": losses, "cores": cores, "target_seconds": args.target,
                 "timing_busy": busy.record(), **found,
                 "kernels": [{"heads": h, "batch_size": b, **v} for (h, b), v in one_core.items()]}

@@ -3,9 +3,9 @@
 A stage-two training step at batch size B moves a group's H heads (H, D, L) through two
 batched matmuls (the logits, then the weight gradient) and Adam; an epoch's evaluation
 scores the validation and test rows with every head. This times each kernel as the trainer
-runs it (``featcache.linear.heads``) next to alternatives, and checks whether an alternative
-gives exactly the trainer's bits (``torch.equal`` over several batches of the benchmark's
-VOC-sized features: a BLAS kernel's summation order depends on the shapes, not the values).
+runs it (``featcache.heads``, ``featcache.linear.engine.optimizer``) next to alternatives, and
+checks whether an alternative gives exactly the trainer's bits (``torch.equal`` over several
+batches of the benchmark's VOC-sized features: a BLAS kernel's summation order depends on the shapes, not the values).
 An alternative that is faster *and* gives the same bits could replace the trainer's kernel
 without moving any number; one that is faster with other bits could not.
 
@@ -34,9 +34,9 @@ import torch
 from benchmarks._common import describe, machine, save
 from benchmarks.linear import synthetic_dataset
 from featcache.linear.data import load_linear_data
-from featcache.linear.member import Member
-from featcache.linear.search import SearchSpec
-from featcache.linear.trainer import GroupTrainer
+from featcache.linear.engine.member import Member
+from featcache.linear.engine.search import SearchSpec
+from featcache.linear.engine.trainer import GroupTrainer
 from featcache.losses import loss_class
 from featcache.tables import Table
 

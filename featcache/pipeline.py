@@ -30,6 +30,13 @@ A recipe is a TOML file::
     readme = "../README.md"      # optional, relative to the recipe: the table also replaces
                                  # the text between <!-- featcache pipeline NAME: begin -->
                                  # and <!-- featcache pipeline NAME: end --> there
+    record = "../docs/results/NAME.json"  # optional: a copy of results.json beside the
+                                 # document, from which `featcache pipeline render` (and a
+                                 # test) writes the same section again without the runs
+    versus = "an"                # optional: each dataset's paired differences to this loss
+                                 # (`featcache table cache/<dataset>/runs --run-id ID
+                                 # --versus an`), recorded, and those that survive Holm's
+                                 # correction named under the table
 
 A report with ``kind = "sweep"`` plots test mAP against one loss parameter instead: every
 finished run of ``loss`` whose run id matches the glob ``run_id`` is a point at its selected
@@ -61,13 +68,25 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from featcache.errors import FeatcacheWarning, InputError, OptionError, did_you_mean
+from featcache.errors import FeatcacheWarning, InputError, OptionError, did_you_mean, name_list
 from featcache.fileio import write_text_atomic
 from featcache.paths import cache_root, dataset_dir
 from featcache.progress import say
 from featcache.protocol.results_table import ResultsTable
 from featcache.protocol.runs import load_results
-from featcache.schema import AnyOf, Flag, ListOf, MapOf, Number, Record, Text, read_document
+from featcache.schema import (
+    AnyOf,
+    Flag,
+    Integer,
+    ListOf,
+    MapOf,
+    Number,
+    Record,
+    Schema,
+    Text,
+    nullable,
+    read_document,
+)
 from featcache.tables import Table
 
 REPORT_STAGES = {"linear": "runs", "finetune": "finetune"}
@@ -110,6 +129,37 @@ RECIPE_SCHEMA = Record(optional={
         "reference_run_id": Text(), "datasets": ListOf(Text(), at_least=1),
         "losses": ListOf(Text()), "readme": Text(), "loss": Text(), "param": Text()}),
 })
+
+
+class _TableRows(Schema):
+    """The ``rows`` of a table record: each a loss and, per dataset, its cell or null."""
+
+    expected = "a list"
+    cell = Record(required={"mean": Number(), "sd": Number(), "seeds": Integer()},
+                  optional={"published": nullable(Number()), "delta": nullable(Number())})
+
+    def check(self, value, at: str = "") -> None:
+        ListOf(Record(required={"loss": Text()})).check(value, at)
+        for number, row in enumerate(value):
+            for key, cell in row.items():
+                if key != "loss" and cell is not None:
+                    self.cell.check(cell, f"{at}[{number}].{key}")
+
+
+#: a report's ``record`` (a table's results.json, :meth:`ResultsTable.to_json`), read back by
+#: ``pipeline render``
+TABLE_RECORD_SCHEMA = Record(
+    required={"caption": Text(), "datasets": ListOf(Text()), "losses": ListOf(Text()),
+              "rows": _TableRows()},
+    optional={"notes": ListOf(Text()),
+              "provenance": nullable(Record(optional={
+                  "command": Text(), "runs_created": nullable(ListOf(Text(), at_least=2)),
+                  "featcache_versions": ListOf(Text()), "numerics_versions": ListOf(Text()),
+                  "note": Text()})),
+              "comparisons": nullable(Record(
+                  required={"versus": Text(), "command": Text(),
+                            "datasets": MapOf(ListOf(Record(required={"loss": Text(),
+                                                                      "estimate": Number()})))}))})
 #: the fix for a recipe that cannot be read
 RECIPE_ADVICE = ("fix it by hand: the recipe format is described at the top of "
                  "featcache/pipeline.py, and pipelines/*.toml are examples")
@@ -135,7 +185,10 @@ def load_recipe(path: str | Path, overrides: dict[str, str] | None = None,
                           f"{did_you_mean(unknown[0], variables)}; its variables are "
                           f"{', '.join(sorted(variables)) or 'none'}")
     builtins = {"cache": str(cache_root(cache)), "recipe_dir": str(path.resolve().parent)}
-    variables = {k: _fill(v, builtins, path) for k, v in variables.items()}
+    # a path built from {recipe_dir} or {cache} reads as the folder it is ('../..' resolved)
+    variables = {k: os.path.normpath(_fill(v, builtins, path))
+                 if any(f"{{{b}}}" in v for b in builtins) else _fill(v, builtins, path)
+                 for k, v in variables.items()}
     variables.update(overrides or {})
     variables.update(builtins)
     steps = []
@@ -176,17 +229,29 @@ def _user_variables(template: str, variables: dict[str, str], builtins: dict[str
 
 
 def missing_inputs(recipe: Recipe) -> list[str]:
-    """One line for each input path of a step that will run (its ``skip_if_exists`` output is
-    absent) that does not exist, naming the variable and the ``--set`` that points it elsewhere."""
-    lines = []
+    """One line for each [vars] variable through which steps that will run (their
+    ``skip_if_exists`` output is absent) read paths that do not exist: the steps, the first
+    path, the variable's value and the ``--set`` that points it elsewhere."""
+    missing: dict[str, list[tuple[int, str, str]]] = {}
     for number, step in enumerate(recipe.steps, start=1):
         if step.skip_if_exists and Path(step.skip_if_exists).exists():
             continue
         for value, name in step.inputs:
             if not Path(value).exists():
-                lines.append(f"step {number} ({step.name}) reads {value}, which does not exist "
-                             f"({{{name}}} is {recipe.variables[name]!r}): point it at the data "
-                             f"with `featcache pipeline run {recipe.path} --set {name}=PATH`")
+                missing.setdefault(name, []).append((number, step.name, value))
+    lines = []
+    for name, entries in missing.items():
+        fix = (f"point it at the data with `featcache pipeline run {recipe.path} "
+               f"--set {name}=PATH`")
+        where = f"{{{name}}} is {recipe.variables[name]}"
+        if len(entries) == 1:
+            number, step_name, value = entries[0]
+            lines.append(f"step {number} ({step_name}) reads {value}, which does not exist "
+                         f"({where}): {fix}")
+            continue
+        readers = dict.fromkeys(f"{number} ({step_name})" for number, step_name, _ in entries)
+        lines.append(f"{len(entries)} inputs do not exist ({where}), read by steps "
+                     f"{name_list(list(readers), 3)}; the first: {entries[0][2]}; {fix}")
     return lines
 
 
@@ -218,8 +283,9 @@ def _fill(text: str, variables: dict[str, str], path: Path) -> str:
 
 def write_report(recipe: Recipe, cache: str | None = None) -> tuple[Table, Path]:
     """The recipe's report over the runs its steps made: for a table, results.md, .csv, .tex
-    and .json, the same table ``featcache table`` builds from those runs; for a sweep,
-    results.md, .csv, .json and sweep.png."""
+    and .json, the same table ``featcache table`` builds from those runs (and its ``record``
+    and ``readme`` section, see :func:`publish_report`); for a sweep, results.md, .csv, .json
+    and sweep.png."""
     out = cache_root(cache) / "pipelines" / recipe.name
     if recipe.report.get("kind", "table") == "sweep":
         table = sweep_table(recipe.report, cache, plot=out / "sweep.png")
@@ -236,44 +302,172 @@ def write_report(recipe: Recipe, cache: str | None = None) -> tuple[Table, Path]
     write_text_atomic(out / "results.tex", table.latex(label=f"tab:{recipe.name}") + "\n"
                       + results.configurations(runs=False).latex(
                           label=f"tab:{recipe.name}-configurations"))
-    write_text_atomic(out / "results.json", json.dumps(results.to_json(), indent=2) + "\n")
-    if recipe.report.get("readme"):
-        publish_section(recipe.path.parent / recipe.report["readme"], recipe.name,
-                        table.markdown())
+    document = report_document(recipe, results)
+    write_text_atomic(out / "results.json", json.dumps(document, indent=2) + "\n")
+    publish_report(recipe, document)
     return table, out / "results.md"
 
 
-def section_markers(name: str) -> tuple[str, str]:
-    """The comments around the part of a document a recipe's report owns."""
-    return (f"<!-- featcache pipeline {name}: begin -->",
-            f"<!-- featcache pipeline {name}: end -->")
+def report_document(recipe: Recipe, results: ResultsTable) -> dict:
+    """What results.json holds: the table's cells (:meth:`ResultsTable.to_json`), what made
+    them (``provenance``) and, with the report's ``versus``, each dataset's paired
+    comparisons (``comparisons``)."""
+    document = results.to_json()
+    documents = [d for cell in results.cells.values() for d in cell.documents]
+    created = sorted(str(d["created"])[:10] for d in documents if d.get("created"))
+    document["provenance"] = {
+        "command": f"featcache pipeline run pipelines/{recipe.path.name}",
+        "run_id": recipe.report.get("run_id"),
+        "runs_created": [created[0], created[-1]] if created else None,
+        "featcache_versions": sorted({str(d["featcache_version"]) for d in documents
+                                      if d.get("featcache_version")}),
+        "numerics_versions": sorted({str(d["numerics_version"]) for d in documents
+                                     if d.get("numerics_version") is not None}),
+    }
+    if recipe.report.get("versus"):
+        document["comparisons"] = comparisons(results, recipe.report["versus"],
+                                              recipe.report.get("run_id"))
+    return document
 
 
-def readme_section(text: str, name: str) -> str:
-    """The text between recipe ``name``'s markers (InputError when they are missing)."""
-    begin, end = section_markers(name)
+def comparisons(results: ResultsTable, versus: str, run_id: str | None) -> dict:
+    """Per dataset, each loss's paired difference to ``versus`` on the same resampled test
+    images, Holm's correction over that dataset's comparisons: what ``featcache table
+    cache/<dataset>/runs --run-id ID --versus LOSS`` prints, dataset by dataset."""
+    from featcache.protocol.uncertainty import table_uncertainty
+    from featcache.stats import Resampling
+
+    plan = Resampling()
+    found: dict[str, list[dict]] = {}
+    method = ""
+    for dataset in results.datasets:
+        cells = {key: cell for key, cell in results.cells.items() if key[1] == dataset}
+        if (versus, dataset) not in cells:
+            continue
+        unc = table_uncertainty(cells, plan, versus)
+        method = unc.method()
+        found[dataset] = [
+            {"loss": loss, **mine.versus.to_json(), "survives_holm": mine.survives_holm}
+            for loss in results.losses
+            if (mine := unc.cells.get((loss, dataset))) is not None and mine.versus is not None]
+    return {"versus": versus, "method": method,
+            "command": f"featcache table cache/{{dataset}}/runs --run-id {run_id} --versus "
+                       f"{versus}", "datasets": found}
+
+
+def readme_block(document: dict) -> str:
+    """The section a report writes into its ``readme``, from its results.json alone: the table,
+    what made it, and the differences to the ``versus`` loss that survive Holm's correction."""
+    from featcache.protocol.results_table import table_from_json
+
+    parts = [table_from_json(document).markdown()]
+    made = document.get("provenance") or {}
+    if made.get("runs_created"):
+        first, last = made["runs_created"]
+        line = (f"Written by `{made['command']}` from runs made on {first}"
+                + (f" to {last}" if last != first else ""))
+        if made.get("featcache_versions"):
+            line += f" by featcache {', '.join(made['featcache_versions'])}"
+        if made.get("numerics_versions"):
+            line += f", numerics version {', '.join(made['numerics_versions'])}"
+        parts.append(line + ".")
+    if made.get("note"):  # what the record itself says of where it came from
+        parts.append(made["note"])
+    compared = document.get("comparisons")
+    if compared:
+        parts.append(comparison_sentence(compared))
+    return "\n\n".join(parts)
+
+
+def comparison_sentence(compared: dict) -> str:
+    """``Differences to `an` that survive Holm's correction ...: scene: `epr` -4.65, ...;
+    yeast: none.``"""
+    per_dataset = []
+    for dataset, rows in compared["datasets"].items():
+        kept = [row for row in rows if row.get("survives_holm")]
+        kept.sort(key=lambda row: row["estimate"])
+        per_dataset.append(f"{dataset}: " + (", ".join(
+            f"`{row['loss']}` {row['estimate']:+.2f}" for row in kept) or "none"))
+    command = compared["command"].replace("{dataset}", "<dataset>")
+    return (f"Differences to `{compared['versus']}` that survive Holm's correction over each "
+            f"dataset's comparisons (paired bootstrap over the test images; `{command}` prints "
+            "every difference with its interval): " + "; ".join(per_dataset) + ".")
+
+
+def publish_report(recipe: Recipe, document: dict) -> None:
+    """Copy ``document`` (results.json) to the report's ``record`` and write its section of
+    the report's ``readme`` from it."""
+    if recipe.report.get("record"):
+        path = _beside(recipe, "record")
+        write_text_atomic(path, json.dumps(document, indent=2) + "\n")
+        say(f"{path}: the record of this table")
+    if recipe.report.get("readme"):
+        publish_section(_beside(recipe, "readme"), recipe.name, readme_block(document))
+
+
+def _beside(recipe: Recipe, key: str) -> Path:
+    """The file a report key names, relative to the recipe's folder."""
+    return Path(os.path.normpath(recipe.path.parent / recipe.report[key]))
+
+
+def render_report(recipe: Recipe) -> Path:
+    """Write the report's ``readme`` section again from its ``record`` (no run is read)."""
+    missing = [key for key in ("record", "readme") if not recipe.report.get(key)]
+    if missing:
+        raise InputError(f"{recipe.path}: its [report] has no {' or '.join(missing)}: nothing "
+                         "to render")
+    path = _beside(recipe, "record")
+    if not path.is_file():
+        raise InputError(f"{path} does not exist: run the recipe first (`featcache pipeline run "
+                         f"{recipe.path}`)")
+    readme = _beside(recipe, "readme")
+    document = read_document(path, TABLE_RECORD_SCHEMA, "pipeline table record",
+                             f"make it again: `featcache pipeline run {recipe.path}`")
+    publish_section(readme, recipe.name, readme_block(document))
+    return readme
+
+
+def section_markers(name: str, kind: str = "pipeline") -> tuple[str, str]:
+    """The comments around the part of a document that a recipe's report (``kind``
+    "pipeline") or another generator owns."""
+    return (f"<!-- featcache {kind} {name}: begin -->",
+            f"<!-- featcache {kind} {name}: end -->")
+
+
+def readme_section(text: str, name: str, kind: str = "pipeline") -> str:
+    """The text between ``name``'s markers (InputError when they are missing)."""
+    begin, end = section_markers(name, kind)
     start, stop = text.find(begin), text.find(end)
     if start < 0 or stop < start:
         raise InputError(f"no section between {begin} and {end}")
     return text[start + len(begin):stop].strip("\n")
 
 
-def publish_section(path: Path, name: str, content: str) -> None:
-    """Replace the text between recipe ``name``'s markers in ``path`` (a report's ``readme``)
-    with ``content``, so a document's table is always the last run's. Without the markers the
+def replace_section(text: str, name: str, content: str, kind: str = "pipeline") -> str:
+    """``text`` with the part between ``name``'s markers replaced by ``content``
+    (InputError when the markers are missing)."""
+    readme_section(text, name, kind)
+    begin, end = section_markers(name, kind)
+    head, rest = text.split(begin, 1)
+    tail = rest.split(end, 1)[1]
+    return f"{head}{begin}\n{content.strip()}\n{end}{tail}"
+
+
+def publish_section(path: Path, name: str, content: str, kind: str = "pipeline") -> None:
+    """Replace the text between ``name``'s markers in ``path`` (a report's ``readme``) with
+    ``content``, so a document's table is always the last run's. Without the markers the
     document is left alone and a warning says what to add."""
-    begin, end = section_markers(name)
     text = path.read_text() if path.is_file() else ""
     try:
-        readme_section(text, name)
+        updated = replace_section(text, name, content, kind)
     except InputError:
+        begin, end = section_markers(name, kind)
         warnings.warn(f"{path} has no {begin} ... {end} section: its table was not updated "
                       "(add the two lines where the table belongs)", FeatcacheWarning,
                       stacklevel=2)
         return
-    head, rest = text.split(begin, 1)
-    tail = rest.split(end, 1)[1]
-    write_text_atomic(path, f"{head}{begin}\n{content.strip()}\n{end}{tail}")
+    if updated != text:
+        write_text_atomic(path, updated)
     say(f"{path}: the {name} section now holds this table")
 
 

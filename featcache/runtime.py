@@ -14,6 +14,8 @@ and nothing is initialised.
 from __future__ import annotations
 
 import datetime as _dt
+import functools
+import hashlib
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
@@ -320,3 +322,28 @@ def ranks(device_name: str = "auto") -> Iterator[Ranks]:
     finally:
         if joined:
             dist.destroy_process_group()
+
+
+@functools.cache
+def cpu_arithmetic() -> str:
+    """A short fingerprint of this process's CPU float32 matrix arithmetic: the bits of a few
+    seeded products shaped like stage two's steps (mm, its transposed gradient, bmm).
+
+    The BLAS library picks its kernels by the processor's instruction set (MKL's AVX2 and
+    AVX-512 paths sum in different orders), and that choice alone moves stage two's numbers
+    in their last digits; the thread count does not. Two runs of the same settings whose
+    records carry the same fingerprint give the same numbers bit for bit (docs/linear.md,
+    "Same seed, same numbers").
+    """
+    generator = torch.Generator().manual_seed(20261128)
+    x = torch.randn(37, 294, generator=generator)
+    w = torch.randn(294, 6, generator=generator)
+    g = torch.randn(37, 6, generator=generator)
+    xs = torch.randn(4, 8, 294, generator=generator)
+    ws = torch.randn(4, 294, 6, generator=generator)
+    with torch.no_grad():
+        products = (x @ w, x.T @ g, torch.bmm(xs, ws), torch.addmm(g, x, w))
+    digest = hashlib.sha256()
+    for product in products:
+        digest.update(product.contiguous().numpy().tobytes())
+    return digest.hexdigest()[:16]

@@ -42,7 +42,7 @@ LINEAR_AN_ROLE = ["train-linear", "--dataset", "toy", "--loss", "an,role", "--ep
 #: of ``--loss an,role`` finishes first while ROLE still trains, whatever order the workers
 #: take the pieces in (the costliest first)
 SLOW_ROLE_STEPS = """
-from featcache.linear.trainer import GroupTrainer
+from featcache.linear.engine.trainer import GroupTrainer
 _train_step = GroupTrainer.train_step
 def _slowed_step(self, *args, **kwargs):
     _time.sleep(0.3 if any(m.member.loss == "role" for m in self.members) else 0.02)
@@ -215,3 +215,69 @@ def can_mount_read_only(scratch: Path) -> str | None:
     if "Read-only file system" not in probe.stderr:
         return f"a read-only bind mount is not possible here: {probe.stderr.strip() or probe.returncode}"
     return None
+
+
+#: the marker before :func:`run_many`'s JSON report on stdout
+_MANY_MARK = "\n==featcache-cases==\n"
+_MANY = """
+import json, os, sys, tempfile, time
+from featcache.cli import main
+found = []
+for args in CASES:
+    # each case's output as the terminal would get it: file descriptors 1 and 2 go to files,
+    # so that what forked workers print is the case's too
+    sys.stdout.flush(); sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    files = [tempfile.TemporaryFile(mode="w+", encoding="utf-8") for _ in range(2)]
+    for fd, file in zip((1, 2), files):
+        os.dup2(file.fileno(), fd)
+    code, began = 0, time.monotonic()
+    try:
+        sys.argv = ["featcache", *args]
+        main()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+    finally:
+        sys.stdout.flush(); sys.stderr.flush()
+        for fd, copy in zip((1, 2), saved):
+            os.dup2(copy, fd)
+            os.close(copy)
+    texts = []
+    for file in files:
+        file.seek(0)
+        texts.append(file.read())
+        file.close()
+    found.append([code, texts[0], texts[1], time.monotonic() - began])
+sys.stdout.write(MARK + json.dumps(found))
+"""
+
+
+class Case(subprocess.CompletedProcess):
+    """One command of :func:`run_many`: its exit code, stdout, stderr and seconds."""
+
+    def __init__(self, args, returncode, stdout, stderr, seconds):
+        super().__init__(args, returncode, stdout, stderr)
+        self.seconds = seconds
+
+    @property
+    def output(self) -> str:
+        return self.stdout + self.stderr
+
+
+def run_many(cases: list[list[str]], cwd: Path, prelude: str = "", env: dict | None = None,
+             timeout: float = 300) -> list[Case]:
+    """Each of ``cases`` as ``featcache ARGS`` through the console entry point (``main``: its
+    exit codes and one-line errors), one after the other in ONE subprocess, so that a group of
+    cases pays for importing torch once; each case's stdout and stderr are what its file
+    descriptors 1 and 2 received (forked workers' output included)."""
+    cases = [[str(word) for word in case] for case in cases]
+    code = f"{SLEEP_IN}\n{prelude}\nCASES = {cases!r}\nMARK = {_MANY_MARK!r}\n{_MANY}"
+    done = subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "COLUMNS": "120", **(env or {})})
+    if _MANY_MARK not in done.stdout:
+        raise AssertionError(f"the cases did not finish (rc {done.returncode}):\n{done.stdout}\n"
+                             f"{done.stderr}")
+    import json
+
+    found = json.loads(done.stdout.split(_MANY_MARK, 1)[1])
+    return [Case(case, *result) for case, result in zip(cases, found, strict=True)]

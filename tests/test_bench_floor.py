@@ -12,7 +12,7 @@ from linear_fixtures import synthetic_dataset
 
 from benchmarks.linear_floor import GroupShape, floors, plan_shapes, step_kernels
 from featcache.linear.data import load_linear_data
-from featcache.linear.search import SearchSpec, stacked_plan
+from featcache.linear.engine.search import SearchSpec, stacked_plan
 from featcache.protocol.grid import BATCH_SIZES, LEARNING_RATES, LINEAR_EPOCHS
 from featcache.protocol.loss_choice import choose_losses
 

@@ -21,9 +21,9 @@ from featcache.data.labelfile import load_labels
 from featcache.errors import InputError, LossNeedError, OptionError
 from featcache.heads import BoostLUHeads, HeadModule, LinearHeads, boostlu_pool
 from featcache.linear.data import load_linear_data, split_rows
-from featcache.linear.heads import create_heads
+from featcache.linear.engine.member import create_heads
+from featcache.linear.engine.search import SearchSpec, run_search
 from featcache.linear.memory import GroupShape, SplitSizes, plan_placement
-from featcache.linear.search import SearchSpec, run_search
 from featcache.linear.stream import StreamedRows, load_streamed_data
 from featcache.losses import DataFacts, HeadKind, Targets, create_loss, loss_class
 from featcache.losses.boostlu import reference_rate

@@ -127,7 +127,7 @@ def test_ctrl_c_stops_finetuning_within_seconds_and_resume_ends_like_an_uninterr
 
 # ------------------------------------------------------------------ stage two: forked workers
 #: a training step slowed to 0.1 s: a group of the first loss takes ~2-4 s
-SLOW_STEPS = "from featcache.linear.trainer import GroupTrainer\n_slow(GroupTrainer, 'train_step', 0.1)"
+SLOW_STEPS = "from featcache.linear.engine.trainer import GroupTrainer\n_slow(GroupTrainer, 'train_step', 0.1)"
 
 
 def _selected(run_dir) -> list[dict]:
@@ -186,7 +186,7 @@ def test_ctrl_c_while_workers_evaluate_a_trained_group_stops_them_and_keeps_noth
     synthetic_dataset(cache, name="toy")
     args = [a if a != "an,role" else "an" for a in LINEAR_AN_ROLE]
     # an's groups train without their evaluation; each epoch's evaluation then takes 1 s
-    slow = ("from featcache.linear.trainer import Evaluation\n"
+    slow = ("from featcache.linear.engine.trainer import Evaluation\n"
             "_slow(Evaluation, 'evaluate', 1.0, mark='evaluate')")
     process = start(args, tmp_path, slow, env={"FEATCACHE_CACHE": str(cache)})
     wait_for(lambda: (tmp_path / "evaluate-1").exists(), process)
@@ -204,7 +204,7 @@ def test_ctrl_c_while_workers_evaluate_a_trained_group_stops_them_and_keeps_noth
 def test_a_second_ctrl_c_ends_train_linear_and_its_workers_at_once(tmp_path):
     cache = tmp_path / "cache"
     synthetic_dataset(cache, name="toy")
-    slower = ("from featcache.linear.trainer import GroupTrainer\n"
+    slower = ("from featcache.linear.engine.trainer import GroupTrainer\n"
               "_slow(GroupTrainer, 'train_step', 3.0, mark='step')")
     process = start(LINEAR_AN_ROLE, tmp_path, slower, env={"FEATCACHE_CACHE": str(cache)})
     wait_for(lambda: (tmp_path / "step-1").exists(), process)

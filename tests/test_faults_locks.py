@@ -39,7 +39,7 @@ def _hold(target) -> subprocess.Popen:
 def test_a_second_train_linear_on_the_same_run_is_refused_and_the_first_keeps_its_settings(
         cache_dir, tmp_path):
     synthetic_dataset(cache_dir, name="toy")
-    slow = "from featcache.linear.trainer import GroupTrainer\n_slow(GroupTrainer, 'train_epoch', 3.0)"
+    slow = "from featcache.linear.engine.trainer import GroupTrainer\n_slow(GroupTrainer, 'train_epoch', 3.0)"
     first = start(["train-linear", "--dataset", "toy", "--loss", "an", "--epochs", "4",
                    "--run-id", "same", *FAST], tmp_path, slow)
     run_dir = cache_dir / "toy" / "runs" / "an" / "same"
@@ -128,7 +128,7 @@ def test_train_linear_with_worker_processes_holds_its_lock_and_kill_9_frees_it(c
     args = ["train-linear", "--dataset", "toy", "--loss", "an", "--epochs", "2", "--run-id",
             "same", "--jobs", "2", "--lr", "1e-2,1e-3", "--bsize", "8,16", "--quiet",
             "--no-plots", "--device", "cpu"]
-    slow = ("from featcache.linear.trainer import GroupTrainer\n"
+    slow = ("from featcache.linear.engine.trainer import GroupTrainer\n"
             "_slow(GroupTrainer, 'train_step', 0.5, mark='step')")
     first = start(args, tmp_path, slow)
     run_dir = cache_dir / "toy" / "runs" / "an" / "same"

@@ -77,7 +77,7 @@ def test_sigterm_stops_a_pipeline_at_its_step(tmp_path):
     recipe.write_text('name = "r"\n[[steps]]\nname = "first"\ncommand = ["train-linear", '
                       '"--dataset", "toy", "--loss", "an", "--epochs", "3", "--run-id", "p", '
                       '"--quiet", "--no-plots", "--device", "cpu"]\n')
-    slow = ("from featcache.linear.trainer import GroupTrainer\n"
+    slow = ("from featcache.linear.engine.trainer import GroupTrainer\n"
             "_slow(GroupTrainer, 'train_step', 0.2, mark='step')")
     process = start(["pipeline", "run", str(recipe)], tmp_path, slow,
                     env={"FEATCACHE_CACHE": str(cache)})

@@ -13,9 +13,8 @@ from featcache import load_run
 from featcache.errors import InputError
 from featcache.heads import CamHeads, LinearHeads
 from featcache.linear.data import load_linear_data
-from featcache.linear.heads import create_heads
-from featcache.linear.member import Member
-from featcache.linear.trainer import GroupTrainer
+from featcache.linear.engine.member import Member, create_heads
+from featcache.linear.engine.trainer import GroupTrainer
 from featcache.losses import create_loss
 from featcache.losses.ignore import Ignore
 from featcache.metrics import average_precision

@@ -16,7 +16,7 @@ from faults import group_gone, interrupt, wait_for
 from linear_fixtures import synthetic_dataset
 from test_features_distributed import free_port
 
-from featcache.linear.workers import balance
+from featcache.linear.engine.workers import balance
 from featcache.protocol.runs import load_results
 
 ARGS = ("--dataset", "toy", "--loss", "role,an", "--epochs", "3", "--lr", "1e-2,1e-3",
@@ -68,7 +68,7 @@ def test_ctrl_c_stops_every_rank_at_its_next_step_and_leaves_nothing_behind(tmp_
     entry = tmp_path / "entry.py"  # featcache with every training step slowed to 0.2 s
     entry.write_text(textwrap.dedent("""
         import os, sys, time
-        from featcache.linear.trainer import GroupTrainer
+        from featcache.linear.engine.trainer import GroupTrainer
         original = GroupTrainer.train_step
         def slowed(*args, **kwargs):
             marks = os.environ["STEP_MARKS"]  # a file per rank as its steps begin

@@ -14,10 +14,10 @@ from sklearn.metrics import average_precision_score
 
 from featcache.heads import BoostLUHeads, LinearHeads, init_linear
 from featcache.linear.data import load_linear_data
-from featcache.linear.heads import StackedAdam
-from featcache.linear.member import Member
-from featcache.linear.search import SearchSpec, run_search, run_searches
-from featcache.linear.trainer import Evaluation, GroupTrainer, train_group
+from featcache.linear.engine.member import Member
+from featcache.linear.engine.optimizer import StackedAdam
+from featcache.linear.engine.search import SearchSpec, run_search, run_searches
+from featcache.linear.engine.trainer import Evaluation, GroupTrainer, train_group
 from featcache.losses import loss_class
 from featcache.metrics import RankedScores, average_precision, mean_average_precision
 from featcache.protocol.grid import GridPoint

@@ -15,10 +15,10 @@ from featcache.api import load_run
 from featcache.errors import InputError, OptionError
 from featcache.heads import LinearHeads
 from featcache.linear.data import load_linear_data
-from featcache.linear.heads import StackedAdam
-from featcache.linear.search import SearchSpec, run_search
+from featcache.linear.engine.optimizer import StackedAdam
+from featcache.linear.engine.search import SearchSpec, run_search
+from featcache.linear.engine.trainer import train_group
 from featcache.linear.search_modes.probe import normalised, probe_spec, train_and_val
-from featcache.linear.trainer import train_group
 from featcache.protocol.grid import GridPoint, grid_points
 from featcache.protocol.search_modes.probe import PROBE_LEARNING_RATES, PROBE_WEIGHT_DECAYS
 from featcache.protocol.selection import LAST_EPOCH

@@ -8,10 +8,10 @@ import torch
 from linear_fixtures import pseudo_label_sets, spatial_features_file, synthetic_dataset
 
 from featcache.linear.data import load_linear_data
-from featcache.linear.member import Member
-from featcache.linear.search import SearchSpec
-from featcache.linear.stacking import Stackable, balanced, fit_all, stacked_groups, unstacked
-from featcache.linear.trainer import GroupTrainer
+from featcache.linear.engine.member import Member
+from featcache.linear.engine.search import SearchSpec
+from featcache.linear.engine.stacking import Stackable, balanced, fit_all, stacked_groups, unstacked
+from featcache.linear.engine.trainer import GroupTrainer
 from featcache.losses import loss_class, loss_names
 from featcache.protocol.grid import GridPoint
 
@@ -117,8 +117,8 @@ def test_a_stopped_head_of_one_loss_freezes_only_that_head(data):
 def test_steps_through_fixed_buffers_give_the_plain_loops_numbers(data, monkeypatch):
     """What a CUDA graph replays (the step on fixed buffers, the rows gathered inside it) is,
     run as it is on the CPU, the plain loop's step: the same numbers."""
-    import featcache.linear.graphs as graphs
-    import featcache.linear.trainer as trainer_module
+    import featcache.linear.engine.graphs as graphs
+    import featcache.linear.engine.trainer as trainer_module
 
     pooled, _ = data
     member = _members("role", pooled)

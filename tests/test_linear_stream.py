@@ -14,6 +14,7 @@ from featcache.data.labelfile import load_labels
 from featcache.errors import InputError, OptionError
 from featcache.heads import LinearHeads
 from featcache.linear.data import load_linear_data, split_rows
+from featcache.linear.engine.search import SearchSpec, run_search
 from featcache.linear.memory import (
     MIN_BLOCK_ROWS,
     PROCESS_BYTES,
@@ -24,7 +25,6 @@ from featcache.linear.memory import (
     parse_size,
     plan_placement,
 )
-from featcache.linear.search import SearchSpec, run_search
 from featcache.linear.stream import StreamedRows, load_streamed_data
 from featcache.protocol.runs import load_results
 

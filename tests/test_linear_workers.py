@@ -1,4 +1,4 @@
-"""Who runs which task locally (:mod:`featcache.linear.workers`): groups and the follow-ups a
+"""Who runs which task locally (:mod:`featcache.linear.engine.workers`): groups and the follow-ups a
 finished group brings (its evaluation, in pieces), at most ``jobs`` at a time, follow-ups first."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from featcache.linear.schedule import workers_evaluate_elsewhere
-from featcache.linear.workers import map_groups
+from featcache.linear.engine.schedule import workers_evaluate_elsewhere
+from featcache.linear.engine.workers import map_groups
 
 CPU = torch.device("cpu")
 
@@ -92,10 +92,10 @@ def test_where_forking_is_unsafe_the_groups_train_here_with_the_same_numbers(mon
 
     from linear_fixtures import synthetic_dataset
 
-    import featcache.linear.schedule as schedule
-    import featcache.linear.workers as workers
+    import featcache.linear.engine.schedule as schedule
+    import featcache.linear.engine.workers as workers
     from featcache.linear.data import load_linear_data
-    from featcache.linear.search import SearchSpec, run_searches
+    from featcache.linear.engine.search import SearchSpec, run_searches
 
     labels, features = synthetic_dataset(tmp_path, n_train=64, n_test=24, classes=4, dim=8)
     data = load_linear_data(labels, features)
@@ -119,7 +119,7 @@ def test_where_forking_is_unsafe_the_groups_train_here_with_the_same_numbers(mon
 
 
 def test_fork_is_safe_until_cuda_is_initialised(monkeypatch):
-    from featcache.linear.workers import fork_is_safe
+    from featcache.linear.engine.workers import fork_is_safe
 
     assert fork_is_safe() == (not torch.cuda.is_initialized())
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)

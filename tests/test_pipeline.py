@@ -14,7 +14,8 @@ from dataset_fixtures import invoke
 from linear_fixtures import synthetic_dataset
 from shipped_losses import SHIPPED_LOSSES
 
-from featcache.pipeline import list_recipes, load_recipe, readme_section
+import featcache
+from featcache.pipeline import list_recipes, load_recipe, readme_block, readme_section
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -61,6 +62,16 @@ def test_a_recipe_runs_its_steps_and_writes_one_table(cache_dir, tmp_path):
     assert (report / "results.tex").read_text().startswith("\\begin{table}")
     again = invoke("pipeline", "run", recipe)  # finished runs are reused
     assert again.exit_code == 0 and again.output.count("reusing") == 4
+    # ... unless made under another numerics version: such a run is trained again
+    results = cache_dir / "toy2" / "runs" / "an-ls" / "t" / "results.json"
+    results.write_text(json.dumps(json.loads(results.read_text()) | {"numerics_version": 0}))
+    assert "1 run was made under another numerics version" in invoke(
+        "table", cache_dir / "toy2" / "runs").output
+    third = invoke("pipeline", "run", recipe)
+    assert third.exit_code == 0 and third.output.count("reusing") == 3
+    assert "finished with numerics version 0" in third.output
+    assert json.loads(results.read_text())["numerics_version"] > 0
+    assert "numerics version" not in (report / "results.md").read_text()
 
 
 def test_variables_can_be_overridden_and_unknown_ones_are_refused(tmp_path):
@@ -224,11 +235,15 @@ def test_real_features_resolves_its_data_from_the_recipe_and_names_the_fix(tmp_p
     assert Path(load_recipe(recipe).variables["shared"]).resolve() == expected
     dry = invoke("pipeline", "run", recipe, "--dry-run")
     assert dry.exit_code == 0
-    assert f"reads {load_recipe(recipe).variables['shared']}/scene/scene.npz, which does not exist" in dry.stderr
+    shared = load_recipe(recipe).variables["shared"]
+    assert shared == str(expected)  # '../..' resolved (issue 45, item 7)
+    assert f"the first: {shared}/scene/scene.npz; " in dry.stderr
+    # said once for the five inputs under {shared}, not once a step
+    assert dry.stderr.count("--set shared=PATH") == 1 and dry.stderr.count("not exist") == 1
     assert f"`featcache pipeline run {recipe} --set shared=PATH`" in dry.stderr
     result = invoke("pipeline", "run", recipe)
     assert result.exit_code == 1
-    assert "--set shared=PATH" in result.output and "step 1 (import scene)" in result.output
+    assert "--set shared=PATH" in result.output and "steps 1 (import scene)" in result.output
     assert not (cache_dir / "scene").exists()  # refused before any step
     data = tmp_path / "data"
     for name in ("scene", "yeast", "emotions", "enron", "bibtex"):
@@ -254,7 +269,8 @@ def test_a_report_rewrites_its_readme_section_and_nothing_else(cache_dir, tmp_pa
     synthetic_dataset(cache_dir, "toy2", seed=1)
     (tmp_path / "pipelines").mkdir()
     recipe = tmp_path / "pipelines" / "toy.toml"
-    recipe.write_text(RECIPE + 'readme = "../README.md"\n')
+    recipe.write_text(RECIPE + 'readme = "../README.md"\nrecord = "../docs/toy.json"\n'
+                      'versus = "an"\n')
     readme = tmp_path / "README.md"
     before, after = "# Project\n\nintro\n\n", "\n\nmore text\n"
     readme.write_text(before + "<!-- featcache pipeline toy-table: begin -->\nold table\n"
@@ -265,8 +281,33 @@ def test_a_report_rewrites_its_readme_section_and_nothing_else(cache_dir, tmp_pa
     text = readme.read_text()
     assert text.startswith(before) and text.endswith(after) and "old table" not in text
     section = readme_section(text, "toy-table")
-    assert section.splitlines()[0].startswith("| loss ") and section in table
+    assert section.splitlines()[0].startswith("| loss ") and section.split("\n\nWritten")[0] in table
     assert "README.md: the toy-table section" in result.output
+    # the section is rendered from the record alone: its table, what made it, the comparisons
+    record = json.loads((tmp_path / "docs" / "toy.json").read_text())
+    assert record == json.loads((cache_dir / "pipelines" / "toy-table" / "results.json").read_text())
+    assert section == readme_block(record)
+    made = record["provenance"]
+    assert made["featcache_versions"] == [featcache.__version__] and made["runs_created"]
+    assert f"by featcache {featcache.__version__}" in section
+    assert "Differences to `an` that survive Holm's correction" in section
+    # the comparisons are what `featcache table DATASET --versus an` prints, dataset by dataset
+    for dataset in ("toy", "toy2"):
+        printed = invoke("table", cache_dir / dataset / "runs", "--run-id", "t", "--versus", "an",
+                         "--format", "json")
+        assert printed.exit_code == 0, printed.output
+        versus = {row["loss"]: row[dataset]["uncertainty"]["versus"]
+                  for row in json.loads(printed.stdout)["rows"] if row["loss"] != "an"}
+        recorded = {row["loss"]: row for row in record["comparisons"]["datasets"][dataset]}
+        assert set(versus) == set(recorded) == {"an-ls"}
+        for loss, row in recorded.items():
+            assert row["estimate"] == versus[loss]["estimate"]
+            assert row["survives_holm"] == versus[loss]["survives_holm"]
+    # `pipeline render` writes the section again from the record, running nothing
+    readme.write_text(text.replace(section, "edited by hand"))
+    rendered = invoke("pipeline", "render", recipe)
+    assert rendered.exit_code == 0, rendered.output
+    assert readme.read_text() == text
     readme.write_text("# no markers\n")
     again = invoke("pipeline", "run", recipe)
     assert again.exit_code == 0 and readme.read_text() == "# no markers\n"

@@ -52,7 +52,7 @@ def test_a_run_says_its_mode_through_its_settings():
 
 
 def test_every_mode_has_its_stage_two_hooks():
-    from featcache.linear.search import SearchSpec
+    from featcache.linear.engine.search import SearchSpec
     from featcache.linear.search_modes import linear_search_mode
 
     for mode in search_modes():

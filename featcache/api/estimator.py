@@ -1,6 +1,6 @@
 """``SPMLClassifier``: a scikit-learn estimator that trains one SPML linear head.
 
-It runs stage two's own search (:func:`featcache.linear.search.run_search`) on a grid of one
+It runs stage two's own search (:func:`featcache.linear.engine.search.run_search`) on a grid of one
 point, so a fit is exactly a ``featcache train-linear`` configuration: the same loss classes,
 the same seeded head initialisation and batch order, the same trainer, the same selection.
 
@@ -57,7 +57,7 @@ from featcache.api.targets import LABELS, class_matrix, read_target, targets_for
 from featcache.data.sampling import split_train_val
 from featcache.errors import FeatcacheWarning, LossNeedError, OptionError, plural
 from featcache.linear.data import LinearData
-from featcache.linear.search import SearchSpec, run_search
+from featcache.linear.engine.search import SearchSpec, run_search
 from featcache.losses import OBSERVED_NEGATIVES, SPATIAL_FEATURES, loss_class, loss_names
 from featcache.protocol.selection import EARLY_STOP_RULES, LAST_EPOCH
 from featcache.runtime import pick_device

@@ -97,6 +97,7 @@ def run_on_images(paths: Sequence[Named], forward: Callable[[Tensor], Tensor], i
                 if not skip_bad:
                     raise InputError(f"cannot read image {paths[row]}: {reason}; {fix_hint}")
                 warnings.warn(f"left out {paths[row]}: {reason}", FeatcacheWarning, stacklevel=2)
+                bar.skip(1)
             if ok.any():
                 batch = normalize(images[ok].to(device, non_blocking=True))
                 batch = batch.contiguous(memory_format=layout)
@@ -104,5 +105,8 @@ def run_on_images(paths: Sequence[Named], forward: Callable[[Tensor], Tensor], i
                     outputs.append(forward(batch).float().cpu().numpy())
                 kept += [paths[row] for row in rows[ok].tolist()]
             bar.update(len(rows))
-    width = outputs[0].shape[1] if outputs else 0
-    return kept, (np.concatenate(outputs) if outputs else np.zeros((0, width), np.float32))
+    if not outputs:  # every image was left out (--skip-bad): nothing to score
+        which = (f"{paths[0]} was left out" if len(paths) == 1 else
+                 f"all {len(paths)} were left out, each named above")
+        raise InputError(f"no image could be read: {which}; nothing to score")
+    return kept, np.concatenate(outputs)

@@ -26,7 +26,7 @@ import h5py
 import numpy as np
 
 from featcache.data.featurefile import load_features
-from featcache.data.formats.npz import check_feature_matrix, npz_array, open_npz
+from featcache.data.formats.npz import check_feature_matrix, load_numpy, npz_array, open_npz
 from featcache.data.labelfile import load_labels
 from featcache.errors import FeatcacheWarning, InputError, OptionError, plural
 from featcache.fileio import atomic_output, sha256_file
@@ -55,10 +55,9 @@ def read_features_input(path: str | Path, split: str = "all") -> FeaturesInput:
     if suffix in (".h5", ".hdf5"):
         return _read_featcache(path, split)
     if suffix == ".npy":
-        try:
-            array = np.load(path, allow_pickle=False)
-        except (ValueError, OSError, EOFError) as exc:
-            raise InputError(f"{path} is not a readable .npy array: {exc}") from None
+        array = load_numpy(path, ".npy array")
+        if not isinstance(array, np.ndarray):
+            raise InputError(f"{path} is a .npz archive under a .npy name; rename it to .npz")
         return FeaturesInput(path, [f"row/{i:06d}" for i in range(len(array))],
                              check_feature_matrix(path, "the array", array))
     if suffix == ".npz":

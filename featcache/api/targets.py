@@ -76,7 +76,26 @@ def read_target(y, classes=None, column_names=None) -> Target:
         warnings.warn(f"y: left out {rows.size} of {plural(len(matrix), 'row')} with no observed label "
                       f"(all 0; rows {shown}), as featcache prepare leaves out images without a "
                       "positive label", FeatcacheWarning, stacklevel=4)
+    _warn_several_positives(matrix)
     return Target(MATRIX, matrix[~empty], names, ~empty)
+
+
+def _warn_several_positives(matrix: np.ndarray) -> None:
+    """A label matrix with several positives a row and no observed negative is most likely
+    full labels (0 meaning absent), which a label matrix reads as several observed positives
+    and the rest unobserved: not single-positive learning. Said once, with the two fixes."""
+    several = int(((matrix == 1).sum(axis=1) > 1).sum())
+    if several == 0 or (matrix == -1).any():
+        return
+    warnings.warn(
+        f"y has several positives in {several} of {plural(len(matrix), 'row')} and no observed "
+        "negative: full labels? A label matrix's 1 entries are observed positives and its 0 "
+        "entries unobserved, so this trains on every positive, which is not single-positive "
+        "learning. To learn from single positives, observe one a row and give the full labels "
+        "as y_full: fit(X, observe_uniform(Y), y_full=Y) with "
+        "featcache.data.sampling.observe_uniform (the protocol's sampler); if the rows really "
+        "have several observed positives, this warning can be ignored", FeatcacheWarning,
+        stacklevel=4)
 
 
 def one_hot(labels, classes: np.ndarray, name: str) -> np.ndarray:

@@ -79,9 +79,8 @@ from featcache.protocol.search_modes import (
                    "of one window of blocks, not of the whole split; results.json records both, "
                    "see docs/linear.md), and fewer worker processes run when the budget cannot "
                    "hold them. The floor is the labels and one group's state plus one block: "
-                   "it grows with rows x classes, not with the feature width (about 13 bytes "
-                   "per row and class; measured on 1,000,000 x 2,048 features of 20 classes: "
-                   "one configuration under 256MB, the default grid under 1GB).")
+                   "it grows with rows x classes, not with the feature width (docs/linear.md; "
+                   "figures in docs/performance.md).")
 @click.option("--stream", is_flag=True,
               help="Stream the training features from the file even when they fit the budget.")
 @click.option("--no-plots", is_flag=True, help="Do not draw curves.png.")
@@ -91,9 +90,8 @@ from featcache.protocol.search_modes import (
     "--device", default="auto", show_default=True,
     help="Torch device: auto (cuda when available, else cpu, with a warning), cpu, cuda, cuda:N. "
          "On CUDA each epoch's training step is captured once as a CUDA graph and replayed "
-         "(one H200, 2026-11-26: a step of 124 stacked heads 0.30 ms replayed against 1.69 ms "
-         "for 4 heads launched one kernel at a time; docs/linear.md has the end-to-end "
-         "figures). FEATCACHE_CUDA_GRAPHS=0 launches the kernels one by one.")
+         "(figures in docs/performance.md); FEATCACHE_CUDA_GRAPHS=0 launches the kernels one "
+         "by one.")
 @cache_option
 @overwrite_option
 @click.pass_context

@@ -33,7 +33,9 @@ def run(ctx: click.Context, recipe, assignments, dry_run, cache):
     a step that cannot run is named and nothing runs.
 
     The report goes to <cache>/pipelines/<name>/results.md, .csv, .tex and .json (the
-    table `featcache table` builds from the same runs).
+    table `featcache table` builds from the same runs). A [report] with record and readme
+    also copies results.json to its record and writes the table's block in that document
+    from it (what `featcache pipeline render` writes again).
     """
     from featcache.pipeline import load_recipe
 
@@ -97,6 +99,23 @@ def run_recipe(recipe: Recipe, command_line: click.Group, cache: str | None = No
     click.echo("")
     click.echo(table.markdown())
     click.echo(f"\nreport written to {out.parent}/results.md / .csv / .tex / .json")
+
+
+@command.command("render")
+@click.argument("recipe", type=click.Path(dir_okay=False))
+def render(recipe):
+    """Write RECIPE's README section again from its recorded results, running nothing.
+
+    \b
+    The recipe's [report] names the document (readme) and the copy of results.json kept
+    beside it (record); `featcache pipeline run` writes both. The section is rebuilt from
+    the record alone, so the same record always gives the same section (a test checks the
+    README against its record).
+    """
+    from featcache.pipeline import load_recipe, render_report
+
+    path = render_report(load_recipe(recipe))
+    click.echo(f"{path}: rendered from its record")
 
 
 @command.command("list")

@@ -93,3 +93,16 @@ def command(run_path, features_path, images, out, fmt, top_k, threshold, split, 
     write_text(prediction_text(ids, probs, run.classes, fmt, top_k, threshold), out, overwrite)
     if out != "-":
         click.echo(f"{plural(len(ids), 'row')} x {plural(len(run.classes), 'class', 'classes')} -> {out}")
+    if threshold is not None:
+        _say_unlabelled(probs, threshold)
+
+
+def _say_unlabelled(probs, threshold: float) -> None:
+    """One note when --threshold leaves rows without any class (an empty labels cell)."""
+    empty = int((~(probs >= threshold).any(axis=1)).sum())
+    if empty:
+        top = float(probs.max(axis=1).min())
+        click.echo(f"note: {plural(empty, 'row has', 'rows have')} (of {len(probs)}) no "
+                   f"class with probability at least {threshold:g}: their labels are empty (the least "
+                   f"confident row's most probable class has {top:.3g}; a lower --threshold "
+                   "labels more rows)", err=True)

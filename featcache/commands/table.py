@@ -104,7 +104,7 @@ def _with_intervals(results, fmt: str, label: str, versus: str | None, resamples
     """The table with intervals (and comparisons with ``versus``) in ``fmt``."""
     import json
 
-    from featcache.errors import OptionError
+    from featcache.errors import OptionError, did_you_mean
     from featcache.protocol.uncertainty import table_uncertainty
     from featcache.protocol.uncertainty_table import (
         flat_interval_table,
@@ -115,7 +115,7 @@ def _with_intervals(results, fmt: str, label: str, versus: str | None, resamples
 
     if versus is not None and versus not in results.losses:
         raise OptionError(f"--versus {versus}: no run of that loss among the runs tabulated "
-                          f"({', '.join(results.losses)})")
+                          f"({', '.join(results.losses)}){did_you_mean(versus, results.losses)}")
     unc = table_uncertainty(results.cells, Resampling(resamples, seed), versus)
     if fmt == "json":
         return json.dumps(interval_json(results, unc), indent=2) + "\n"

@@ -57,7 +57,7 @@ from featcache.data.labelfile import ImageNames, LabelSet
 from featcache.errors import InputError, plural
 from featcache.fileio import sha256_file
 from featcache.hdf5 import DatasetSpec, check_layout, decode_attrs, format_version, read_checked
-from featcache.paths import cache_root, feature_file_tag
+from featcache.paths import cache_root, feature_file_tag, features_files_in
 
 FORMAT = "featcache-features"
 FORMAT_VERSION = 1
@@ -127,6 +127,21 @@ def read_text_embeddings(path: str | os.PathLike) -> TextEmbeddings | None:
         embeddings = read_checked(h5["text/embeddings"], path, remake_features(path, attrs))
         return TextEmbeddings(embeddings.astype(np.float32),
                               list(h5["text/classes"].asstr()[()]), dict(attrs.get("text") or {}))
+
+
+def vision_language_files(folder: str | os.PathLike) -> dict[str, bool]:
+    """The features files of a dataset folder that hold class-prompt text embeddings (what
+    ``featcache pseudo-label`` reads), by tag, each with whether it has tile embeddings too
+    (``--crops``, which the aevlp rule needs); files that cannot be opened are left out."""
+    found = {}
+    for path in features_files_in(Path(folder)):
+        try:
+            with h5py.File(path, "r") as h5:
+                if "text/embeddings" in h5:
+                    found[feature_file_tag(path)] = "train/crops" in h5
+        except OSError:
+            continue
+    return found
 
 
 def read_train_rows(path: str | os.PathLike, key: str, start: int, stop: int) -> np.ndarray:

@@ -45,7 +45,7 @@ class LinearHeads:
     ``trainable`` makes the weight and bias leaves that require gradients (stage two's heads);
     otherwise they are used as given (a frozen copy, or views of a module's parameters).
     ``blocks`` partitions the heads into consecutive blocks (the losses of a stacked group,
-    :mod:`featcache.linear.trainer`): elementwise functions such as the sigmoid run on each
+    :mod:`featcache.linear.engine.trainer`): elementwise functions such as the sigmoid run on each
     block alone, so a block's numbers are bit for bit those of its heads without the others
     (a vectorised function rounds the last elements of each call on another path).
     """

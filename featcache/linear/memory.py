@@ -170,8 +170,8 @@ class GroupShape:
 
 
 #: the most float32 scores an evaluation piece's epochs are scored with at once (stacked heads,
-#: :meth:`featcache.linear.trainer.Evaluation.evaluate_epochs`); larger pieces go one epoch at
-#: a time
+#: :meth:`featcache.linear.engine.trainer.Evaluation.evaluate_epochs`); larger pieces go one
+#: epoch at a time
 STACKED_SCORES_BYTES = 8 << 20
 #: what scoring takes per byte of scores (the scores, the sort keys, the ranked copies)
 STACKED_WORK = 4

@@ -16,8 +16,8 @@ import torch
 
 from featcache.fileio import write_json_atomic, write_text_atomic
 from featcache.linear.data import TrainingSplits
-from featcache.linear.evaluation import HeadResult
-from featcache.linear.search import SearchResult, SearchSpec
+from featcache.linear.engine.evaluation import HeadResult
+from featcache.linear.engine.search import SearchResult, SearchSpec
 from featcache.linear.selected_scores import keep_selected_scores
 from featcache.losses import loss_class
 from featcache.protocol.coverage import evaluation_coverage, evaluation_notes
@@ -146,7 +146,8 @@ def results_document(result: SearchResult, data: TrainingSplits, device: str) ->
                                                  getattr(selected.best, val_key),
                                                  selected.best.test_map),
         "timings": {"seconds": result.seconds, "configuration_epochs": configs_epochs,
-                    "configuration_epochs_per_second": configs_epochs / max(result.seconds, 1e-9)},
+                    "configuration_epochs_per_second": configs_epochs / max(result.seconds, 1e-9),
+                    **({"shared": result.shared} if result.shared is not None else {})},
         "machine": machine_record(device),
         "settings": settings,
         "fingerprint": fingerprint(settings),

@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from featcache.data.featurefile import features_command
 from featcache.data.labelfile import LabelSet, load_labels
 from featcache.linear.data import SplitRows, split_rows
+from featcache.linear.engine.search import SearchSpec
+from featcache.linear.engine.workers import on_main
 from featcache.linear.featurefiles import FeatureFiles, feature_files, requested_losses
 from featcache.linear.options import LinearOptions
-from featcache.linear.search import SearchSpec
 from featcache.linear.search_modes import LinearSearchMode, linear_search_mode
-from featcache.linear.workers import on_main
 from featcache.linear.zeroshot_choice import split_zero_shot, zero_shot_wanted
 from featcache.paths import existing_labels
 from featcache.protocol.loss_choice import (

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from featcache.linear.search import SearchResult
+from featcache.linear.engine.search import SearchResult
 from featcache.protocol.plots import plot_series
 
 

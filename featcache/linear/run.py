@@ -23,8 +23,11 @@ from featcache.errors import FeatcacheWarning, Interrupted, plural
 from featcache.fileio import write_text_if_changed
 from featcache.heads import CAM_BLOCK, CAM_BLOCK_TENSORS
 from featcache.linear.data import TrainingSplits, read_linear_data, split_rows
+from featcache.linear.engine.member import evaluation_can_move
+from featcache.linear.engine.schedule import workers_evaluate_elsewhere
+from featcache.linear.engine.search import SearchResult, SearchSpec, run_search, run_searches
+from featcache.linear.engine.workers import on_main
 from featcache.linear.lossrun import LinearOutcome, LossRun
-from featcache.linear.member import evaluation_can_move
 from featcache.linear.memory import (
     FLOAT32,
     GroupShape,
@@ -41,10 +44,7 @@ from featcache.linear.options import LinearOptions
 from featcache.linear.outputs import run_settings, write_run
 from featcache.linear.plan import LinearPlan, RunOutputs, SplitRowsOf, plan_linear
 from featcache.linear.report import losses_table, run_summary
-from featcache.linear.schedule import workers_evaluate_elsewhere
-from featcache.linear.search import SearchResult, SearchSpec, run_search, run_searches
 from featcache.linear.stream import load_streamed_data
-from featcache.linear.workers import on_main
 from featcache.linear.zeroshot import ZERO_SHOT
 from featcache.linear.zeroshot_choice import score_zero_shot
 from featcache.losses import SPATIAL_FEATURES, SPMLLoss, loss_class
@@ -212,7 +212,7 @@ def load_training_data(labels: LabelSet, features: FeatureFile, device: torch.de
     ``losses`` lists (loss, heads per group); ``groups`` counts the (seed, batch size) groups,
     of which ``jobs`` (default: one per core) train at once on the CPU, the other workers
     evaluating the groups that train without reading their evaluation
-    (:mod:`featcache.linear.search`; they keep ``epochs`` epochs of heads for it; not under
+    (:mod:`featcache.linear.engine.search`; they keep ``epochs`` epochs of heads for it; not under
     ``torchrun``, ``job`` with several ranks, where every group evaluates where it trains).
     ``known_rows``: :func:`~featcache.linear.data.split_rows` of ``features`` when the caller
     has it (it is computed once per features file).
@@ -242,9 +242,10 @@ def load_training_data(labels: LabelSet, features: FeatureFile, device: torch.de
 
 def _placement(sizes: SplitSizes, features: FeatureFile, shapes: Sequence[GroupShape],
                workers: int, groups: int, budget: int, stream: bool) -> Placement:
-    """The memory plan: the losses stacked in shared groups (:mod:`featcache.linear.stacking`;
-    cut into a piece per worker) when that fits in memory with every process asked for, else
-    one loss's group at a time, as its own plan allows (fewer processes, streaming)."""
+    """The memory plan: the losses stacked in shared groups
+    (:mod:`featcache.linear.engine.stacking`; cut into a piece per worker) when that fits in memory
+    with every process asked for, else one loss's group at a time, as its own plan allows (fewer
+    processes, streaming)."""
     concurrency = min(workers, groups)
 
     def plan(group: GroupShape) -> Placement:
@@ -320,7 +321,7 @@ def reuse_finished(data: TrainingSplits, spec: SearchSpec, run_dir: Path, output
     for a new run, or refused when it finished with other settings)."""
     data = loss_class(spec.loss).fit_data(data)  # its pseudo-labels are part of its settings
     folder, reuse = on_main(job, lambda: open_finished_or_new(
-        run_dir, run_settings(spec, data), outputs.overwrite))
+        run_dir, run_settings(spec, data), outputs.overwrite, say))
     if not reuse:
         return None
     say(f"{spec.loss}: run {run_dir.name} already finished with these settings; reusing it")

@@ -15,9 +15,9 @@ import numpy as np
 import torch
 
 from featcache.linear.data import TrainingSplits
-from featcache.linear.heads import create_heads
-from featcache.linear.search import SearchResult
-from featcache.linear.trainer import HeadResult, feature_rows
+from featcache.linear.engine.member import create_heads
+from featcache.linear.engine.search import SearchResult
+from featcache.linear.engine.trainer import HeadResult, feature_rows
 from featcache.losses import create_loss
 from featcache.metrics import average_precision
 from featcache.protocol.uncertainty import keep_test_scores

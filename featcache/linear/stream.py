@@ -1,7 +1,7 @@
 """Training on features that do not fit in memory: the features file read in blocks.
 
 **How a streamed epoch shuffles.** The protocol draws one permutation of all N training rows
-per epoch (:class:`featcache.linear.rows.MemoryRows`). A streamed epoch cuts the file into
+per epoch (:class:`featcache.linear.engine.rows.MemoryRows`). A streamed epoch cuts the file into
 blocks of consecutive rows (whole HDF5 chunks, so each block is one sequential read), draws a
 permutation of the blocks, takes them ``window`` blocks at a time and draws a permutation of
 the rows of each window; the rows left over after a window's last full batch join the next

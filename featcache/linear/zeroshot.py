@@ -11,6 +11,7 @@ test mAP by the protocol's metric, and (with full labels) the training images' m
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -201,12 +202,14 @@ def summary_markdown(document: dict) -> str:
 
 
 def zero_shot_run(labels: LabelSet, features: FeatureFile, run_dir: Path, val_variant: str,
-                  device: str, overwrite: bool = False) -> tuple[dict, bool]:
+                  device: str, overwrite: bool = False,
+                  say: Callable[[str], None] | None = None) -> tuple[dict, bool]:
     """Score, write ``run_dir`` (summary.md, then results.json last) and return (the document,
-    whether a finished run with the same settings was reused instead)."""
+    whether a finished run with the same settings was reused instead; ``say`` hears why a
+    finished one is not)."""
     texts = class_prompt_embeddings(features, labels, labels.dataset)
     folder, reuse = open_finished_or_new(run_dir, zero_shot_settings(labels, features,
-                                                                     val_variant), overwrite)
+                                                                     val_variant), overwrite, say)
     if reuse:
         return folder.results(), True
     result = evaluate_zero_shot(labels, features, texts, val_variant)

@@ -11,9 +11,9 @@ import torch
 from featcache.data.featurefile import FeatureFile, read_text_embeddings
 from featcache.data.labelfile import LabelSet
 from featcache.errors import OptionError
+from featcache.linear.engine.workers import on_main
 from featcache.linear.featurefiles import FeatureFiles, requested_losses
 from featcache.linear.lossrun import LossRun
-from featcache.linear.workers import on_main
 from featcache.linear.zeroshot import ZERO_SHOT, zero_shot_run
 from featcache.runtime import Ranks, describe_device
 
@@ -54,7 +54,7 @@ def score_zero_shot(labels: LabelSet, features: FeatureFile, run_dir: Path, val_
     """The zero-shot row's run (:mod:`featcache.linear.zeroshot`), or the finished one
     (``overwrite``: a finished one with other settings is replaced)."""
     document, reused = on_main(job, lambda: zero_shot_run(
-        labels, features, run_dir, val_variant, describe_device(device), overwrite))
+        labels, features, run_dir, val_variant, describe_device(device), overwrite, say))
     if reused:
         say(f"{ZERO_SHOT}: run {run_dir.name} already finished with these settings; reusing it")
     return LossRun(ZERO_SHOT, run_dir, document, reused, document["timings"]["seconds"])

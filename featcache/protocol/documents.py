@@ -56,6 +56,7 @@ RESULTS_SCHEMA = Record(
     },
     optional={
         "featcache_version": Text(),
+        "numerics_version": Integer(),
         "created": Text(),
         "command": ListOf(Text()),
         "stage": Choice("linear", "finetune"),

@@ -16,6 +16,9 @@ import torch
 
 from featcache import __version__
 from featcache.data.labelfile import LabelSet
+from featcache.protocol.numerics import KEY as NUMERICS_KEY
+from featcache.protocol.numerics import NUMERICS_VERSION
+from featcache.runtime import cpu_arithmetic
 
 
 @dataclass
@@ -55,9 +58,11 @@ class NamedLoss(Protocol):
 
 
 def document_header(stage: str, loss: NamedLoss, labels: LabelSet) -> dict:
-    """The first keys of a run's results.json: version, time, command, stage, data, loss."""
+    """The first keys of a run's results.json: versions (featcache's and its numerics',
+    :mod:`featcache.protocol.numerics`), time, command, stage, data, loss."""
     return {
         "featcache_version": __version__,
+        NUMERICS_KEY: NUMERICS_VERSION,
         "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "command": list(sys.argv),
         "stage": stage,
@@ -81,9 +86,12 @@ def observation_line(observation: dict | None) -> str | None:
 
 
 def machine_record(device: str, **extra) -> dict:
-    """Where a run ran: the device in words, anything the stage adds, Python, torch, platform."""
+    """Where a run ran: the device in words, anything the stage adds, Python, torch, platform,
+    and for the CPU the fingerprint of its matrix arithmetic (runs of the same settings with
+    the same fingerprint agree bit for bit: :func:`featcache.runtime.cpu_arithmetic`)."""
+    arithmetic = {"cpu_arithmetic": cpu_arithmetic()} if device.startswith("cpu") else {}
     return {"device": device, **extra, "python": platform.python_version(),
-            "torch": torch.__version__, "platform": platform.platform()}
+            "torch": torch.__version__, "platform": platform.platform(), **arithmetic}
 
 
 def selected_params(document: dict) -> dict[str, float]:

@@ -15,17 +15,18 @@ protocol) are named in the notes.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from featcache.errors import InputError, plural
 from featcache.protocol.catalog import loss_names
 from featcache.protocol.coverage import name_list
+from featcache.protocol.numerics import outdated_note
 from featcache.protocol.runs import RESULTS, describe_differences, load_results
 from featcache.protocol.table_cells import Cell, seed_choices
 from featcache.published import SOURCES, published
-from featcache.tables import Table
+from featcache.tables import Estimate, Table
 
 STAGES = {"linear": "linear heads on cached features (stage two)",
           "finetune": "networks fine-tuned end to end (stage three)"}
@@ -143,6 +144,7 @@ class ResultsTable:
         ``all_runs`` every run (their seeds pooled, as for runs named one by one).
         """
         documents: list[tuple[dict, Path, bool]] = []
+        paths = list(paths)
         for raw in paths:
             for path in find_results([raw]):
                 if path.resolve() in (p.resolve() for _, p, _ in documents):
@@ -151,11 +153,7 @@ class ResultsTable:
                 named = Path(raw).resolve() in (path.parent.resolve(), path.resolve())
                 documents.append((document, path, named))
         if run_id is not None:
-            found = sorted({p.parent.name for _, p, _ in documents})
-            documents = [entry for entry in documents if entry[1].parent.name == run_id]
-            if not documents:
-                raise InputError(f"no run with id {run_id!r} under {', '.join(map(str, paths))} "
-                                 f"(run ids there: {', '.join(found)})")
+            documents = _of_run_id(documents, paths, run_id)
         chosen: list[str] = []
         if run_id is None and not all_runs:
             documents = _latest_runs(documents, chosen)
@@ -172,36 +170,14 @@ class ResultsTable:
     def table(self) -> Table:
         """The display table (Markdown, LaTeX): mean +- sd, published and difference, the best
         mean per dataset in bold, the caption and notes."""
-        with_published = self.published_datasets()
-        columns = ["loss"]
-        for dataset in self.datasets:
-            columns.append(dataset)
-            if dataset in with_published:
-                columns += [f"{dataset} published", f"{dataset} delta"]
-        table = Table(columns, caption=self.caption(), notes=self.notes())
-        for loss in self.losses:
-            row: list = [loss]
-            for dataset in self.datasets:
-                cell = self.cells.get((loss, dataset))
-                row.append(None if cell is None else cell.estimate)
-                if dataset in with_published:
-                    row += [None if cell is None else cell.published,
-                            None if cell is None else cell.delta]
-            table.add(*row)
-        table.bold = self.best_cells(columns)
-        return table
+        values = {key: (cell.estimate, cell.published, cell.delta)
+                  for key, cell in self.cells.items()}
+        return display_table(self.losses, self.datasets, values, self.caption(), self.notes())
 
     def best_cells(self, columns: Sequence[str]) -> set[tuple[int, int]]:
         """(row, column) of the best mean of each dataset, its column found in ``columns``."""
-        bold = set()
-        for dataset in self.datasets:
-            column = list(columns).index(dataset)
-            means = [(cell.estimate.mean, i) for i, loss in enumerate(self.losses)
-                     if (cell := self.cells.get((loss, dataset))) is not None]
-            if means:
-                best = max(m for m, _ in means)
-                bold |= {(i, column) for m, i in means if m == best}
-        return bold
+        means = {key: cell.estimate.mean for key, cell in self.cells.items()}
+        return best_cells(self.losses, self.datasets, means, columns)
 
     def flat_table(self) -> Table:
         """The same numbers as plain columns (CSV): mean, sd, seeds, published, delta."""
@@ -304,8 +280,14 @@ class ResultsTable:
         return ". ".join(part[:1].upper() + part[1:] for part in parts) + "."
 
     def notes(self) -> list[str]:
-        """Footnotes: classes scored AP 0 for lack of test positives."""
+        """Footnotes: classes scored AP 0 for lack of test positives, runs made under another
+        numerics version than this featcache's."""
         notes = []
+        outdated = outdated_note(
+            (f"{loss} on {dataset}", document)
+            for (loss, dataset), cell in sorted(self.cells.items()) for document in cell.documents)
+        if outdated:
+            notes.append(outdated)
         for dataset in self.datasets:
             found: dict[str, None] = {}  # ordered, and a constant-time test (100,000 classes)
             for (_, ds), cell in self.cells.items():
@@ -336,6 +318,66 @@ class ResultsTable:
             out["per_class"] = {dataset: self.per_class(dataset).records()
                                 for dataset in self.datasets}
         return out
+
+
+#: a cell of the display table: the estimate over seeds, the published number, the difference
+CellValues = tuple[Estimate, float | None, float | None]
+
+
+def display_table(losses: Sequence[str], datasets: Sequence[str],
+                  values: Mapping[tuple[str, str], CellValues], caption: str,
+                  notes: Sequence[str]) -> Table:
+    """Losses as rows, datasets as columns (with published and delta columns where a dataset
+    has a published number), the best mean per dataset in bold."""
+    with_published = [d for d in datasets
+                      if any(v[1] is not None for (_, ds), v in values.items() if ds == d)]
+    columns = ["loss"]
+    for dataset in datasets:
+        columns.append(dataset)
+        if dataset in with_published:
+            columns += [f"{dataset} published", f"{dataset} delta"]
+    table = Table(columns, caption=caption, notes=list(notes))
+    for loss in losses:
+        row: list = [loss]
+        for dataset in datasets:
+            found = values.get((loss, dataset))
+            row.append(None if found is None else found[0])
+            if dataset in with_published:
+                row += [None, None] if found is None else [found[1], found[2]]
+        table.add(*row)
+    means = {key: found[0].mean for key, found in values.items()}
+    table.bold = best_cells(losses, datasets, means, columns)
+    return table
+
+
+def best_cells(losses: Sequence[str], datasets: Sequence[str],
+               means: Mapping[tuple[str, str], float], columns: Sequence[str]
+               ) -> set[tuple[int, int]]:
+    """(row, column) of the best mean of each dataset, its column found in ``columns``."""
+    bold = set()
+    for dataset in datasets:
+        column = list(columns).index(dataset)
+        found = [(means[(loss, dataset)], i) for i, loss in enumerate(losses)
+                 if (loss, dataset) in means]
+        if found:
+            best = max(m for m, _ in found)
+            bold |= {(i, column) for m, i in found if m == best}
+    return bold
+
+
+def table_from_json(document: Mapping) -> Table:
+    """The display table of :meth:`ResultsTable.table` rebuilt from :meth:`ResultsTable.to_json`
+    (a pipeline's results.json): the same Markdown, without the runs."""
+    values: dict[tuple[str, str], CellValues] = {}
+    for row in document["rows"]:
+        for dataset in document["datasets"]:
+            cell = row.get(dataset)
+            if cell is not None:
+                values[(row["loss"], dataset)] = (
+                    Estimate(cell["mean"], cell["sd"], cell["seeds"]), cell.get("published"),
+                    cell.get("delta"))
+    return display_table(document["losses"], document["datasets"], values,
+                         document["caption"], document.get("notes", []))
 
 
 def _distinct(texts: Iterable[str]) -> list[str]:
@@ -386,3 +428,20 @@ def _protocol_text(document: dict) -> str:
     if protocol.get("early_stop", "none") != "none":
         text += f", early stopping '{protocol['early_stop']}'"
     return text
+
+
+def _of_run_id(documents: list[tuple[dict, Path, bool]], paths: list[str | Path],
+               run_id: str) -> list[tuple[dict, Path, bool]]:
+    """The runs of ``run_id``; every folder searched must hold one (a folder without it would
+    leave its column out silently), else one error naming the folder and its run ids."""
+    def under(raw: str | Path, path: Path) -> bool:
+        root = Path(raw).resolve()
+        return path.resolve() == root or root in path.resolve().parents
+
+    for raw in paths:
+        found = sorted({p.parent.name for _, p, _ in documents if under(raw, p)})
+        if run_id not in found:
+            there = f"run ids there: {', '.join(found)}" if found else "no finished run there"
+            others = "" if len(paths) == 1 else "; leave the folder out or finish that run"
+            raise InputError(f"no run with id {run_id!r} under {raw} ({there}){others}")
+    return [entry for entry in documents if entry[1].parent.name == run_id]

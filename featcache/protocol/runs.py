@@ -4,7 +4,8 @@ A run folder is written by one process at a time (its lock, ``.<run-id>.lock`` b
 :mod:`featcache.locks`, is held while the run trains). It holds ``run.json`` (the run's settings
 and their fingerprint, written when it starts) and, once finished, ``results.json`` (written last, atomically: a folder without it is
 an unfinished run). One fingerprint, the sha256 of the settings as canonical JSON, decides
-"same settings": a finished stage-two run with the same fingerprint is reused, an unfinished
+"same settings": a finished stage-two run with the same fingerprint is reused (when it was made
+under this featcache's numerics version, :mod:`featcache.protocol.numerics`), an unfinished
 stage-three run with the same fingerprint is resumed, and anything else is refused with the
 settings that differ.
 """
@@ -23,6 +24,12 @@ from featcache.errors import InputError, OutputExistsError
 from featcache.fileio import write_json_atomic
 from featcache.locks import OutputLock
 from featcache.protocol.documents import read_results, read_run_record
+from featcache.protocol.numerics import (
+    NUMERICS_VERSION,
+    describe_version,
+    is_current,
+    recorded_version,
+)
 from featcache.schema import MapOf, read_document
 
 RESULTS = "results.json"
@@ -153,13 +160,21 @@ class RunFolder:
                 "or another --run-id")
 
 
-def open_finished_or_new(path: Path, settings: dict, overwrite: bool) -> tuple[RunFolder, bool]:
-    """Stage two's rule: (the folder, True) to reuse a finished run with the same settings;
-    (the folder, False) to train it (new, unfinished, or ``overwrite``); else refused."""
+def open_finished_or_new(path: Path, settings: dict, overwrite: bool,
+                         say: Callable[[str], None] | None = None) -> tuple[RunFolder, bool]:
+    """Stage two's rule: (the folder, True) to reuse a finished run with the same settings made
+    under this featcache's numerics version; (the folder, False) to train it (new, unfinished,
+    ``overwrite``, or finished under another numerics version: ``say`` is told); else refused."""
     folder = RunFolder(path)
     if folder.finished and not overwrite:
         folder.require_same(settings, "reuse")
-        return folder, True
+        document = folder.results()
+        if is_current(document):
+            return folder, True
+        if say is not None:
+            say(f"{folder.path}: finished with {describe_version(recorded_version(document))}, not "
+                f"this featcache's ({NUMERICS_VERSION}); training it again")
+        return folder.start(settings, fresh=True), False
     return folder.start(settings, fresh=overwrite), False
 
 

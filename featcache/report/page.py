@@ -29,6 +29,9 @@ from featcache.report.svg import curves_svg
 STAGE_RUNS = {"linear": ("linear head on cached features", "linear heads on cached features"),
               "finetune": ("network fine-tuned end to end", "networks fine-tuned end to end")}
 
+#: the page's ``<meta name="generator">``: how ``featcache report`` knows a page it wrote
+GENERATOR = "featcache report"
+
 
 def _stage_count(count: int, stage: str) -> str:
     """``1 network fine-tuned end to end``, ``31 linear heads on cached features``."""
@@ -202,6 +205,7 @@ def render_page(dataset: str, runs: Sequence[Run], every_run: Sequence[Run],
     return (
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
         f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
+        f"<meta name=\"generator\" content=\"{GENERATOR} {esc(__version__)}\">"
         f"<title>{esc(title)}</title><style>{CSS}</style></head><body>"
         f"<header><h1>{esc(title)}</h1><p class=\"muted\">{plural(len(runs), 'run')} of "
         f"{esc(dataset)} ("

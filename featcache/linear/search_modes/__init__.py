@@ -15,7 +15,7 @@ import torch
 
 from featcache.discovery import import_modules_of
 from featcache.linear.data import TrainingSplits
-from featcache.linear.search import SearchResult, SearchSpec
+from featcache.linear.engine.search import SearchResult, SearchSpec
 from featcache.protocol.search_modes import SearchMode
 
 

@@ -1,7 +1,7 @@
 """``--search probe``: the wider field's linear-probe conventions, on the same one-pass engine.
 
 Frozen-feature evaluation outside the SPML papers differs from the protocol's search
-(:mod:`featcache.linear.search`) in four ways, all taken here:
+(:mod:`featcache.linear.engine.search`) in four ways, all taken here:
 
 - **L2-normalised features** (CLIP_benchmark's ``Featurizer(normalize=True)``): every row of
   every split is divided by its norm before training and scoring.
@@ -36,7 +36,7 @@ import torch
 
 from featcache.errors import InputError, OptionError
 from featcache.linear.data import LinearData, SplitTensors, TrainingSplits
-from featcache.linear.search import SearchResult, SearchSpec, SeedResult, run_search
+from featcache.linear.engine.search import SearchResult, SearchSpec, SeedResult, run_search
 from featcache.linear.search_modes import LinearSearchMode, register_linear_search_mode
 from featcache.losses import ResolvedParams
 from featcache.protocol.loss_choice import needs_spatial

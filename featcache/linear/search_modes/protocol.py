@@ -1,5 +1,5 @@
 """``--search protocol``'s stage-two hooks: none change anything (the papers' search on the
-features as they are; :mod:`featcache.linear.search`)."""
+features as they are; :mod:`featcache.linear.engine.search`)."""
 
 from __future__ import annotations
 

@@ -73,7 +73,7 @@ def balance(costs: Sequence[float], workers: int) -> list[list[int]]:
 def map_groups(run: Callable[[G], R], groups: Sequence[G], costs: Sequence[float],
                device: torch.device, jobs: int, job: Ranks | None = None,
                on_result: Callable[[int | None, G, R], Sequence[G] | None] | None = None,
-               ) -> list[R]:
+               on_start: Callable[[G], None] | None = None) -> list[R]:
     """``run(group)`` for every group wherever it runs; the results in the order of
     ``groups``, and each passed to ``on_result(index, group, result)`` as soon as it is known.
 
@@ -84,6 +84,8 @@ def map_groups(run: Callable[[G], R], groups: Sequence[G], costs: Sequence[float
     Under ``torchrun`` (``job.world > 1``) this rank trains its share, balanced by ``costs``,
     and every rank receives every result once all ranks are done (``on_result`` is then called
     in the order of ``groups`` on every rank, and may not return follow-ups).
+    ``on_start(task)`` is told, locally, as each task (a group or a follow-up) is handed to a
+    worker (not under ``torchrun``, where every result arrives once all ranks are done).
     """
     if job is not None and job.world > 1:
         mine = balance(costs, job.world)[job.rank]
@@ -98,13 +100,14 @@ def map_groups(run: Callable[[G], R], groups: Sequence[G], costs: Sequence[float
             if on_result is not None and on_result(index, groups[index], result):
                 raise ValueError("follow-up tasks are not supported under torchrun")
         return results
-    return _run_local(run, groups, device, jobs, on_result)
+    return _run_local(run, groups, device, jobs, on_result, on_start)
 
 
 def _run_local(run: Callable[[G], R], groups: Sequence[G], device: torch.device, jobs: int,
                on_result: Callable[[int | None, G, R], Sequence[G] | None] | None = None,
-               ) -> list[R]:
+               on_start: Callable[[G], None] | None = None) -> list[R]:
     results: dict[int, R] = {}
+    started = on_start or (lambda task: None)
 
     def keep(index: int | None, task: G, result: R) -> Sequence[G]:
         if index is not None:
@@ -117,10 +120,12 @@ def _run_local(run: Callable[[G], R], groups: Sequence[G], device: torch.device,
             waiting: deque[tuple[int | None, G]] = deque(enumerate(groups))
             while waiting:
                 index, task = waiting.popleft()
+                started(task)
                 waiting.extendleft((None, t) for t in reversed(keep(index, task, run(task))))
         elif "fork" not in multiprocessing.get_all_start_methods():  # pragma: no cover - Windows
             with ThreadPoolExecutor(max_workers=jobs) as threads:
-                _schedule(threads, lambda task: threads.submit(run, task), groups, jobs, keep)
+                _schedule(threads, lambda task: threads.submit(run, task), groups, jobs, keep,
+                          started)
         else:
             key = id(run)
             _TASKS[key] = run
@@ -128,16 +133,18 @@ def _run_local(run: Callable[[G], R], groups: Sequence[G], device: torch.device,
                 with ProcessPoolExecutor(max_workers=jobs, initializer=_start_worker,
                                          mp_context=multiprocessing.get_context("fork")) as pool:
                     _schedule(pool, lambda task: pool.submit(_run_task, key, task), groups, jobs,
-                              keep)
+                              keep, started)
             finally:
                 del _TASKS[key]
     return [results[index] for index in range(len(groups))]
 
 
 def _schedule(pool, submit: Callable[[G], Future], groups: Sequence[G], jobs: int,
-              keep: Callable[[int | None, G, R], Sequence[G]]) -> None:
+              keep: Callable[[int | None, G, R], Sequence[G]],
+              started: Callable[[G], None]) -> None:
     """Run ``groups`` and their follow-ups on ``pool``, at most ``jobs`` at a time, follow-ups
-    first; each result to ``keep``. The first failure cancels the rest."""
+    first (``started`` told as each is submitted); each result to ``keep``. The first failure
+    cancels the rest."""
     waiting: deque[tuple[int | None, G]] = deque(enumerate(groups))
     follow_ups: deque[tuple[int | None, G]] = deque()
     running: dict[Future, tuple[int | None, G]] = {}
@@ -145,6 +152,7 @@ def _schedule(pool, submit: Callable[[G], Future], groups: Sequence[G], jobs: in
         while waiting or follow_ups or running:
             while len(running) < jobs and (follow_ups or waiting):
                 index, task = (follow_ups or waiting).popleft()
+                started(task)
                 running[submit(task)] = (index, task)
             finished, _ = wait(running, return_when=FIRST_COMPLETED)
             for future in finished:

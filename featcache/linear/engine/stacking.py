@@ -1,13 +1,13 @@
 """Which losses of a run train together: the stacked groups of stage two.
 
-Losses whose training reads the same inputs (the same features and training labels, after
-what their needs add: observed negatives, a pseudo-label set), the same kind of head, seed and
-batch size train as one group (:class:`~featcache.linear.trainer.GroupTrainer`): one gather of
-the batch, one batched matmul for all their heads, one optimizer update. Losses with other
-inputs (spatial maps, pseudo-labels, observed negatives, another features file) form groups
-of their own. Every number of a loss is the one it gets alone (bit for bit on the CPU), so a
-group may be cut into smaller groups at will: :func:`balanced` cuts the groups of a run for
-the workers that share them, :func:`unstacked` where the memory plan allows no stacking.
+Losses whose training reads the same inputs (the same features and training labels, after what their
+needs add: observed negatives, a pseudo-label set), the same kind of head, seed and batch size train
+as one group (:class:`~featcache.linear.engine.trainer.GroupTrainer`): one gather of the batch, one
+batched matmul for all their heads, one optimizer update. Losses with other inputs (spatial maps,
+pseudo-labels, observed negatives, another features file) form groups of their own. Every number of
+a loss is the one it gets alone (bit for bit on the CPU), so a group may be cut into smaller groups
+at will: :func:`balanced` cuts the groups of a run for the workers that share them,
+:func:`unstacked` where the memory plan allows no stacking.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 
 from featcache.heads import HeadKind
 from featcache.linear.data import TrainingSplits
-from featcache.linear.member import Member, evaluation_can_move
+from featcache.linear.engine.member import Member, evaluation_can_move
 from featcache.losses import SPMLLoss
 
 

@@ -1,11 +1,9 @@
-"""Stage two's stacked heads: the heads a loss trains (of its kind, :mod:`featcache.heads`), the
-Adam optimizer that trains them with one learning rate per head, and the scorer that evaluates
-all heads at once.
+"""The optimizer of stage two's stacked heads: Adam with one learning rate per head.
 
-H independent heads are stored as one weight tensor (H, D, L) and one bias tensor (H, 1, L),
-so a whole grid of configurations runs as one batched matmul per step (the way DINOv2's linear
-evaluation trains many heads in one pass over the features). Evaluation multiplies all heads
-at once as one (D, H*L) matrix where that gives the same numbers (:class:`SplitScorer`).
+H independent heads are stored as one weight tensor (H, D, L) and one bias tensor (H, 1, L)
+(:mod:`featcache.heads`), so a whole grid of configurations runs as one batched matmul per
+step (the way DINOv2's linear evaluation trains many heads in one pass over the features), and
+one optimizer call updates them all.
 """
 
 from __future__ import annotations
@@ -15,33 +13,6 @@ from typing import cast
 
 import torch
 from torch import Tensor
-
-from featcache.errors import InputError
-from featcache.heads import LinearHeads
-from featcache.losses import SPMLLoss
-
-
-def create_heads(loss: SPMLLoss, feature_dim: int, shape: tuple[int, int, int] | None,
-                 classes: int, generators: Sequence[torch.Generator],
-                 device: torch.device | str | None = None,
-                 source: str = "the features file") -> LinearHeads:
-    """The stacked heads ``loss`` trains, of its kind (``loss.head``): heads on pooled rows, or
-    heads on the spatial rows of maps of ``shape`` (h, w, D); a loss given the other kind of
-    features is refused, naming the fix."""
-    kind = loss.head
-    if kind.spatial:
-        if shape is None:
-            raise InputError(f"loss {loss.name!r} {kind.trains_on}, but {source} holds pooled "
-                             "features: run `featcache features --spatial` and train on the "
-                             "spatial file it writes")
-        height, width, channels = shape
-        return kind.create(channels, classes, generators, device, positions=height * width,
-                           params=loss.param_values)
-    if shape is not None:
-        raise InputError(f"loss {loss.name!r} {kind.trains_on}, but {source} holds spatial "
-                         "feature maps; train it on the pooled features file, or use a BoostLU "
-                         f"loss ({loss.name}+boostlu where it exists)")
-    return kind.create(feature_dim, classes, generators, device, params=loss.param_values)
 
 
 class StackedAdam:
@@ -155,45 +126,6 @@ class StackedAdam:
 
     def state_dict(self) -> dict:
         return {"step": self.step_count, "exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq}
-
-
-class SplitScorer:
-    """Scores one split's features for every head, by the faster all-heads matmul wherever it
-    gives exactly the per-head matmul's numbers.
-
-    The first call computes both and compares them bit for bit: a BLAS kernel's summation
-    order depends on the shapes (and threads), not on the values, so equal results on real
-    data mean the same order. Where they differ (some shapes do), every call stays on the
-    per-head kernel. Either way the numbers are :meth:`LinearHeads.scores`'.
-    """
-
-    def __init__(self, features: Tensor):
-        self.features = features
-        self.wide: bool | None = None
-        #: per number of stacked heads, whether one matmul gives each epoch's numbers
-        self.stacked: dict[int, bool] = {}
-
-    def __call__(self, head: LinearHeads) -> Tensor:
-        if self.wide:
-            return head.scores_wide(self.features)
-        exact = head.scores(self.features)
-        if self.wide is None:
-            self.wide = torch.equal(exact, head.scores_wide(self.features))
-        return exact
-
-    def of_epochs(self, heads: LinearHeads, epochs: int) -> Tensor:
-        """Scores of ``heads``, ``epochs`` epochs' heads stacked (E x H heads): one (N, D) x
-        (D, E H L) matmul where its first result equals scoring each epoch alone (checked per
-        stack size, as :meth:`__call__` checks its own), else one epoch at a time."""
-        size = heads.num_heads
-        if self.stacked.get(size):
-            return heads.scores_wide(self.features)
-        each = size // epochs
-        per_epoch = torch.cat([self(heads.part(slice(e * each, (e + 1) * each)))
-                               for e in range(epochs)])
-        if size not in self.stacked:
-            self.stacked[size] = torch.equal(per_epoch, heads.scores_wide(self.features))
-        return per_epoch
 
 
 def _per_param(lrs: Sequence[Sequence[float]] | Sequence[float], count: int) -> list[list[float]]:

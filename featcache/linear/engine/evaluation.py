@@ -3,8 +3,8 @@
 record of every epoch with the best-epoch selection and early stopping (:class:`GroupRecord`),
 and each configuration's result (:class:`HeadResult`).
 
-Evaluation need not run where the heads train (:meth:`featcache.linear.trainer.GroupTrainer.train_only`
-keeps each epoch's heads, :class:`TrainedGroup`): the same operations on the same weights give
+Evaluation need not run where the heads train
+(:meth:`featcache.linear.engine.trainer.GroupTrainer.train_only` keeps each epoch's heads, :class:`TrainedGroup`): the same operations on the same weights give
 the same numbers wherever they run.
 """
 
@@ -19,8 +19,8 @@ from torch import Tensor
 
 from featcache.heads import LinearHeads
 from featcache.linear.data import TrainingSplits
+from featcache.linear.engine.rows import FeatureRows, MemoryRows
 from featcache.linear.memory import FLOAT32, STACKED_SCORES_BYTES
-from featcache.linear.rows import FeatureRows, MemoryRows
 from featcache.metrics import RankedScores, average_precision
 from featcache.protocol.grid import GridPoint
 from featcache.protocol.records import EpochRecord

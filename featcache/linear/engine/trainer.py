@@ -1,7 +1,7 @@
 """Train a group of heads that share a features file, a seed and a batch size, all at once.
 
 One group = one seed and one batch size; its heads are the grid's learning rates (and loss
-parameter values) of one loss, or of several losses stacked (:mod:`featcache.linear.member`:
+parameter values) of one loss, or of several losses stacked (:mod:`featcache.linear.engine.member`:
 one gather of the batch, one batched matmul for all heads, one optimizer update over all
 parameters, each loss's own terms on its own block of heads; every number as it would be for
 the loss alone). Each epoch draws one seeded permutation of the training rows, steps through
@@ -16,7 +16,7 @@ trained beside the heads, a group's training does not depend on its evaluation, 
 :meth:`GroupTrainer.train_only` keeps each epoch's heads (:class:`TrainedGroup`) and other
 workers evaluate them (:class:`Evaluation`, :meth:`TrainedGroup.finish`): the same operations
 on the same weights, so the same numbers, with no core left idle while the slowest group
-evaluates (:mod:`featcache.linear.search`).
+evaluates (:mod:`featcache.linear.engine.search`).
 
 A stop request (Ctrl-C, :mod:`featcache.interrupt`) is honoured at the next training step or
 before the next evaluation: the group is abandoned (it has no partial output) and
@@ -38,7 +38,7 @@ from featcache.errors import OptionError, plural
 from featcache.heads import LinearHeads
 from featcache.interrupt import check_stop
 from featcache.linear.data import TrainingSplits
-from featcache.linear.evaluation import (
+from featcache.linear.engine.evaluation import (
     EpochState,
     Evaluation,
     HeadResult,
@@ -46,10 +46,10 @@ from featcache.linear.evaluation import (
     TrainingPredictions,
     feature_rows,
 )
-from featcache.linear.graphs import Body, GraphedEpoch, StepBuffers, graphs_enabled
-from featcache.linear.heads import StackedAdam, create_heads
-from featcache.linear.member import LossMember, Member
-from featcache.linear.rows import MemoryRows
+from featcache.linear.engine.graphs import Body, GraphedEpoch, StepBuffers, graphs_enabled
+from featcache.linear.engine.member import LossMember, Member, create_heads
+from featcache.linear.engine.optimizer import StackedAdam
+from featcache.linear.engine.rows import MemoryRows
 from featcache.losses import Targets
 from featcache.progress import progress as progress_bar
 from featcache.protocol.grid import GridPoint
@@ -70,7 +70,7 @@ def train_group(data: TrainingSplits, loss_name: str, configs: Sequence[GridPoin
 
 
 class GroupTrainer:
-    """The stacked heads of one group's losses (:class:`~featcache.linear.member.LossMember`,
+    """The stacked heads of one group's losses (:class:`~featcache.linear.engine.member.LossMember`,
     each with its loss state and bookkeeping) and the optimizer over all of them."""
 
     def __init__(self, data: TrainingSplits, members: Sequence[Member], epochs: int,
@@ -218,7 +218,7 @@ class GroupTrainer:
 
     def graphed(self, body: Body, epoch: int) -> GraphedEpoch:
         """``body`` on fixed buffers, captured as a CUDA graph after a warm-up
-        (:mod:`featcache.linear.graphs`)."""
+        (:mod:`featcache.linear.engine.graphs`)."""
         rows = self.train_rows
         gather = rows.gather if isinstance(rows, MemoryRows) else None
         buffers = StepBuffers(body, self.batch_size, self.device, (self.data.feature_dim,),

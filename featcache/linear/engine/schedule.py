@@ -1,14 +1,14 @@
 """Where a run's stacked groups train: one pool of workers for every loss of the run.
 
-The searches of a run (``--loss all``) train as stacked groups (:mod:`featcache.linear.stacking`:
-the losses that share data, kind of head, seed and batch size, in one set of heads). On the
-CPU the groups are cut into pieces of whole losses until no piece is more than its share of
-the work among twice as many pieces as workers (each loss's numbers are its own whatever its
-group), and ``jobs`` worker processes take them, the costliest first; a piece whose training does not read its evaluation trains first and hands each
-epoch's heads back, and whichever worker is free evaluates them in pieces (the same numbers:
-the same operations on the same weights), so no core waits for the slowest group. On a GPU
-every group is one piece (the most heads per step). Under ``torchrun`` the ranks share the
-pieces.
+The searches of a run (``--loss all``) train as stacked groups
+(:mod:`featcache.linear.engine.stacking`: the losses that share data, kind of head, seed and batch
+size, in one set of heads). On the CPU the groups are cut into pieces of whole losses until no piece
+is more than its share of the work among twice as many pieces as workers (each loss's numbers are
+its own whatever its group), and ``jobs`` worker processes take them, the costliest first; a piece
+whose training does not read its evaluation trains first and hands each epoch's heads back, and
+whichever worker is free evaluates them in pieces (the same numbers: the same operations on the same
+weights), so no core waits for the slowest group. On a GPU every group is one piece (the most heads
+per step). Under ``torchrun`` the ranks share the pieces.
 """
 
 from __future__ import annotations
@@ -23,10 +23,11 @@ import torch
 
 from featcache.heads import LinearHeads
 from featcache.interrupt import check_stop
-from featcache.linear.evaluation import EpochState, Evaluation, HeadResult, TrainedGroup
-from featcache.linear.stacking import StackedGroup, balanced
-from featcache.linear.trainer import GroupTrainer
-from featcache.linear.workers import fork_is_safe, map_groups
+from featcache.linear.engine.evaluation import EpochState, Evaluation, HeadResult, TrainedGroup
+from featcache.linear.engine.stacking import StackedGroup, balanced
+from featcache.linear.engine.timeshare import Timeline
+from featcache.linear.engine.trainer import GroupTrainer
+from featcache.linear.engine.workers import fork_is_safe, map_groups
 from featcache.progress import progress as progress_bar
 from featcache.runtime import Ranks
 
@@ -68,19 +69,23 @@ class PendingEvaluation:
 
 @dataclass
 class Outcomes:
-    """Where the groups' results go: ``keep(search, group key, heads, began, ended)`` for each
-    loss of a finished group."""
+    """Where the groups' results go: ``keep(search, group key, heads, began, ended, piece)`` for
+    each loss of a finished group (``piece``: the group's index in :attr:`pieces`); every task's
+    run time goes to :attr:`timeline`."""
 
-    keep: Callable[[int, tuple[int, int], list[HeadResult], float, float], None]
+    keep: Callable[[int, tuple[int, int], list[HeadResult], float, float, int], None]
     evaluating: dict[int, PendingEvaluation] = field(default_factory=dict)
     spans: dict[int, float] = field(default_factory=dict)  # a group's training start
+    timeline: Timeline = field(default_factory=Timeline)
+    #: the groups as the workers train them (cut into pieces of whole losses on the CPU)
+    pieces: Sequence[StackedGroup] = ()
 
 
 def workers_evaluate_elsewhere(device: torch.device, jobs: int, job: Ranks | None) -> bool:
     """Whether a group's evaluation may leave its worker: only where other local workers can
     take it (several CPU worker processes, forked from a process where that is safe, one rank),
     and only for groups whose losses allow it
-    (:func:`~featcache.linear.member.evaluation_can_move`)."""
+    (:func:`~featcache.linear.engine.member.evaluation_can_move`)."""
     return (device.type == "cpu" and jobs > 1 and fork_is_safe()
             and (job is None or job.world == 1))
 
@@ -105,6 +110,7 @@ class SharedWorkers:
         if job is not None and job.world > 1:
             pieces = job.world
         self.groups = sorted(balanced(groups, pieces), key=lambda g: -g.cost())
+        outcomes.pieces = self.groups
         self.evaluate_elsewhere = (evaluate_elsewhere
                                    and workers_evaluate_elsewhere(device, jobs, job)
                                    and any(group.can_defer for group in self.groups))
@@ -116,14 +122,16 @@ class SharedWorkers:
         self.evaluated: Any = None  # the bar of epochs evaluated elsewhere, while running
 
     def run(self) -> None:
-        # the epochs handed to other workers, evaluated or not yet (grows as groups finish training)
-        self.evaluated = progress_bar(total=0, unit="epoch", desc="evaluating trained groups",
+        # the epochs every group that trains first hands to other workers, evaluated or not yet
+        handed = sum(g.epochs for g in self.groups if g.can_defer) if self.evaluate_elsewhere else 0
+        self.evaluated = progress_bar(total=handed, unit="epoch", desc="evaluating trained groups",
                                       disable=not (self.show and self.evaluate_elsewhere),
                                       leave=False, position=self.workers)
         tasks: list[TrainGroup | EvaluateEpochs] = [TrainGroup(i) for i in range(len(self.groups))]
         try:
             map_groups(self.work, tasks, [g.cost() for g in self.groups], self.device,
-                       self.workers, self.job, on_result=self.finished)
+                       self.workers, self.job, on_result=self.finished,
+                       on_start=lambda task: self.outcomes.timeline.started(task, time.time()))
         finally:
             self.evaluated.close()
 
@@ -154,6 +162,7 @@ class SharedWorkers:
         group = self.groups[task.group]
         value, began, ended = outcome
         self.outcomes.spans.setdefault(task.group, began)
+        self.outcomes.timeline.finished(task, began, ended, task.group)
         if isinstance(task, EvaluateEpochs):  # its value: each epoch's evaluation
             self.evaluated.update(len(task.epochs))
             results = self.outcomes.evaluating[task.group].take(
@@ -165,8 +174,6 @@ class SharedWorkers:
             pieces = value.chunks(self.epochs_per_evaluation)
             if pieces:
                 self.outcomes.evaluating[task.group] = PendingEvaluation(value, len(pieces))
-                self.evaluated.total += len(value.epochs)
-                self.evaluated.refresh()
                 return [EvaluateEpochs(task.group, value.empty_heads, epochs)
                         for epochs in pieces]
             results = value.finish([])  # no epoch to evaluate
@@ -174,5 +181,6 @@ class SharedWorkers:
             results = cast(list[list[HeadResult]], value)
         for (search, member), heads in zip(group.members, results, strict=True):
             key = (member.configs[0].seed, member.configs[0].batch_size)
-            self.outcomes.keep(search, key, heads, self.outcomes.spans[task.group], ended)
+            self.outcomes.keep(search, key, heads, self.outcomes.spans[task.group], ended,
+                               task.group)
         return []

@@ -1,7 +1,7 @@
 """One loss in a stacked group: its loss object, its block of the group's heads, its
 per-example state, its share of a training step and its bookkeeping.
 
-A stacked group (:class:`~featcache.linear.trainer.GroupTrainer`) trains the heads of several
+A stacked group (:class:`~featcache.linear.engine.trainer.GroupTrainer`) trains the heads of several
 losses that share a features file, a seed and a batch size as one set of heads: one gather of
 the batch, one batched matmul for all heads, one optimizer update over all parameters. Each
 loss computes its own terms on its own block of the logits (a contiguous slice, the shape it
@@ -18,9 +18,10 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor
 
+from featcache.errors import InputError
 from featcache.heads import LinearHeads, MapHeads
 from featcache.linear.data import TrainingSplits
-from featcache.linear.evaluation import GroupRecord
+from featcache.linear.engine.evaluation import GroupRecord
 from featcache.losses import MaskedPassLoss, SPMLLoss, Targets, create_loss
 from featcache.protocol.grid import GridPoint
 from featcache.protocol.seeds import derive_seed
@@ -51,7 +52,7 @@ def float_labels(loss: SPMLLoss, observed: Tensor, clean: Tensor | None
 def evaluation_can_move(loss: type[SPMLLoss], early_stop: str) -> bool:
     """Whether groups of ``loss`` train without ever reading their evaluation (no early
     stopping, no state trained beside the heads), so that others may evaluate their epochs
-    (:meth:`~featcache.linear.trainer.GroupTrainer.train_only`)."""
+    (:meth:`~featcache.linear.engine.trainer.GroupTrainer.train_only`)."""
     return early_stop == "none" and not loss.learned_state
 
 
@@ -136,3 +137,26 @@ def masked_logits(loss: MaskedPassLoss, heads: LinearHeads, block: slice, x: Ten
         raise TypeError(f"loss {loss.name!r} needs heads with class activation maps")
     keep = loss.position_mask(heads.last_cam(x)[block], observed)
     return heads.part(block).masked_logits(x, keep)
+
+
+def create_heads(loss: SPMLLoss, feature_dim: int, shape: tuple[int, int, int] | None,
+                 classes: int, generators: Sequence[torch.Generator],
+                 device: torch.device | str | None = None,
+                 source: str = "the features file") -> LinearHeads:
+    """The stacked heads ``loss`` trains, of its kind (``loss.head``): heads on pooled rows, or
+    heads on the spatial rows of maps of ``shape`` (h, w, D); a loss given the other kind of
+    features is refused, naming the fix."""
+    kind = loss.head
+    if kind.spatial:
+        if shape is None:
+            raise InputError(f"loss {loss.name!r} {kind.trains_on}, but {source} holds pooled "
+                             "features: run `featcache features --spatial` and train on the "
+                             "spatial file it writes")
+        height, width, channels = shape
+        return kind.create(channels, classes, generators, device, positions=height * width,
+                           params=loss.param_values)
+    if shape is not None:
+        raise InputError(f"loss {loss.name!r} {kind.trains_on}, but {source} holds spatial "
+                         "feature maps; train it on the pooled features file, or use a BoostLU "
+                         f"loss ({loss.name}+boostlu where it exists)")
+    return kind.create(feature_dim, classes, generators, device, params=loss.param_values)
