@@ -328,7 +328,7 @@ def read_only_message(exc: BaseException, out_option: str | None = None) -> str:
     dataset's files."""
     refused = next((link for link in _chain(exc) if _refused_write(link)), None)
     where = getattr(refused, "filename", None)
-    denied = refused is not None and refused.errno != errno.EROFS
+    denied = getattr(refused, "errno", errno.EROFS) != errno.EROFS
     path = Path(os.fsdecode(where)).absolute() if where else None
     if path is not None and (target := re.fullmatch(r"\.(.+)\.(?:tmp|lock)-\d+|\.(.+)\.lock",
                                                     path.name)):

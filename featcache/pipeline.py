@@ -72,21 +72,9 @@ from featcache.errors import FeatcacheWarning, InputError, OptionError, did_you_
 from featcache.fileio import write_text_atomic
 from featcache.paths import cache_root, dataset_dir
 from featcache.progress import say
+from featcache.protocol.documents import read_recipe, read_table_record
 from featcache.protocol.results_table import ResultsTable
 from featcache.protocol.runs import load_results
-from featcache.schema import (
-    AnyOf,
-    Flag,
-    Integer,
-    ListOf,
-    MapOf,
-    Number,
-    Record,
-    Schema,
-    Text,
-    nullable,
-    read_document,
-)
 from featcache.tables import Table
 
 REPORT_STAGES = {"linear": "runs", "finetune": "finetune"}
@@ -114,60 +102,6 @@ class Recipe:
 
 #: options whose value a step writes (never checked as an input that must exist)
 OUTPUT_OPTIONS = ("--out", "-o")
-_WORD = AnyOf(Text(), Number(), Flag())
-#: what a recipe may hold (the module docstring describes each key)
-RECIPE_SCHEMA = Record(optional={
-    "name": Text(),
-    "description": Text(),
-    "vars": MapOf(_WORD),
-    "steps": ListOf(Record(
-        required={"command": AnyOf(Text(), ListOf(Text(), at_least=1))},
-        optional={"name": Text(), "skip_if_exists": Text(),
-                  "each": MapOf(AnyOf(Text(), ListOf(_WORD, at_least=1)))})),
-    "report": Record(optional={
-        "stage": Text(), "kind": Text(), "run_id": Text(),
-        "reference_run_id": Text(), "datasets": ListOf(Text(), at_least=1),
-        "losses": ListOf(Text()), "readme": Text(), "loss": Text(), "param": Text()}),
-})
-
-
-class _TableRows(Schema):
-    """The ``rows`` of a table record: each a loss and, per dataset, its cell or null."""
-
-    expected = "a list"
-    cell = Record(required={"mean": Number(), "sd": Number(), "seeds": Integer()},
-                  optional={"published": nullable(Number()), "delta": nullable(Number())})
-
-    def check(self, value, at: str = "") -> None:
-        ListOf(Record(required={"loss": Text()})).check(value, at)
-        for number, row in enumerate(value):
-            for key, cell in row.items():
-                if key != "loss" and cell is not None:
-                    self.cell.check(cell, f"{at}[{number}].{key}")
-
-
-#: a report's ``record`` (a table's results.json, :meth:`ResultsTable.to_json`), read back by
-#: ``pipeline render``
-TABLE_RECORD_SCHEMA = Record(
-    required={"caption": Text(), "datasets": ListOf(Text()), "losses": ListOf(Text()),
-              "rows": _TableRows()},
-    optional={"notes": ListOf(Text()),
-              "provenance": nullable(Record(optional={
-                  "command": Text(), "runs_created": nullable(ListOf(Text(), at_least=2)),
-                  "featcache_versions": ListOf(Text()), "numerics_versions": ListOf(Text()),
-                  "note": Text()})),
-              "comparisons": nullable(Record(
-                  required={"versus": Text(), "command": Text(),
-                            "datasets": MapOf(ListOf(Record(required={"loss": Text(),
-                                                                      "estimate": Number()})))}))})
-#: the fix for a recipe that cannot be read
-RECIPE_ADVICE = ("fix it by hand: the recipe format is described at the top of "
-                 "featcache/pipeline.py, and pipelines/*.toml are examples")
-
-
-def read_recipe_document(path: Path) -> dict:
-    """The recipe in ``path`` as TOML, checked against :data:`RECIPE_SCHEMA`."""
-    return read_document(path, RECIPE_SCHEMA, "pipeline recipe", RECIPE_ADVICE, kind="toml")
 
 
 def load_recipe(path: str | Path, overrides: dict[str, str] | None = None,
@@ -177,7 +111,7 @@ def load_recipe(path: str | Path, overrides: dict[str, str] | None = None,
     if not path.is_file():
         raise InputError(f"pipeline recipe {path} does not exist (`featcache pipeline list` "
                          "shows the ones in pipelines/)")
-    document = read_recipe_document(path)
+    document = read_recipe(path)
     variables = {str(k): str(v) for k, v in document.get("vars", {}).items()}
     unknown = sorted(set(overrides or {}) - set(variables))
     if unknown:
@@ -421,8 +355,7 @@ def render_report(recipe: Recipe) -> Path:
         raise InputError(f"{path} does not exist: run the recipe first (`featcache pipeline run "
                          f"{recipe.path}`)")
     readme = _beside(recipe, "readme")
-    document = read_document(path, TABLE_RECORD_SCHEMA, "pipeline table record",
-                             f"make it again: `featcache pipeline run {recipe.path}`")
+    document = read_table_record(path, f"make it again: `featcache pipeline run {recipe.path}`")
     publish_section(readme, recipe.name, readme_block(document))
     return readme
 
@@ -545,7 +478,7 @@ def list_recipes(folder: str | Path = "pipelines") -> list[tuple[Path, str]]:
     out = []
     for path in sorted(Path(folder).glob("*.toml")):
         try:
-            description = read_recipe_document(path).get("description", "")
+            description = read_recipe(path).get("description", "")
         except InputError:
             description = "(not a valid recipe: `featcache pipeline run` on it says why)"
         out.append((path, description))

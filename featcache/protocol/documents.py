@@ -1,10 +1,12 @@
-"""The schemas of the JSON files a run folder holds, and their readers.
+"""The schemas of the documents featcache reads back, and the readers of a run folder's.
 
 ``results.json`` (both stages and zero-shot), ``run.json`` and a fine-tuning configuration's
 ``history.json`` are read back by ``table``, ``report``, ``predict``, the Python API and the
 stages themselves; each is read here, checked against its schema
 (:mod:`featcache.schema`), so that a damaged or hand-edited file is refused in one line naming
-the file, the key, what it holds, and the command that trains the run again.
+the file, the key, what it holds, and the command that trains the run again. A pipeline's
+recipe (TOML) and its report's table record are checked against theirs
+(:data:`RECIPE_SCHEMA`, :data:`TABLE_RECORD_SCHEMA`) by :mod:`featcache.pipeline`.
 
 The schemas name the keys featcache's readers use, with their types; keys a reader never uses
 are not checked, and keys that older versions did not write are optional.
@@ -16,12 +18,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 from featcache.schema import (
+    AnyOf,
     Choice,
+    Flag,
     Integer,
     ListOf,
     MapOf,
     Number,
     Record,
+    Schema,
     Text,
     nullable,
     read_document,
@@ -122,6 +127,53 @@ HISTORY_SCHEMA = Record(
               "stopped_at": nullable(Integer()), "seconds": Number()})
 
 
+_WORD = AnyOf(Text(), Number(), Flag())
+#: what a recipe may hold (the module docstring describes each key)
+RECIPE_SCHEMA = Record(optional={
+    "name": Text(),
+    "description": Text(),
+    "vars": MapOf(_WORD),
+    "steps": ListOf(Record(
+        required={"command": AnyOf(Text(), ListOf(Text(), at_least=1))},
+        optional={"name": Text(), "skip_if_exists": Text(),
+                  "each": MapOf(AnyOf(Text(), ListOf(_WORD, at_least=1)))})),
+    "report": Record(optional={
+        "stage": Text(), "kind": Text(), "run_id": Text(),
+        "reference_run_id": Text(), "datasets": ListOf(Text(), at_least=1),
+        "losses": ListOf(Text()), "readme": Text(), "loss": Text(), "param": Text()}),
+})
+
+
+class _TableRows(Schema):
+    """The ``rows`` of a table record: each a loss and, per dataset, its cell or null."""
+
+    expected = "a list"
+    cell = Record(required={"mean": Number(), "sd": Number(), "seeds": Integer()},
+                  optional={"published": nullable(Number()), "delta": nullable(Number())})
+
+    def check(self, value, at: str = "") -> None:
+        ListOf(Record(required={"loss": Text()})).check(value, at)
+        for number, row in enumerate(value):
+            for key, cell in row.items():
+                if key != "loss" and cell is not None:
+                    self.cell.check(cell, f"{at}[{number}].{key}")
+
+
+#: a report's ``record`` (a table's results.json, :meth:`ResultsTable.to_json`), read back by
+#: ``pipeline render``
+TABLE_RECORD_SCHEMA = Record(
+    required={"caption": Text(), "datasets": ListOf(Text()), "losses": ListOf(Text()),
+              "rows": _TableRows()},
+    optional={"notes": ListOf(Text()),
+              "provenance": nullable(Record(optional={
+                  "command": Text(), "runs_created": nullable(ListOf(Text(), at_least=2)),
+                  "featcache_versions": ListOf(Text()), "numerics_versions": ListOf(Text()),
+                  "note": Text()})),
+              "comparisons": nullable(Record(
+                  required={"versus": Text(), "command": Text(),
+                            "datasets": MapOf(ListOf(Record(required={"loss": Text(),
+                                                                      "estimate": Number()})))}))})
+
 def read_results(path: str | Path, remake: str | Callable[[], str]) -> dict | None:
     """A run's ``results.json`` checked against :data:`RESULTS_SCHEMA` (None when there is
     none); a damaged one is refused naming the key, then ``remake`` (how to train the run
@@ -142,3 +194,18 @@ def read_history(path: str | Path) -> dict | None:
     path = Path(path)
     return read_document(path, HISTORY_SCHEMA, "featcache configuration history",
                          f"delete {path} to train that configuration again")
+
+
+#: the fix for a recipe that cannot be read
+RECIPE_ADVICE = ("fix it by hand: the recipe format is described at the top of "
+                 "featcache/pipeline.py, and pipelines/*.toml are examples")
+
+
+def read_recipe(path: str | Path) -> dict:
+    """A pipeline recipe (TOML), checked against :data:`RECIPE_SCHEMA`."""
+    return read_document(path, RECIPE_SCHEMA, "pipeline recipe", RECIPE_ADVICE, kind="toml")
+
+
+def read_table_record(path: str | Path, remake: str) -> dict:
+    """A pipeline report's table record, checked against :data:`TABLE_RECORD_SCHEMA`."""
+    return read_document(path, TABLE_RECORD_SCHEMA, "pipeline table record", remake)
