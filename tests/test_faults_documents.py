@@ -6,7 +6,6 @@ its own process (:func:`faults.run_many`); the command printed works when pasted
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shlex
@@ -18,7 +17,7 @@ import h5py
 import numpy as np
 import pytest
 from dataset_fixtures import invoke
-from faults import one_error_line, run_many
+from faults import digests, one_error_line, run_many
 from linear_fixtures import synthetic_dataset
 
 LINEAR = ["train-linear", "--dataset", "toy", "--backbone", "toy", "--loss", "an", "--epochs",
@@ -44,10 +43,6 @@ def finished(tmp_path_factory) -> Path:
     assert made.exit_code == 0, made.output
     return cache
 
-
-def _digests(root: Path, leave_out: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file() and p != leave_out}
 
 
 def _edit_json(path: Path, change) -> None:
@@ -126,7 +121,7 @@ def test_damaged_or_hand_edited_files_are_refused_in_one_line_naming_file_key_an
         cache = shutil.copytree(finished, root / "cache")
         target = (cache if damaged.startswith("toy/") else root) / damaged
         damage(target)
-        roots.append((root, target, _digests(root, target)))
+        roots.append((root, target, digests(root, target)))
         argv.append([word.format(cache=cache, root=root) for word in command])
     results = run_many(argv, tmp_path, prelude="import torch")
     for (root, target, before), result, (damaged, _, _, says) in zip(roots, results, cases,
@@ -135,7 +130,7 @@ def test_damaged_or_hand_edited_files_are_refused_in_one_line_naming_file_key_an
         assert line.startswith(str(target) if damaged.startswith("toy/") else
                                str(root)), line
         assert says.format(cache=root / "cache") in line, line
-        assert _digests(root, target) == before, damaged  # nothing else touched, nothing made
+        assert digests(root, target) == before, damaged  # nothing else touched, nothing made
 
     # the command the first line names trains the run again when pasted
     first = one_error_line(results[0])

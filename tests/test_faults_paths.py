@@ -6,7 +6,6 @@ and whatever would write into the cache says so in one line; no file in the cach
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shlex
 import shutil
@@ -16,17 +15,13 @@ from pathlib import Path
 
 import pytest
 from dataset_fixtures import invoke
-from faults import one_error_line, run_many
+from faults import digests, one_error_line, run_many
 from linear_fixtures import synthetic_dataset
 
 LINEAR = ["train-linear", "--dataset", "toy", "--epochs", "1", "--lr", "1e-2", "--bsize", "8",
           "--quiet", "--no-plots", "--device", "cpu"]
 NOBODY = 65534
 
-
-def _digests(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +44,7 @@ def test_a_cache_below_a_file_and_lock_paths_that_are_no_lock_files_are_refused(
     (runs / ".r2.lock").mkdir()
     (runs / ".r3.lock").symlink_to(".r3.lock")
     (tmp_path / "file").write_text("not a folder")
-    before = _digests(cache)
+    before = digests(cache)
     results = run_many([(["prepare", "shapes"], {"FEATCACHE_CACHE": str(tmp_path / "file" / "c")}),
                         [*LINEAR, "--loss", "an", "--cache", str(cache), "--run-id", "r2"],
                         [*LINEAR, "--loss", "an", "--cache", str(cache), "--run-id", "r3"]],
@@ -64,7 +59,7 @@ def test_a_cache_below_a_file_and_lock_paths_that_are_no_lock_files_are_refused(
         assert line == (f"{runs}/.{run_id}.lock, the lock file of {runs}/{run_id}, {what} (made "
                         f"by hand, or by another tool): remove it (`{remove} "
                         f"{runs}/.{run_id}.lock`) and run the command again")
-    assert _digests(cache) == before and not (tmp_path / "file" / "c").exists()
+    assert digests(cache) == before and not (tmp_path / "file" / "c").exists()
 
     subprocess.run(shlex.split(lines[1].rsplit("`", 2)[-2]), check=True)  # the advice, pasted
     again = invoke(*LINEAR, "--loss", "an", "--cache", cache, "--run-id", "r2")
@@ -80,7 +75,7 @@ def test_a_cache_this_user_may_not_write_is_read_and_outputs_go_elsewhere(shared
     mine = shared / "mine"
     mine.mkdir()
     os.chmod(mine, 0o777)
-    before = _digests(cache)
+    before = digests(cache)
     run = cache / "toy" / "runs" / "an" / "r1"
     env = {"FEATCACHE_CACHE": str(cache), "HOME": str(mine), "FEATCACHE_STATE_DIR": str(mine)}
     results = run_many([
@@ -103,4 +98,4 @@ def test_a_cache_this_user_may_not_write_is_read_and_outputs_go_elsewhere(shared
         f"cannot write {cache}/toy/runs/an/new: the cache {cache} is not writable by this "
         "user; put the outputs in a writable cache with --cache DIR (or FEATCACHE_CACHE=DIR), "
         f"the dataset's files linked there first: `cp -rs {cache}/toy DIR/`")
-    assert _digests(cache) == before
+    assert digests(cache) == before

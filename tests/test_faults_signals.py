@@ -7,22 +7,16 @@ slowed step sleeps for 30 s: a command that waited for the step would take that 
 
 from __future__ import annotations
 
-import hashlib
 import signal
 import time
-from pathlib import Path
 
 from dataset_fixtures import invoke
-from faults import interrupt, run_many, start, wait_for
+from faults import digests, interrupt, run_many, start, wait_for
 from linear_fixtures import synthetic_dataset
 
 #: a command must be gone this long after the signal (the issue's bound)
 STOP_SECONDS = 2.0
 
-
-def _digests(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 def test_short_commands_stop_at_once_on_a_signal_and_keep_the_previous_output(tmp_path):
@@ -38,7 +32,7 @@ def test_short_commands_stop_at_once_on_a_signal_and_keep_the_previous_output(tm
                       ["report", str(cache / "toy"), "--out", str(report)],
                       ["table", str(cache / "toy" / "runs"), "--out", str(table)]], tmp_path)
     assert [r.returncode for r in first] == [0, 0, 0], [r.stderr for r in first]
-    before = {"shapes": _digests(shapes), "report": report.read_bytes(),
+    before = {"shapes": digests(shapes), "report": report.read_bytes(),
               "table": table.read_bytes()}
 
     slow = "_slow({}, {!r}, 30.0, mark={!r})"
@@ -68,6 +62,6 @@ def test_short_commands_stop_at_once_on_a_signal_and_keep_the_previous_output(tm
                          "half-written (an output is replaced only once it is complete): run the "
                          "same command again"], err
         assert "Traceback" not in err
-    assert _digests(shapes) == before["shapes"]
+    assert digests(shapes) == before["shapes"]
     assert report.read_bytes() == before["report"] and table.read_bytes() == before["table"]
     assert not [p for p in tmp_path.rglob(".*") if "tmp" in p.name or "old" in p.name]
