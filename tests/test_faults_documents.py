@@ -74,6 +74,14 @@ def _observed_halves(path: Path) -> None:
     _replace_dataset(path, "train/observed", observed)
 
 
+def _head_without_bias(path: Path) -> None:
+    import torch
+
+    head = torch.load(path, weights_only=True)
+    del head["bias"]
+    torch.save(head, path)
+
+
 def test_damaged_or_hand_edited_files_are_refused_in_one_line_naming_file_key_and_remake(
         finished, tmp_path, monkeypatch):
     run = "toy/runs/an/r1"
@@ -107,6 +115,11 @@ def test_damaged_or_hand_edited_files_are_refused_in_one_line_naming_file_key_an
          lambda p: _replace_dataset(p, "train/features", np.zeros((40, 16), np.int32)),
          [*LINEAR, "--cache", "{cache}", "--run-id", "ints"],
          "/train/features holds int32 numbers, expected floating-point numbers; make it again"),
+        (f"{run}/best.pt", _head_without_bias,
+         ["predict", "--run", "{cache}/" + run, "--features", "{cache}/toy/features-toy.h5",
+          "--out", "{root}/p.csv"],
+         "is not a valid featcache linear head: bias is missing; train the run again: "
+         "`featcache train-linear"),
         ("r.toml", lambda p: p.write_bytes(b"\x00\x01binary\xff" * 10),
          ["pipeline", "run", "{root}/r.toml", "--dry-run"],
          "r.toml is not a valid pipeline recipe: it holds binary data, not text; fix it by hand"),
