@@ -9,7 +9,8 @@ does not fit the run: another width, another backbone, weights or image transfor
 of other classes.
 
 Outputs (:func:`write_predictions`): CSV, ``image`` then one probability column per class
-(plus ``labels`` with ``--top-k`` / ``--threshold``), or JSON lines, one object per row.
+(plus ``labels`` with ``--top-k`` / ``--threshold`` / ``--sets``), or JSON lines, one object per
+row.
 """
 
 from __future__ import annotations
@@ -176,18 +177,33 @@ def chosen_labels(probs: np.ndarray, classes: Sequence[str], top_k: int | None,
     return out
 
 
+def set_labels(probs: np.ndarray, classes: Sequence[str],
+               sets: np.ndarray) -> list[list[tuple[str, float]]]:
+    """Per row, the classes of its label set (``sets``: bool (n, L)), most probable first."""
+    out = []
+    for row, members in zip(probs, np.asarray(sets, dtype=bool), strict=True):
+        order = np.argsort(-row, kind="stable")
+        out.append([(classes[i], float(row[i])) for i in order if members[i]])
+    return out
+
+
 def prediction_text(ids: Sequence[str], probs: np.ndarray, classes: Sequence[str],
                     fmt: str = "csv", top_k: int | None = None,
-                    threshold: float | None = None) -> str:
+                    threshold: float | None = None, sets: np.ndarray | None = None) -> str:
     """CSV (``image``, a probability column per class, ``labels`` when filtering) or JSON
     lines (``{"image", "probabilities"}``, or ``{"image", "labels": [{"class", "probability"}]}``
-    when filtering)."""
+    when filtering); ``sets`` (bool (n, L), e.g. conformal label sets) filters like them."""
     if fmt not in FORMATS:
         raise OptionError(f"--format {fmt!r}: choose one of {', '.join(FORMATS)}")
     if top_k is not None and top_k < 1:
         raise OptionError(f"--top-k must be at least 1, got {top_k}")
+    if sets is not None and (top_k is not None or threshold is not None):
+        raise OptionError("label sets choose each row's labels themselves: give --sets without "
+                          "--top-k and --threshold")
     filtering = top_k is not None or threshold is not None
     kept = chosen_labels(probs, classes, top_k, threshold) if filtering else None
+    if sets is not None:
+        kept = set_labels(probs, classes, sets)
     out = io.StringIO()
     if fmt == "csv":
         header = ["image", *classes] + (["labels"] if kept is not None else [])

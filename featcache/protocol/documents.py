@@ -106,6 +106,7 @@ RESULTS_SCHEMA = Record(
         "fingerprint": Text(),
         "uncertainty": MapOf(),
         "probe": MapOf(),
+        "label_sets": nullable(MapOf()),
     },
 )
 
