@@ -64,7 +64,6 @@ import os
 import shlex
 import statistics
 import string
-import tomllib
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,7 +72,9 @@ from featcache.errors import FeatcacheWarning, InputError, OptionError, did_you_
 from featcache.fileio import write_text_atomic
 from featcache.paths import cache_root, dataset_dir
 from featcache.progress import say
+from featcache.protocol.documents import read_recipe, read_table_record
 from featcache.protocol.results_table import ResultsTable
+from featcache.protocol.runs import load_results
 from featcache.tables import Table
 
 REPORT_STAGES = {"linear": "runs", "finetune": "finetune"}
@@ -110,10 +111,7 @@ def load_recipe(path: str | Path, overrides: dict[str, str] | None = None,
     if not path.is_file():
         raise InputError(f"pipeline recipe {path} does not exist (`featcache pipeline list` "
                          "shows the ones in pipelines/)")
-    try:
-        document = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise InputError(f"{path} is not valid TOML: {exc}") from exc
+    document = read_recipe(path)
     variables = {str(k): str(v) for k, v in document.get("vars", {}).items()}
     unknown = sorted(set(overrides or {}) - set(variables))
     if unknown:
@@ -357,7 +355,8 @@ def render_report(recipe: Recipe) -> Path:
         raise InputError(f"{path} does not exist: run the recipe first (`featcache pipeline run "
                          f"{recipe.path}`)")
     readme = _beside(recipe, "readme")
-    publish_section(readme, recipe.name, readme_block(json.loads(path.read_text())))
+    document = read_table_record(path, f"make it again: `featcache pipeline run {recipe.path}`")
+    publish_section(readme, recipe.name, readme_block(document))
     return readme
 
 
@@ -416,7 +415,7 @@ def report_table(report: dict, cache: str | None = None) -> ResultsTable:
     for dataset in datasets:
         root = dataset_dir(dataset, cache) / REPORT_STAGES[stage]
         for results in sorted(root.glob(f"*/{run_id}/results.json")):
-            documents.append((str(results.parent), json.loads(results.read_text())))
+            documents.append((str(results.parent), load_results(results.parent)))
     if not documents:
         raise InputError(f"no finished {stage} run {run_id!r} for {', '.join(datasets)}: the "
                          "report has nothing to show")
@@ -434,7 +433,7 @@ def _run_scores(document: dict) -> list[float]:
 
 def _sweep_runs(report: dict, key: str, dataset: str, cache: str | None) -> list[dict]:
     root = dataset_dir(dataset, cache) / REPORT_STAGES[report.get("stage", "linear")] / report["loss"]
-    return [json.loads(path.read_text())
+    return [load_results(path.parent)
             for path in sorted(root.glob(f"{report[key]}/results.json"))]
 
 
@@ -479,8 +478,8 @@ def list_recipes(folder: str | Path = "pipelines") -> list[tuple[Path, str]]:
     out = []
     for path in sorted(Path(folder).glob("*.toml")):
         try:
-            description = tomllib.loads(path.read_text()).get("description", "")
-        except tomllib.TOMLDecodeError:
-            description = "(not valid TOML)"
+            description = read_recipe(path).get("description", "")
+        except InputError:
+            description = "(not a valid recipe: `featcache pipeline run` on it says why)"
         out.append((path, description))
     return out

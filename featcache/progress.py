@@ -19,11 +19,11 @@ seconds between lines (default 30).
 
 from __future__ import annotations
 
-import os
 import sys
 
 from tqdm import tqdm
 
+from featcache.environment import PROGRESS, PROGRESS_INTERVAL
 from featcache.errors import plural
 
 PROGRESS_ENV = "FEATCACHE_PROGRESS"
@@ -34,9 +34,9 @@ LINE_FORMAT = "{desc}: {percentage:3.0f}% {n_fmt}/{total_fmt} [{elapsed}<{remain
 
 def progress_style(stream=None) -> str:
     """``bars`` on a terminal, ``lines`` elsewhere, or what ``$FEATCACHE_PROGRESS`` says."""
-    forced = os.environ.get(PROGRESS_ENV, "").strip().lower()
-    if forced in ("bars", "lines", "off"):
-        return forced
+    forced = PROGRESS.value()
+    if forced is not None:
+        return str(forced)
     stream = stream or sys.stderr
     try:
         return "bars" if stream.isatty() else "lines"
@@ -45,10 +45,7 @@ def progress_style(stream=None) -> str:
 
 
 def line_interval() -> float:
-    try:
-        return max(0.0, float(os.environ.get(INTERVAL_ENV, DEFAULT_INTERVAL)))
-    except ValueError:
-        return DEFAULT_INTERVAL
+    return float(PROGRESS_INTERVAL.value(DEFAULT_INTERVAL))
 
 
 def progress(iterable=None, *, total=None, desc: str | None = None, unit: str = "it",

@@ -23,7 +23,7 @@ from featcache.backbones import Preprocess, Uint8Normalize, backbone_spec, resol
 from featcache.backbones.inputs import ImageRows, worker_init
 from featcache.data.images import image_problem, require_strict_pil
 from featcache.errors import FeatcacheWarning, InputError
-from featcache.interrupt import check_stop
+from featcache.interrupt import check_stop, safe_points
 from featcache.progress import progress as progress_bar
 from featcache.runtime import autocast, backend_flags, default_batch_size, resolve_precision
 
@@ -89,7 +89,7 @@ def run_on_images(paths: Sequence[Named], forward: Callable[[Tensor], Tensor], i
     kept: list[Named] = []
     outputs: list[np.ndarray] = []
     bar = progress_bar(total=len(paths), unit="img", desc=desc, disable=not progress)
-    with bar, torch.inference_mode(), backend_flags(device, precision):
+    with bar, torch.inference_mode(), backend_flags(device, precision), safe_points():
         for images, rows, ok in loader:
             check_stop()  # Ctrl-C or SIGTERM on the command line: stop within a batch
             for row in rows[~ok].tolist():

@@ -15,7 +15,6 @@ row.
 
 from __future__ import annotations
 
-import csv
 import io
 import json
 import sys
@@ -32,6 +31,7 @@ from featcache.data.formats.npz import check_feature_matrix, load_numpy, npz_arr
 from featcache.data.labelfile import load_labels
 from featcache.errors import FeatcacheWarning, InputError, OptionError, plural
 from featcache.fileio import atomic_output, sha256_file
+from featcache.tables import csv_text
 
 FORMATS = ("csv", "jsonl")
 
@@ -206,12 +206,11 @@ def prediction_text(ids: Sequence[str], probs: np.ndarray, classes: Sequence[str
         kept = set_labels(probs, classes, sets)
     out = io.StringIO()
     if fmt == "csv":
-        writer = csv.writer(out, lineterminator="\n")
-        writer.writerow(["image", *classes] + (["labels"] if kept is not None else []))
-        for i, (name, row) in enumerate(zip(ids, probs, strict=True)):
-            writer.writerow([name, *(f"{p:.6g}" for p in row)]
-                            + ([";".join(c for c, _ in kept[i])] if kept is not None else []))
-        return out.getvalue()
+        header = ["image", *classes] + (["labels"] if kept is not None else [])
+        return csv_text([header] + [
+            [name, *(f"{p:.6g}" for p in row)]
+            + ([";".join(c for c, _ in kept[i])] if kept is not None else [])
+            for i, (name, row) in enumerate(zip(ids, probs, strict=True))])
     for i, (name, row) in enumerate(zip(ids, probs, strict=True)):
         record = ({"image": name, "labels": [{"class": c, "probability": p} for c, p in kept[i]]}
                   if kept is not None else

@@ -25,6 +25,7 @@ import scipy.sparse
 from sklearn.utils.multiclass import type_of_target
 from sklearn.utils.validation import column_or_1d
 
+from featcache.data.classnames import code_points, same_text
 from featcache.errors import FeatcacheWarning, plural
 
 LABELS = "labels"
@@ -220,9 +221,36 @@ def _dense(y) -> np.ndarray:
     return np.asarray(y)
 
 
+def _check_names(names, what: str) -> None:
+    """Class names a classifier can keep: each a string or a number (not None, NaN, a tuple
+    of a MultiIndex column), told apart as text and once put in Unicode's composed form."""
+    for index, name in enumerate(list(names)):
+        if isinstance(name, (str, np.str_)) or (isinstance(name, (int, float, np.number))
+                                                and not isinstance(name, (bool, np.bool_))
+                                                and np.isfinite(name)):
+            continue
+        raise ValueError(f"{what} {index} is {name!r}: a class name is a string or a number; "
+                         "name every class (a DataFrame's columns: df.columns = [...], a "
+                         "MultiIndex flattened first)")
+    texts = [str(name) for name in names]
+    if len(set(texts)) != len(texts):
+        seen: set[str] = set()
+        twice = next(t for t in texts if t in seen or seen.add(t))  # type: ignore[func-returns-value]
+        raise ValueError(f"{what}s name the class {twice!r} twice (as text): name each class once")
+    same = same_text(texts)
+    if same is not None:
+        raise ValueError(f"{what}s {same[0]!r} ({code_points(same[0])}) and {same[1]!r} "
+                         f"({code_points(same[1])}) are the same text in two Unicode spellings "
+                         "(NFC and NFD): write them alike (unicodedata.normalize('NFC', name))")
+
+
 def _label_classes(y: np.ndarray, classes) -> np.ndarray:
     if classes is None:
-        return np.unique(y)
+        names = np.unique(y)
+        _check_names(names.tolist(), "y's class label")
+        return names
+    if not isinstance(classes, np.ndarray):
+        _check_names(list(classes), "classes entry")
     names = np.asarray(classes)
     if names.ndim != 1 or len(names) == 0:
         raise ValueError(f"classes must be a non-empty list of labels, got {classes!r}")
@@ -232,7 +260,11 @@ def _label_classes(y: np.ndarray, classes) -> np.ndarray:
 
 
 def _matrix_classes(width: int, classes, column_names) -> np.ndarray:
+    if column_names is not None:
+        _check_names(column_names, "y's column")
     if classes is not None:
+        if not isinstance(classes, np.ndarray):
+            _check_names(list(classes), "classes entry")
         names = np.asarray(classes)
         if names.shape != (width,):
             raise ValueError(f"classes names {plural(names.size, 'class', 'classes')} but y has "

@@ -23,6 +23,7 @@ import socket
 from pathlib import Path
 from urllib.parse import urlparse
 
+from featcache.environment import OFFLINE
 from featcache.errors import OptionError
 
 OFFLINE_ENV = "FEATCACHE_OFFLINE"
@@ -32,7 +33,7 @@ INSTALL_HINT = f"pip install 'featcache[{EXTRA}]'"
 
 def offline_hub() -> bool:
     """True when downloads are off (``$FEATCACHE_OFFLINE``); then ``HF_HUB_OFFLINE=1`` is set too."""
-    offline = bool(os.environ.get(OFFLINE_ENV))
+    offline = bool(OFFLINE.value(False))
     if offline:
         os.environ["HF_HUB_OFFLINE"] = "1"
     return offline

@@ -111,6 +111,7 @@ def command(dataset, backbone, weights, image_size, preprocess, text, prompt_tem
       torchrun --nproc_per_node N -m featcache features --dataset voc
     """
     from featcache.features.extract import ExtractOptions, extract_features
+    from featcache.interrupt import safe_points
 
     if gpu_decode and not _cuda_requested(device):
         raise click.BadParameter("needs a CUDA device (--device cuda, or auto on a machine with "
@@ -124,7 +125,9 @@ def command(dataset, backbone, weights, image_size, preprocess, text, prompt_tem
         spatial=spatial, compression=compression,
     )
     dataset = chosen_dataset(dataset, cache)
-    result = extract_features(dataset, options, say=lambda message: click.echo(message, err=True))
+    with safe_points():  # stage one stops at its next batch, keeping finished chunks
+        result = extract_features(dataset, options,
+                                  say=lambda message: click.echo(message, err=True))
     if result.status != "shard":  # ranks > 0 say nothing
         click.echo(result.summary())
 

@@ -5,6 +5,9 @@ from __future__ import annotations
 import click
 
 from featcache.commands.common import (
+    EPOCHS,
+    TORCH_SEED,
+    FiniteFloat,
     batch_sizes_option,
     cache_option,
     chosen_dataset,
@@ -43,15 +46,15 @@ def _require_loss(ctx: click.Context, param: click.Parameter, value: str | None)
                             "the head gets --head-lr-mult times it).")
 @batch_sizes_option(help="Batch sizes of the grid, comma-separated or repeated (global: shared "
                          "among the ranks under torchrun; --bsize is an alias).")
-@click.option("--epochs", default=10, show_default=True, type=click.IntRange(min=1),
+@click.option("--epochs", default=10, show_default=True, type=EPOCHS,
               help="Fine-tuning epochs (the reference code's 10; Cole et al.'s paper says 5 for "
                    "LinearInit: --epochs 5).")
-@click.option("--head-lr-mult", default=1.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
+@click.option("--head-lr-mult", default=1.0, show_default=True, type=FiniteFloat(min=0, min_open=True),
               help="Learning-rate multiplier of the linear head (Kim et al. use 10).")
 @click.option("--param", "param_pairs", multiple=True, metavar="NAME=VALUE",
               help="Loss parameter (repeatable). With LinearInit the linear run's values are the "
                    "default.")
-@click.option("--linear-lr", type=click.FloatRange(min=0, min_open=True), default=None,
+@click.option("--linear-lr", type=FiniteFloat(min=0, min_open=True), default=None,
               help="Learning rate of the linear phase when it must be trained first  [default: "
                    "LinearInit's: an-ls 1e-4, role 1e-3; required for other losses].")
 @click.option("--linear-batch-size", "--linear-bsize", "linear_batch_size",
@@ -103,7 +106,7 @@ def _require_loss(ctx: click.Context, param: click.Parameter, value: str | None)
               show_default=True,
               help="Per-configuration early stopping: Kim et al. (3-point drop below the best) or "
                    "Zhou et al. (first epoch that does not improve).")
-@click.option("--seed", default=0, show_default=True, type=int,
+@click.option("--seed", default=0, show_default=True, type=TORCH_SEED,
               help="Seeds the data order, the flips, a fresh head and the loss's initial state.")
 @click.option("--device", default="auto", show_default=True,
               help="auto (cuda when available), cpu, cuda, cuda:N; under torchrun each rank uses "
@@ -145,6 +148,7 @@ def command(dataset, loss, init, learning_rates, batch_sizes, epochs, head_lr_mu
     """
     from featcache.finetune.options import FinetuneOptions
     from featcache.finetune.run import run_finetune
+    from featcache.interrupt import safe_points
     from featcache.linear.run import train_linear_phase
 
     dataset = chosen_dataset(dataset, cache)
@@ -166,7 +170,8 @@ def command(dataset, loss, init, learning_rates, batch_sizes, epochs, head_lr_mu
         keep_checkpoints=keep_checkpoints,
         plots=not no_plots, progress=not quiet, cache=cache, tensorboard=tensorboard,
     )
-    outcome = run_finetune(options, linear_phase=train_linear_phase)
+    with safe_points():  # stage three stops at its next step, keeping finished epochs
+        outcome = run_finetune(options, linear_phase=train_linear_phase)
     if outcome is not None:
         click.echo(outcome)
         if tensorboard:

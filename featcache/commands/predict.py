@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from featcache.commands.common import device_option, overwrite_option
+from featcache.commands.common import FiniteFloat, device_option, overwrite_option
 from featcache.errors import plural
 
 #: the file endings each --format may be written to
@@ -32,9 +32,9 @@ def refuse_filters_with_sets(sets_level, top_k, threshold) -> None:
                    "row  [default: from --out's ending, else csv].")
 @click.option("--top-k", type=click.IntRange(min=1), default=None,
               help="Keep each row's K most probable classes (a labels column in CSV).")
-@click.option("--threshold", type=click.FloatRange(0, 1), default=None,
+@click.option("--threshold", type=FiniteFloat(0, 1), default=None,
               help="Keep the classes with probability at least T (with --top-k: both).")
-@click.option("--sets", "sets_level", type=click.FloatRange(0, 1, min_open=True, max_open=True),
+@click.option("--sets", "sets_level", type=FiniteFloat(0, 1, min_open=True, max_open=True),
               default=None,
               help="Conformal label sets at this level (e.g. 0.9): each row's labels, chosen so "
                    "that a set holds a random true positive of an image like the run's "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from featcache.commands.common import overwrite_option
+from featcache.commands.common import GENERATOR_SEED, FiniteFloat, overwrite_option
 from featcache.errors import plural
 
 #: the file endings each --format may be written to
@@ -34,7 +34,7 @@ TABLE_SUFFIXES = {"md": (".md", ".markdown", ".txt"), "csv": (".csv", ".txt"),
               help="Add each cell's difference to LOSS on the same resampled images, with its "
                    "paired interval, the share of resamples it wins, and Holm's correction "
                    "(implies --ci).")
-@click.option("--sets", "sets_level", type=click.FloatRange(0, 1, min_open=True, max_open=True),
+@click.option("--sets", "sets_level", type=FiniteFloat(0, 1, min_open=True, max_open=True),
               default=None,
               help="Conformal label sets at this level (e.g. 0.9) beside each cell's mAP: the "
                    "share of each test image's true positives its set holds and the mean set "
@@ -42,9 +42,9 @@ TABLE_SUFFIXES = {"md": (".md", ".markdown", ".txt"), "csv": (".csv", ".txt"),
                    "share (each run's records; docs/label-sets.md).")
 @click.option("--sets-method", type=click.Choice(["rank", "threshold", "class"]), default="rank",
               show_default=True, help="How --sets calibrates (see `featcache predict --help`).")
-@click.option("--resamples", type=click.IntRange(min=1), default=1000, show_default=True,
+@click.option("--resamples", type=click.IntRange(1, 1_000_000), default=1000, show_default=True,
               help="Bootstrap resamples of --ci / --versus.")
-@click.option("--ci-seed", type=int, default=0, show_default=True,
+@click.option("--ci-seed", type=GENERATOR_SEED, default=0, show_default=True,
               help="Seed of the bootstrap's resampling (the same seed, the same intervals).")
 @overwrite_option
 def command(run_dirs, fmt, per_class, out, label, run_id, all_runs, ci, versus, sets_level,

@@ -56,13 +56,27 @@ import numpy as np
 from featcache.data.labelfile import ImageNames, LabelSet
 from featcache.errors import InputError, plural
 from featcache.fileio import sha256_file
-from featcache.hdf5 import decode_attrs, read_checked
+from featcache.hdf5 import DatasetSpec, check_layout, decode_attrs, format_version, read_checked
 from featcache.paths import cache_root, feature_file_tag, features_files_in
 
 FORMAT = "featcache-features"
 FORMAT_VERSION = 1
 OFFICIAL_SPLITS = ("train", "test")
 SPATIAL = "spatial"
+#: the datasets of a features file, their kinds and shapes (checked when it is opened)
+_ROWS = "a features file holds one row of features per image (rows, width)"
+LAYOUT = {
+    "train/features": DatasetSpec("float", ("training images", "features per image"), rule=_ROWS),
+    "train/images": DatasetSpec("text", ("training images",)),
+    "train/bad": DatasetSpec("number", ("training images",)),
+    "test/features": DatasetSpec("float", ("test images", "features per image"), rule=_ROWS),
+    "test/images": DatasetSpec("text", ("test images",)),
+    "test/bad": DatasetSpec("number", ("test images",)),
+    "text/embeddings": DatasetSpec("float", ("classes", "text embedding width"), optional=True),
+    "text/classes": DatasetSpec("text", ("classes",), optional=True),
+    "train/crops": DatasetSpec("float", ("training images", "tiles", "crop embedding width"),
+                               optional=True),
+}
 
 
 @dataclass
@@ -336,6 +350,7 @@ def open_features(path: str | os.PathLike, labels: LabelSet | None = None) -> Fe
         attrs = _attrs(path, h5)
         if labels is not None and labels.sha256 is not None and attrs.get("labels_sha256") != labels.sha256:
             raise InputError(_other_labels_message(path, h5, attrs, labels, labels.sha256))
+        check_layout(h5, LAYOUT, path, lambda: remake_features(path, attrs))
         shapes, flags, chunk_rows, dtype = {}, {}, [], None
         try:
             for name in OFFICIAL_SPLITS:
@@ -436,7 +451,7 @@ def _attrs(path: Path, h5: h5py.File) -> dict:
     if h5.attrs.get("format") != FORMAT:
         raise InputError(f"{path} is not a featcache features file (attribute 'format' is "
                          f"{h5.attrs.get('format')!r}, expected {FORMAT!r})")
-    if int(h5.attrs.get("format_version", -1)) != FORMAT_VERSION:
+    if format_version(h5.attrs) != FORMAT_VERSION:
         raise InputError(f"{path} has features format version {h5.attrs.get('format_version')}; "
                          f"this featcache reads version {FORMAT_VERSION}")
     if not bool(h5.attrs.get("complete", False)):

@@ -28,8 +28,9 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from featcache.errors import plural
-from featcache.hdf5 import decode_attrs, encode_attr, write_hdf5_atomic
+from featcache.errors import InputError, plural
+from featcache.hdf5 import DatasetSpec, check_layout, decode_attrs, encode_attr, write_hdf5_atomic
+from featcache.protocol.runs import rerun_advice
 from featcache.protocol.test_scores import NoScores, read_stored_scores
 from featcache.stats.label_sets import (
     DEFAULT_METHOD,
@@ -44,6 +45,10 @@ from featcache.stats.resample import Resampling
 VAL_SCORES_FILE = "val-scores.h5"
 VAL_SCORES_FORMAT = "featcache-val-scores"
 VAL_SCORES_VERSION = 1
+#: the datasets of a validation-scores file, their kinds and shapes
+VAL_SCORES_LAYOUT = {"scores": DatasetSpec("float", ("validation rows", "classes")),
+                     "observed": DatasetSpec("number", ("validation rows", "classes")),
+                     "rows": DatasetSpec("integer", ("validation rows",))}
 
 
 class NoCalibration(Exception):
@@ -104,6 +109,10 @@ def read_val_scores(run_dir: Path, document: dict) -> Calibration:
             if attrs.get("format_version") != VAL_SCORES_VERSION:
                 raise NoCalibration(f"{path} has format {attrs.get('format_version')}; this "
                                     f"featcache reads {VAL_SCORES_VERSION}")
+            try:
+                check_layout(h5, VAL_SCORES_LAYOUT, path, lambda: rerun_advice(Path(run_dir)))
+            except InputError as exc:
+                raise NoCalibration(str(exc)) from None
             found = Calibration(h5["scores"][()], h5["observed"][()], h5["rows"][()],
                                 list(attrs.get("classes", [])))
     except OSError as exc:

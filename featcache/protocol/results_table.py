@@ -23,7 +23,7 @@ from featcache.errors import InputError, plural
 from featcache.protocol.catalog import loss_names
 from featcache.protocol.coverage import name_list
 from featcache.protocol.numerics import outdated_note
-from featcache.protocol.runs import RESULTS, describe_differences, read_json
+from featcache.protocol.runs import RESULTS, describe_differences, load_results
 from featcache.protocol.table_cells import Cell, seed_choices
 from featcache.published import SOURCES, published
 from featcache.tables import Estimate, Table
@@ -149,10 +149,7 @@ class ResultsTable:
             for path in find_results([raw]):
                 if path.resolve() in (p.resolve() for _, p, _ in documents):
                     continue
-                document = read_json(path)
-                if (not isinstance(document, dict) or "selection" not in document
-                        or "loss" not in document):
-                    raise InputError(f"{path} is not a featcache results file (no selection)")
+                document = load_results(path.parent)
                 named = Path(raw).resolve() in (path.parent.resolve(), path.resolve())
                 documents.append((document, path, named))
         if run_id is not None:
@@ -292,10 +289,11 @@ class ResultsTable:
         if outdated:
             notes.append(outdated)
         for dataset in self.datasets:
-            missing: list[str] = []
+            found: dict[str, None] = {}  # ordered, and a constant-time test (100,000 classes)
             for (_, ds), cell in self.cells.items():
                 if ds == dataset:
-                    missing += [c for c in cell.classes_without_positives if c not in missing]
+                    found.update(dict.fromkeys(cell.classes_without_positives))
+            missing = list(found)
             if missing:
                 many = len(missing) > 1
                 notes.append(f"{dataset}: {len(missing)} class{'es have' if many else ' has'} no "

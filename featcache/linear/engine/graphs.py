@@ -17,11 +17,12 @@ runs as it is (the tests check that it gives the plain loop's numbers).
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable
 
 import torch
 from torch import Tensor
+
+from featcache.environment import CUDA_GRAPHS
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +36,7 @@ Body = Callable[[Tensor, Tensor, Tensor], None]
 
 def graphs_enabled(device: torch.device) -> bool:
     """Whether a group's steps are captured as CUDA graphs on ``device``."""
-    return device.type == "cuda" and os.environ.get(GRAPHS_ENV, "1") != "0"
+    return device.type == "cuda" and bool(CUDA_GRAPHS.value(True))
 
 
 class StepBuffers:
