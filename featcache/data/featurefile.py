@@ -99,12 +99,6 @@ class FeatureSet:
     def backbone(self) -> str:
         return str(self.attrs.get("backbone", "unknown"))
 
-    @property
-    def has_text(self) -> bool:
-        """Whether the file holds class-prompt embeddings (``featcache features --text``:
-        :func:`read_text_embeddings` reads them)."""
-        return bool(self.attrs.get("text"))
-
     def official(self, name: str) -> tuple[np.ndarray, np.ndarray]:
         """(features, bad-row mask) of the official ``train`` or ``test`` split."""
         if name == "train":
@@ -269,12 +263,6 @@ class FeatureFile:
     @property
     def backbone(self) -> str:
         return str(self.attrs.get("backbone", "unknown"))
-
-    @property
-    def has_text(self) -> bool:
-        """Whether the file holds class-prompt embeddings (``featcache features --text``:
-        :func:`read_text_embeddings` reads them)."""
-        return bool(self.attrs.get("text"))
 
     @property
     def spatial_shape(self) -> tuple[int, int, int] | None:
