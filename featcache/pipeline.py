@@ -64,17 +64,17 @@ import os
 import shlex
 import statistics
 import string
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from featcache.errors import FeatcacheWarning, InputError, OptionError, did_you_mean, name_list
+from featcache.errors import InputError, OptionError, did_you_mean, name_list
 from featcache.fileio import write_text_atomic
 from featcache.paths import cache_root, dataset_dir
 from featcache.progress import say
 from featcache.protocol.documents import read_recipe, read_table_record
 from featcache.protocol.results_table import ResultsTable
 from featcache.protocol.runs import load_results
+from featcache.sections import publish_section
 from featcache.tables import Table
 
 REPORT_STAGES = {"linear": "runs", "finetune": "finetune"}
@@ -336,7 +336,15 @@ def publish_report(recipe: Recipe, document: dict) -> None:
         write_text_atomic(path, json.dumps(document, indent=2) + "\n")
         say(f"{path}: the record of this table")
     if recipe.report.get("readme"):
-        publish_section(_beside(recipe, "readme"), recipe.name, readme_block(document))
+        _write_readme_section(recipe, document)
+
+
+def _write_readme_section(recipe: Recipe, document: dict) -> Path:
+    """The report's section of its ``readme``, written from ``document``; said when done."""
+    readme = _beside(recipe, "readme")
+    if publish_section(readme, recipe.name, readme_block(document)):
+        say(f"{readme}: the {recipe.name} section now holds this table")
+    return readme
 
 
 def _beside(recipe: Recipe, key: str) -> Path:
@@ -354,54 +362,8 @@ def render_report(recipe: Recipe) -> Path:
     if not path.is_file():
         raise InputError(f"{path} does not exist: run the recipe first (`featcache pipeline run "
                          f"{recipe.path}`)")
-    readme = _beside(recipe, "readme")
     document = read_table_record(path, f"make it again: `featcache pipeline run {recipe.path}`")
-    publish_section(readme, recipe.name, readme_block(document))
-    return readme
-
-
-def section_markers(name: str, kind: str = "pipeline") -> tuple[str, str]:
-    """The comments around the part of a document that a recipe's report (``kind``
-    "pipeline") or another generator owns."""
-    return (f"<!-- featcache {kind} {name}: begin -->",
-            f"<!-- featcache {kind} {name}: end -->")
-
-
-def readme_section(text: str, name: str, kind: str = "pipeline") -> str:
-    """The text between ``name``'s markers (InputError when they are missing)."""
-    begin, end = section_markers(name, kind)
-    start, stop = text.find(begin), text.find(end)
-    if start < 0 or stop < start:
-        raise InputError(f"no section between {begin} and {end}")
-    return text[start + len(begin):stop].strip("\n")
-
-
-def replace_section(text: str, name: str, content: str, kind: str = "pipeline") -> str:
-    """``text`` with the part between ``name``'s markers replaced by ``content``
-    (InputError when the markers are missing)."""
-    readme_section(text, name, kind)
-    begin, end = section_markers(name, kind)
-    head, rest = text.split(begin, 1)
-    tail = rest.split(end, 1)[1]
-    return f"{head}{begin}\n{content.strip()}\n{end}{tail}"
-
-
-def publish_section(path: Path, name: str, content: str, kind: str = "pipeline") -> None:
-    """Replace the text between ``name``'s markers in ``path`` (a report's ``readme``) with
-    ``content``, so a document's table is always the last run's. Without the markers the
-    document is left alone and a warning says what to add."""
-    text = path.read_text() if path.is_file() else ""
-    try:
-        updated = replace_section(text, name, content, kind)
-    except InputError:
-        begin, end = section_markers(name, kind)
-        warnings.warn(f"{path} has no {begin} ... {end} section: its table was not updated "
-                      "(add the two lines where the table belongs)", FeatcacheWarning,
-                      stacklevel=2)
-        return
-    if updated != text:
-        write_text_atomic(path, updated)
-    say(f"{path}: the {name} section now holds this table")
+    return _write_readme_section(recipe, document)
 
 
 def report_table(report: dict, cache: str | None = None) -> ResultsTable:

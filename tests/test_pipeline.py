@@ -15,7 +15,8 @@ from linear_fixtures import synthetic_dataset
 from shipped_losses import SHIPPED_LOSSES
 
 import featcache
-from featcache.pipeline import list_recipes, load_recipe, readme_block, readme_section
+from featcache.pipeline import list_recipes, load_recipe, readme_block
+from featcache.sections import readme_section
 
 REPO = Path(__file__).resolve().parents[1]
 
