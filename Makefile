@@ -27,7 +27,7 @@ DEMO_IMAGE_SIZE ?= 96
 # docs/performance.md).
 DEMO_EPOCHS ?= 8
 
-.PHONY: install test test-fast demo features lint bench gpu-check clean-demo real-features catalog docs help
+.PHONY: install test test-fast demo features lint bench gpu-check clean-demo real-features label-sets catalog docs help
 
 help:
 	@echo "make install   create .venv and install featcache with its dev tools and the timm/open_clip backbones"
@@ -41,6 +41,7 @@ help:
 	@echo "               (RECORD=1: also appended to benchmarks/record.jsonl; REFERENCE_CODE=PATH: also the authors' train.py from that clone)"
 	@echo "make gpu-check validate the GPU paths on a CUDA machine, with the GPU benchmarks (CPU-able parts only without CUDA; docs/gpu-check.md)"
 	@echo "make real-features [SHARED=PATH]   every loss on the real feature sets of ../shared/data (the README's results table; long on a CPU)"
+	@echo "make label-sets [SHARED=PATH]   conformal label sets of the losses on scene, yeast and enron: docs/label-sets.md's measured table"
 	@echo "make docs      render the README's and docs/'s generated blocks again from their records (the results table, the benchmark record)"
 
 install: $(STAMP)
@@ -116,3 +117,7 @@ clean-demo:
 SHARED ?=
 real-features: install
 	$(FEATCACHE) pipeline run pipelines/real-features.toml$(if $(SHARED), --set shared=$(SHARED))
+
+# docs/label-sets.md's measured block: label sets of each loss on the real feature sets
+label-sets: install
+	$(BIN)/python -m benchmarks.label_sets --write-docs$(if $(SHARED), --shared $(SHARED))

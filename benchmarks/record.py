@@ -29,7 +29,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from featcache.fileio import write_text_atomic
-from featcache.pipeline import readme_section, replace_section
+from featcache.sections import readme_section, replace_section
 from featcache.tables import Table
 
 REPO = Path(__file__).resolve().parents[1]

@@ -7,7 +7,6 @@ Each subcommand lives in ``featcache/commands/<module>.py`` and exposes a click 
 from __future__ import annotations
 
 import importlib
-import os
 import signal
 import sys
 import warnings
@@ -16,8 +15,9 @@ from pathlib import Path
 import click
 
 from featcache import __version__
+from featcache.environment import TRACEBACK, check_environment
 from featcache.errors import FeatcacheError, FeatcacheWarning, Interrupted, unknown_name
-from featcache.interrupt import exit_on_signals, stop_signals
+from featcache.interrupt import SignalStop, exit_on_signals, stop_signals
 from featcache.notices import said_after_command
 
 #: set to 1 to see the traceback of an unexpected error instead of its one-line summary
@@ -70,14 +70,23 @@ class LazyGroup(click.Group):
             formatter.write_dl(rows)
 
     def invoke(self, ctx: click.Context):
+        try:
+            check_environment()  # before any work: a variable read late must not end a long job
+        except FeatcacheError as exc:
+            raise click.ClickException(str(exc)) from exc
         with warnings.catch_warnings(), stop_signals():
             warnings.showwarning = _show_warning
             try:
                 with said_after_command():
                     return super().invoke(ctx)
-            except Interrupted as exc:
-                click.echo(f"featcache: interrupted: {exc}", err=True)
-                ctx.exit(exc.exit_code)
+            except (Interrupted, SignalStop) as exc:
+                # nothing may keep the exception (its traceback holds the frames of the work,
+                # DataLoader iterators included, whose workers end when they are collected)
+                said = exc.interrupted() if isinstance(exc, SignalStop) else exc
+                message, code = str(said), said.exit_code
+                del said
+                click.echo(f"featcache: interrupted: {message}", err=True)
+                ctx.exit(code)
             except FeatcacheError as exc:
                 raise click.ClickException(str(exc)) from exc
             except UnicodeEncodeError as exc:
@@ -94,10 +103,17 @@ class LazyGroup(click.Group):
                     is_disk_full,
                     is_read_only,
                     read_only_message,
+                    unreadable,
                 )
 
                 if is_read_only(exc):
                     raise click.ClickException(read_only_message(exc, self._out_option(ctx))) from exc
+                denied = unreadable(exc)
+                if denied is not None:
+                    raise click.ClickException(
+                        f"cannot read {denied}: permission denied (this user may not read it); "
+                        "ask its owner to make it readable (chmod a+r), or copy it where you "
+                        "may") from exc
                 if not is_disk_full(exc):
                     raise
                 where = getattr(exc, "filename", None)
@@ -149,6 +165,15 @@ def cli() -> None:
     """
 
 
+def _traceback_wanted() -> bool:
+    """``$FEATCACHE_TRACEBACK`` (a value it does not take counts as set: an error is already
+    being reported)."""
+    try:
+        return bool(TRACEBACK.value(False))
+    except FeatcacheError:
+        return True
+
+
 def main() -> None:
     """Console-script entry point: expected failures print one line (click does that for
     FeatcacheError and option errors); an unexpected exception prints one line too, unless
@@ -162,8 +187,11 @@ def main() -> None:
     exit_on_signals()  # each command handles Ctrl-C itself (stop_signals); before and after: exit
     try:
         cli.main(prog_name="featcache")
+    except SignalStop as exc:  # landed outside a command's own handling (click's last steps)
+        click.echo(f"featcache: interrupted: {exc.interrupted()}", err=True)
+        sys.exit(exc.exit_code)
     except Exception as exc:  # anything click did not already turn into a one-line error
-        if os.environ.get(TRACEBACK_ENV):
+        if _traceback_wanted():
             raise
         click.echo(f"Error: unexpected {type(exc).__name__}: {exc}\n(this may be a bug in "
                    f"featcache: run again with {TRACEBACK_ENV}=1 to see where it happened, and "

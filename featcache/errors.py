@@ -88,6 +88,9 @@ def did_you_mean(name: str, choices: Iterable[str], what: str = "") -> str:
     """``"; did you mean 'an-ls'?"`` for the closest choices, or ``""`` when none is close."""
     choices = [str(c) for c in choices]
     close = difflib.get_close_matches(str(name), choices, n=3, cutoff=0.6)
+    if not close and len(str(name)) <= 3:  # 'nn' for 'an': one letter of two is a large share
+        short = [c for c in choices if len(c) <= len(str(name)) + 1]
+        close = difflib.get_close_matches(str(name), short, n=3, cutoff=0.5)
     if not close:
         lowered = {c.lower(): c for c in choices}
         close = [lowered[str(name).lower()]] if str(name).lower() in lowered else []

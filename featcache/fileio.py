@@ -32,6 +32,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from featcache.environment import FSYNC
 from featcache.errors import DiskFullError, OutputExistsError
 from featcache.interrupt import partial_file
 
@@ -145,6 +146,19 @@ def write_text_atomic(path: str | os.PathLike, text: str, overwrite: bool = True
     with atomic_output(path, overwrite=overwrite) as tmp:
         tmp.write_text(text, encoding="utf-8")
     return Path(path)
+
+
+def write_text_if_changed(path: str | os.PathLike, text: str) -> Path:
+    """:func:`write_text_atomic`, unless ``path`` already holds ``text``: a finished output
+    shown again (a reused run's table) is left alone, so that it can be shown from a cache
+    this user may only read."""
+    path = Path(path)
+    try:
+        if path.is_file() and path.read_text(encoding="utf-8") == text:
+            return path
+    except (OSError, UnicodeDecodeError):
+        pass
+    return write_text_atomic(path, text)
 
 
 def write_json_atomic(path: str | os.PathLike, obj, overwrite: bool = True) -> Path:
@@ -280,27 +294,54 @@ def _size(path: Path) -> int | None:
 
 # ------------------------------------------------------------------------------ read-only
 def is_read_only(exc: BaseException) -> bool:
-    """Whether ``exc`` (or an exception it was raised from) is a write refused by a read-only
-    file system."""
-    return any(isinstance(link, OSError) and link.errno == errno.EROFS for link in _chain(exc))
+    """Whether ``exc`` (or an exception it was raised from) is a write refused: by a read-only
+    file system, or for want of permission (a file or folder this user may not write)."""
+    return any(_refused_write(link) for link in _chain(exc))
+
+
+def _refused_write(link: BaseException) -> bool:
+    if not isinstance(link, OSError):
+        return False
+    if link.errno == errno.EROFS:
+        return True
+    if link.errno not in (errno.EACCES, errno.EPERM) or not link.filename:
+        return False
+    path = Path(os.fsdecode(link.filename))
+    return not path.exists() or os.access(path, os.R_OK)  # made, or replaced: a write
+
+
+def unreadable(exc: BaseException) -> str | None:
+    """The file ``exc`` (or an exception it was raised from) could not read for want of
+    permission, or None."""
+    for link in _chain(exc):
+        if (isinstance(link, OSError) and link.errno in (errno.EACCES, errno.EPERM)
+                and link.filename and not _refused_write(link)):
+            return os.fsdecode(link.filename)
+    return None
 
 
 def read_only_message(exc: BaseException, out_option: str | None = None) -> str:
-    """One line for a write refused by a read-only file system: what could not be written, the
-    cache (above a folder holding a dataset's ``labels.h5``) or folder that is read-only, and
-    how to write elsewhere: ``out_option`` (``--out FILE``) when the command has one, else a
-    writable cache (``--cache DIR``) holding a copy or links of the dataset's files."""
-    where = next((link.filename for link in _chain(exc) if isinstance(link, OSError)
-                  and link.errno == errno.EROFS and link.filename), None)
+    """One line for a write refused by a read-only file system or for want of permission: what
+    could not be written, the cache (above a folder holding a dataset's ``labels.h5``) or
+    folder that is read-only, and how to write elsewhere: ``out_option`` (``--out FILE``) when
+    the command has one, else a writable cache (``--cache DIR``) holding a copy or links of the
+    dataset's files."""
+    refused = next((link for link in _chain(exc) if _refused_write(link)), None)
+    where = getattr(refused, "filename", None)
+    denied = getattr(refused, "errno", errno.EROFS) != errno.EROFS
     path = Path(os.fsdecode(where)).absolute() if where else None
-    if path is not None and (target := re.fullmatch(r"\.(.+)\.tmp-\d+", path.name)):
-        path = path.with_name(target.group(1))  # the output, not its temporary name
+    if path is not None and (target := re.fullmatch(r"\.(.+)\.(?:tmp|lock)-\d+|\.(.+)\.lock",
+                                                    path.name)):
+        path = path.with_name(target.group(1) or target.group(2))  # the output, not its helper
     dataset = (None if path is None else
                next((folder for folder in path.parents if (folder / "labels.h5").is_file()), None))
+    state = "not writable by this user" if denied else "read-only"
     if path is None:
-        what = "an output: the file system is read-only"
+        what = "an output: " + ("permission denied" if denied else "the file system is read-only")
     elif dataset is not None:
-        what = f"{path}: the cache {dataset.parent} is read-only"
+        what = f"{path}: the cache {dataset.parent} is {state}"
+    elif denied:
+        what = f"{path}: {path.parent} is {state}"
     else:
         what = f"{path}: {path.parent} is on a read-only file system"
     if out_option:
@@ -327,7 +368,7 @@ def fsync_wanted() -> bool:
     ``FEATCACHE_FSYNC=0`` on a scratch disk: each write stays atomic (a crash or kill never
     leaves a half-file under a final name), but a power cut may lose the newest files or
     leave them empty."""
-    return os.environ.get("FEATCACHE_FSYNC", "1").strip().lower() not in ("0", "false", "no")
+    return bool(FSYNC.value(True))
 
 
 def _fsync_file(path: Path) -> None:

@@ -23,7 +23,8 @@ import errno
 import io
 import json
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import h5py
@@ -154,6 +155,105 @@ def decode_attrs(attrs, skip: Iterable[str] = ()) -> dict:
             value = value.item()
         out[key] = value
     return out
+
+
+# ------------------------------------------------------------------------------ layouts
+#: what a dataset's values must be: text, or numbers of these numpy kinds
+KINDS = {"text": "text", "number": "numbers", "integer": "integers", "float": "floating-point numbers"}
+_NUMPY_KINDS = {"number": "biuf", "integer": "biu", "float": "f"}
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """One dataset of a featcache HDF5 file: the kind of its values (:data:`KINDS`) and its
+    shape as named dimensions (``("train rows", "classes")``), the same name meaning the same
+    length everywhere in the file; ``optional`` datasets may be absent; ``rule``: what its
+    shape means, said when it has another number of dimensions."""
+
+    kind: str
+    dims: tuple[str, ...]
+    optional: bool = False
+    rule: str = ""
+
+
+def check_layout(h5: h5py.File, layout: Mapping[str, DatasetSpec], path: str | os.PathLike,
+                 remake: str | Callable[[], str], sizes: Mapping[str, int] | None = None
+                 ) -> dict[str, int]:
+    """Check that ``h5`` holds the datasets of ``layout`` with their kinds and shapes (the
+    values are not read); returns the length of each named dimension. A file that does not is
+    refused in one line naming ``path``, the dataset, what it holds and what it should, then
+    ``remake`` (the advice, or what makes it, asked only then). ``sizes``: lengths known
+    beforehand (from another file)."""
+    bound = dict(sizes or {})
+
+    def refuse(problem: str) -> InputError:
+        advice = remake() if callable(remake) else remake
+        return InputError(f"{path}: {problem}; {advice}")
+
+    for key, spec in layout.items():
+        item = h5.get(key)
+        if item is None:
+            if spec.optional:
+                continue
+            raise refuse(f"missing a required key, /{key}")
+        if not isinstance(item, h5py.Dataset):
+            raise refuse(f"/{key} is a group, expected a dataset of {KINDS[spec.kind]}")
+        if not _kind_fits(item.dtype, spec.kind):
+            raise refuse(f"/{key} holds {_dtype_text(item.dtype)}, expected {KINDS[spec.kind]}")
+        if item.ndim != len(spec.dims):
+            raise refuse(f"/{key} has shape {item.shape}; " + (spec.rule or (
+                f"expected {len(spec.dims)} dimension{'s' if len(spec.dims) != 1 else ''} "
+                f"({' x '.join(spec.dims)})")))
+        for name, length in zip(spec.dims, item.shape, strict=True):
+            if name in bound and bound[name] != length:
+                raise refuse(f"/{key} has shape {item.shape}: its {name} are {length}, but the "
+                             f"file's other datasets have {bound[name]}")
+            bound.setdefault(name, int(length))
+    return bound
+
+
+def format_version(attrs) -> int:
+    """The ``format_version`` attribute as an integer; -1 when absent or not a whole number
+    (a damaged or foreign file, refused by the caller as another version)."""
+    value = attrs.get("format_version", -1)
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return -1
+    return int(number) if number.is_integer() else -1
+
+
+def _kind_fits(dtype: np.dtype, kind: str) -> bool:
+    if kind == "text":
+        return h5py.check_string_dtype(dtype) is not None
+    return dtype.kind in _NUMPY_KINDS[kind]
+
+
+def _dtype_text(dtype: np.dtype) -> str:
+    if h5py.check_string_dtype(dtype) is not None:
+        return "text"
+    if dtype.kind in "biuf":
+        return f"{dtype.name} numbers"
+    return f"values of type {dtype}"
+
+
+def whole_numbers(values: np.ndarray, allowed: tuple[int, ...] | None = None) -> int | None:
+    """The first flat position of ``values`` that is not a whole number (or, with ``allowed``,
+    the consecutive integers ``allowed[0]..allowed[-1]``), None when every value is. Integer
+    arrays are tested by their minimum and maximum, without temporaries."""
+    flat = values.reshape(-1)
+    if flat.size == 0:
+        return None
+    if flat.dtype.kind in "biu":
+        if allowed is None or (flat.min() >= allowed[0] and flat.max() <= allowed[-1]):
+            return None
+        bad = (flat < allowed[0]) | (flat > allowed[-1])
+    else:
+        bad = ~np.isfinite(flat) | (flat != np.round(flat))
+        if allowed is not None:
+            bad |= (flat < allowed[0]) | (flat > allowed[-1])
+    hits = np.flatnonzero(bad)
+    return int(hits[0]) if hits.size else None
 
 
 # ------------------------------------------------------------------------------ checksums

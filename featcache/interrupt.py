@@ -1,12 +1,20 @@
-"""Stopping long work cleanly: Ctrl-C (SIGINT) and SIGTERM.
+"""Stopping work cleanly: Ctrl-C (SIGINT) and SIGTERM, in every command.
 
-The command line installs :func:`stop_signals` around every command. The first signal only
-sets a flag and says so; every long loop (stage one's batches, stage two's steps, stage
-three's steps and evaluation batches) calls :func:`check_stop` once per step, which raises
-:class:`~featcache.errors.Interrupted` there: a point where everything finished (chunks,
-epochs, losses) is already saved, so running the same command again resumes. The stage adds
-what was kept and how to resume, and the command line prints that as one line and exits with
-130 (SIGINT) or 143 (SIGTERM).
+The command line installs :func:`stop_signals` around every command. Work that polls for a
+stop runs inside :func:`safe_points` (stage one, two and three, ``predict``'s and ``cam``'s
+image loops): there the first signal only sets a flag and says so, and every long loop (stage
+one's batches, stage two's steps, stage three's steps and evaluation batches) calls
+:func:`check_stop` once per step, which raises :class:`~featcache.errors.Interrupted` there: a
+point where everything finished (chunks, epochs, losses) is already saved, so running the same
+command again resumes. The stage adds what was kept and how to resume, and the command line
+prints that as one line and exits with 130 (SIGINT) or 143 (SIGTERM).
+
+Everywhere else (every other command: ``prepare``, ``table``, ``report``, ``info``, ...; a
+long command's set-up) the first signal stops the command at once (:class:`SignalStop`, raised
+by the handler): every output is written to a temporary name and renamed only once complete
+(:mod:`featcache.fileio`), so the previous output is left as it was and no partial file stays.
+Steps that must not be separated (moving an old output aside and the new one in) run inside
+:func:`uninterrupted`, which holds a stop back until they are done.
 
 Worker processes forked by a command (stage two's groups) stop at their next step too: the
 signal reaches them from the terminal, or is passed on by the main process. A second signal
@@ -42,10 +50,26 @@ WORKER_GRACE_SECONDS = 60
 # The stop request is a plain flag, not a threading.Event: the signal handler sets it, and a
 # second signal landing while the first handler was inside Event.set (which holds a lock that
 # is not re-entrant) deadlocked the process in the nested handler.
-_state: dict = {"signal": None, "pid": None, "stop": False}
+_state: dict = {"signal": None, "pid": None, "stop": False, "deferred": 0, "held": 0}
 # No lock: set.add, set.discard and list(set) are each one step under the GIL, and the signal
 # handler (exit_now) must never wait for a lock the code it interrupted may hold.
 _partial: set[str] = set()
+
+
+class SignalStop(BaseException):
+    """A signal that stopped a command at once (outside :func:`safe_points`). A BaseException,
+    as KeyboardInterrupt is, so that no ``except Exception`` on its way swallows it; the
+    command line reports it as :meth:`interrupted` says."""
+
+    def __init__(self, signum: int | None):
+        known = signum if signum in SIGNALS else signal.SIGINT
+        super().__init__(f"stopped by {SIGNAL_NAMES[known] if signum else 'a stop request'}")
+        self.exit_code = SIGNALS[known]
+
+    def interrupted(self) -> Interrupted:
+        """The one-line interruption the command line prints."""
+        return Interrupted(f"{self}; no file was left half-written (an output is replaced only "
+                           "once it is complete): run the same command again", self.exit_code)
 
 
 def check_stop() -> None:
@@ -63,6 +87,33 @@ def on_stop(detail: str) -> Iterator[None]:
         yield
     except Interrupted as exc:
         raise exc.adding(detail) from None
+    except SignalStop as exc:
+        raise Interrupted(str(exc), exc.exit_code).adding(detail) from None
+
+
+@contextmanager
+def safe_points() -> Iterator[None]:
+    """Work inside the block calls :func:`check_stop` at its safe points: a first signal
+    there waits for the next one (instead of stopping the command at once)."""
+    _state["deferred"] += 1
+    try:
+        yield
+    finally:
+        _state["deferred"] -= 1
+
+
+@contextmanager
+def uninterrupted() -> Iterator[None]:
+    """Steps that must happen together (an old output moved aside, the new one moved in): a
+    signal during the block stops the command right after it, not in between."""
+    _state["held"] += 1
+    try:
+        yield
+    finally:
+        _state["held"] -= 1
+    if (_state["stop"] and not _state["held"] and not _state["deferred"]
+            and _state["pid"] == os.getpid()):
+        raise SignalStop(_state["signal"])
 
 
 def request_stop(signum: int | None = None) -> None:
@@ -114,11 +165,16 @@ def stop_signals() -> Iterator[None]:
             exit_now(signum)
         request_stop(signum)
         _forward(signum)
+        if not _state["deferred"]:  # no loop polls for the stop: stop here, now
+            if _state["held"]:
+                return  # at the end of the uninterrupted block
+            raise SignalStop(signum)
         _write_stderr(f"featcache: {SIGNAL_NAMES[signum]}: stopping at the next safe point, keeping "
                f"what is finished ({SIGNAL_NAMES[signum]} again to exit at once)")
 
     clear_stop()
     _state["pid"] = os.getpid()
+    _state["deferred"] = _state["held"] = 0
     for signum in SIGNALS:
         previous[signum] = signal.signal(signum, handler)
     try:

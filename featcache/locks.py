@@ -12,11 +12,13 @@ The file is removed on release, while still locked (so that a process that opene
 meanwhile finds it unlinked and starts over, as ``filelock`` does); a killed process leaves it
 behind, unlocked and harmless.
 
-On a read-only file system (a shared, mounted or archived cache) no lock file can be made, and
-none is needed: nothing there can be written by anyone. The lock is then not taken
+On a read-only file system (a shared, mounted or archived cache), or in a folder this user may
+not write (a cache shared read-only, permission denied), no lock file can be made, and none is
+needed to read: this process can write nothing there. The lock is then not taken
 (:attr:`OutputLock.read_only`), so that a finished output can still be read; a command that
-goes on to write fails on its first write with ``EROFS``, which the command line reports in
-one line (:func:`featcache.fileio.read_only_message`).
+goes on to write fails on its first write, which the command line reports in one line
+(:func:`featcache.fileio.read_only_message`). A lock path that is not a lock file (a folder, a
+loop of symbolic links) is refused in one line saying how to remove it.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import errno
 import inspect
 import json
 import os
+import shlex
 import socket
 import sys
 import warnings
@@ -37,6 +40,12 @@ from filelock import FileLock, Timeout
 from featcache.errors import FeatcacheWarning, LockedError
 from featcache.fileio import remove_leftovers
 
+#: a lock that cannot be made where nothing can be written, by this user at least: a
+#: read-only file system, or a folder this user may not write (a cache shared read-only)
+UNWRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
+#: a lock path that is not a lock file, and how to remove it
+BROKEN = {errno.EISDIR: "is a folder", errno.ELOOP: "is a loop of symbolic links"}
+BROKEN_FIX = {errno.EISDIR: "rmdir", errno.ELOOP: "rm"}
 #: filelock 4 records the holder through ``on_acquired`` and closes the lock in forked
 #: children; older releases (which PyTorch may have installed) lock all the same, without both
 _MODERN_FILELOCK = "on_acquired" in inspect.signature(FileLock.__init__).parameters
@@ -107,9 +116,14 @@ class OutputLock:
             raise LockedError(f"{self.target} is being written by another featcache process "
                               f"({describe_holder(self.path)}); {self.advice}") from None
         except OSError as exc:
-            if exc.errno == errno.EROFS:
+            if exc.errno in UNWRITABLE:
                 self._lock, self._depth, self._made_dir, self.read_only = None, 1, False, True
                 return self
+            if exc.errno in BROKEN:
+                raise LockedError(f"{self.path}, the lock file of {self.target}, {BROKEN[exc.errno]}"
+                                  f" (made by hand, or by another tool): remove it "
+                                  f"(`{BROKEN_FIX[exc.errno]} {shlex.quote(str(self.path))}`) and "
+                                  "run the command again") from None
             if exc.errno not in (errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP):
                 raise
             warnings.warn(f"cannot lock {self.target} on this file system ({exc.strerror}): a "

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from featcache.environment import STATE_DIR
 from featcache.errors import FeatcacheWarning
 
 STATE_ENV = "FEATCACHE_STATE_DIR"
@@ -27,8 +28,9 @@ _held: set[str] | None = None
 
 def state_dir() -> Path:
     """Where the command line remembers what it has said on this machine."""
-    if os.environ.get(STATE_ENV):
-        return Path(os.environ[STATE_ENV]).expanduser()
+    chosen = STATE_DIR.value()
+    if chosen:
+        return Path(chosen).expanduser()
     return Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "featcache"
 
 

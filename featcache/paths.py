@@ -12,6 +12,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
+from featcache.environment import CACHE
 from featcache.errors import InputError, OptionError, OutputExistsError, did_you_mean
 
 CACHE_ENV = "FEATCACHE_CACHE"
@@ -47,11 +48,18 @@ def check_name(value: str, what: str) -> str:
 def cache_root(cache: str | os.PathLike | None = None) -> Path:
     """The cache root: the argument, else ``$FEATCACHE_CACHE``, else ``./cache``; a root that
     exists as a file is refused."""
-    where = "--cache" if cache else f"${CACHE_ENV}" if os.environ.get(CACHE_ENV) else ""
-    root = Path(cache or os.environ.get(CACHE_ENV) or DEFAULT_CACHE).expanduser()
+    from_env = CACHE.value()
+    where = "--cache" if cache else f"${CACHE_ENV}" if from_env else ""
+    root = Path(cache or from_env or DEFAULT_CACHE).expanduser()
     if root.exists() and not root.is_dir():
         raise OptionError(f"{where or 'the cache root'} {root} is a file, not a folder; give the "
                           "folder featcache keeps its outputs in")
+    blocking = next((parent for parent in root.absolute().parents
+                     if parent.exists() and not parent.is_dir()), None)
+    if blocking is not None:
+        raise OptionError(f"{where or 'the cache root'} {root} is below {blocking}, a file, not "
+                          "a folder: no folder can be made there; give the folder featcache "
+                          "keeps its outputs in")
     return root
 
 

@@ -64,16 +64,17 @@ import os
 import shlex
 import statistics
 import string
-import tomllib
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from featcache.errors import FeatcacheWarning, InputError, OptionError, did_you_mean
+from featcache.errors import InputError, OptionError, did_you_mean, name_list
 from featcache.fileio import write_text_atomic
 from featcache.paths import cache_root, dataset_dir
 from featcache.progress import say
+from featcache.protocol.documents import read_recipe, read_table_record
 from featcache.protocol.results_table import ResultsTable
+from featcache.protocol.runs import load_results
+from featcache.sections import publish_section
 from featcache.tables import Table
 
 REPORT_STAGES = {"linear": "runs", "finetune": "finetune"}
@@ -110,10 +111,7 @@ def load_recipe(path: str | Path, overrides: dict[str, str] | None = None,
     if not path.is_file():
         raise InputError(f"pipeline recipe {path} does not exist (`featcache pipeline list` "
                          "shows the ones in pipelines/)")
-    try:
-        document = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise InputError(f"{path} is not valid TOML: {exc}") from exc
+    document = read_recipe(path)
     variables = {str(k): str(v) for k, v in document.get("vars", {}).items()}
     unknown = sorted(set(overrides or {}) - set(variables))
     if unknown:
@@ -121,7 +119,10 @@ def load_recipe(path: str | Path, overrides: dict[str, str] | None = None,
                           f"{did_you_mean(unknown[0], variables)}; its variables are "
                           f"{', '.join(sorted(variables)) or 'none'}")
     builtins = {"cache": str(cache_root(cache)), "recipe_dir": str(path.resolve().parent)}
-    variables = {k: _fill(v, builtins, path) for k, v in variables.items()}
+    # a path built from {recipe_dir} or {cache} reads as the folder it is ('../..' resolved)
+    variables = {k: os.path.normpath(_fill(v, builtins, path))
+                 if any(f"{{{b}}}" in v for b in builtins) else _fill(v, builtins, path)
+                 for k, v in variables.items()}
     variables.update(overrides or {})
     variables.update(builtins)
     steps = []
@@ -162,17 +163,29 @@ def _user_variables(template: str, variables: dict[str, str], builtins: dict[str
 
 
 def missing_inputs(recipe: Recipe) -> list[str]:
-    """One line for each input path of a step that will run (its ``skip_if_exists`` output is
-    absent) that does not exist, naming the variable and the ``--set`` that points it elsewhere."""
-    lines = []
+    """One line for each [vars] variable through which steps that will run (their
+    ``skip_if_exists`` output is absent) read paths that do not exist: the steps, the first
+    path, the variable's value and the ``--set`` that points it elsewhere."""
+    missing: dict[str, list[tuple[int, str, str]]] = {}
     for number, step in enumerate(recipe.steps, start=1):
         if step.skip_if_exists and Path(step.skip_if_exists).exists():
             continue
         for value, name in step.inputs:
             if not Path(value).exists():
-                lines.append(f"step {number} ({step.name}) reads {value}, which does not exist "
-                             f"({{{name}}} is {recipe.variables[name]!r}): point it at the data "
-                             f"with `featcache pipeline run {recipe.path} --set {name}=PATH`")
+                missing.setdefault(name, []).append((number, step.name, value))
+    lines = []
+    for name, entries in missing.items():
+        fix = (f"point it at the data with `featcache pipeline run {recipe.path} "
+               f"--set {name}=PATH`")
+        where = f"{{{name}}} is {recipe.variables[name]}"
+        if len(entries) == 1:
+            number, step_name, value = entries[0]
+            lines.append(f"step {number} ({step_name}) reads {value}, which does not exist "
+                         f"({where}): {fix}")
+            continue
+        readers = dict.fromkeys(f"{number} ({step_name})" for number, step_name, _ in entries)
+        lines.append(f"{len(entries)} inputs do not exist ({where}), read by steps "
+                     f"{name_list(list(readers), 3)}; the first: {entries[0][2]}; {fix}")
     return lines
 
 
@@ -323,7 +336,15 @@ def publish_report(recipe: Recipe, document: dict) -> None:
         write_text_atomic(path, json.dumps(document, indent=2) + "\n")
         say(f"{path}: the record of this table")
     if recipe.report.get("readme"):
-        publish_section(_beside(recipe, "readme"), recipe.name, readme_block(document))
+        _write_readme_section(recipe, document)
+
+
+def _write_readme_section(recipe: Recipe, document: dict) -> Path:
+    """The report's section of its ``readme``, written from ``document``; said when done."""
+    readme = _beside(recipe, "readme")
+    if publish_section(readme, recipe.name, readme_block(document)):
+        say(f"{readme}: the {recipe.name} section now holds this table")
+    return readme
 
 
 def _beside(recipe: Recipe, key: str) -> Path:
@@ -341,53 +362,8 @@ def render_report(recipe: Recipe) -> Path:
     if not path.is_file():
         raise InputError(f"{path} does not exist: run the recipe first (`featcache pipeline run "
                          f"{recipe.path}`)")
-    readme = _beside(recipe, "readme")
-    publish_section(readme, recipe.name, readme_block(json.loads(path.read_text())))
-    return readme
-
-
-def section_markers(name: str, kind: str = "pipeline") -> tuple[str, str]:
-    """The comments around the part of a document that a recipe's report (``kind``
-    "pipeline") or another generator owns."""
-    return (f"<!-- featcache {kind} {name}: begin -->",
-            f"<!-- featcache {kind} {name}: end -->")
-
-
-def readme_section(text: str, name: str, kind: str = "pipeline") -> str:
-    """The text between ``name``'s markers (InputError when they are missing)."""
-    begin, end = section_markers(name, kind)
-    start, stop = text.find(begin), text.find(end)
-    if start < 0 or stop < start:
-        raise InputError(f"no section between {begin} and {end}")
-    return text[start + len(begin):stop].strip("\n")
-
-
-def replace_section(text: str, name: str, content: str, kind: str = "pipeline") -> str:
-    """``text`` with the part between ``name``'s markers replaced by ``content``
-    (InputError when the markers are missing)."""
-    readme_section(text, name, kind)
-    begin, end = section_markers(name, kind)
-    head, rest = text.split(begin, 1)
-    tail = rest.split(end, 1)[1]
-    return f"{head}{begin}\n{content.strip()}\n{end}{tail}"
-
-
-def publish_section(path: Path, name: str, content: str, kind: str = "pipeline") -> None:
-    """Replace the text between ``name``'s markers in ``path`` (a report's ``readme``) with
-    ``content``, so a document's table is always the last run's. Without the markers the
-    document is left alone and a warning says what to add."""
-    text = path.read_text() if path.is_file() else ""
-    try:
-        updated = replace_section(text, name, content, kind)
-    except InputError:
-        begin, end = section_markers(name, kind)
-        warnings.warn(f"{path} has no {begin} ... {end} section: its table was not updated "
-                      "(add the two lines where the table belongs)", FeatcacheWarning,
-                      stacklevel=2)
-        return
-    if updated != text:
-        write_text_atomic(path, updated)
-    say(f"{path}: the {name} section now holds this table")
+    document = read_table_record(path, f"make it again: `featcache pipeline run {recipe.path}`")
+    return _write_readme_section(recipe, document)
 
 
 def report_table(report: dict, cache: str | None = None) -> ResultsTable:
@@ -401,7 +377,7 @@ def report_table(report: dict, cache: str | None = None) -> ResultsTable:
     for dataset in datasets:
         root = dataset_dir(dataset, cache) / REPORT_STAGES[stage]
         for results in sorted(root.glob(f"*/{run_id}/results.json")):
-            documents.append((str(results.parent), json.loads(results.read_text())))
+            documents.append((str(results.parent), load_results(results.parent)))
     if not documents:
         raise InputError(f"no finished {stage} run {run_id!r} for {', '.join(datasets)}: the "
                          "report has nothing to show")
@@ -419,7 +395,7 @@ def _run_scores(document: dict) -> list[float]:
 
 def _sweep_runs(report: dict, key: str, dataset: str, cache: str | None) -> list[dict]:
     root = dataset_dir(dataset, cache) / REPORT_STAGES[report.get("stage", "linear")] / report["loss"]
-    return [json.loads(path.read_text())
+    return [load_results(path.parent)
             for path in sorted(root.glob(f"{report[key]}/results.json"))]
 
 
@@ -464,8 +440,8 @@ def list_recipes(folder: str | Path = "pipelines") -> list[tuple[Path, str]]:
     out = []
     for path in sorted(Path(folder).glob("*.toml")):
         try:
-            description = tomllib.loads(path.read_text()).get("description", "")
-        except tomllib.TOMLDecodeError:
-            description = "(not valid TOML)"
+            description = read_recipe(path).get("description", "")
+        except InputError:
+            description = "(not a valid recipe: `featcache pipeline run` on it says why)"
         out.append((path, description))
     return out

@@ -9,17 +9,21 @@ nothing to do prints nothing)::
     features features-resnet50: 45% 2250/5000 [01:00<01:13, 37.4img/s]
     features features-resnet50: done, 5000 img in 02:14 (37.3 img/s)
 
+Every count names what it counts: items left out are counted as skipped (:meth:`Bar.skip`:
+"done, 3 img and 2 skipped"), and a total that grew on the way says so ("done, 175 epochs
+(25 known at the start)").
+
 ``FEATCACHE_PROGRESS=bars|lines|off`` forces a style; ``FEATCACHE_PROGRESS_INTERVAL`` sets the
 seconds between lines (default 30).
 """
 
 from __future__ import annotations
 
-import os
 import sys
 
 from tqdm import tqdm
 
+from featcache.environment import PROGRESS, PROGRESS_INTERVAL
 from featcache.errors import plural
 
 PROGRESS_ENV = "FEATCACHE_PROGRESS"
@@ -30,9 +34,9 @@ LINE_FORMAT = "{desc}: {percentage:3.0f}% {n_fmt}/{total_fmt} [{elapsed}<{remain
 
 def progress_style(stream=None) -> str:
     """``bars`` on a terminal, ``lines`` elsewhere, or what ``$FEATCACHE_PROGRESS`` says."""
-    forced = os.environ.get(PROGRESS_ENV, "").strip().lower()
-    if forced in ("bars", "lines", "off"):
-        return forced
+    forced = PROGRESS.value()
+    if forced is not None:
+        return str(forced)
     stream = stream or sys.stderr
     try:
         return "bars" if stream.isatty() else "lines"
@@ -41,15 +45,12 @@ def progress_style(stream=None) -> str:
 
 
 def line_interval() -> float:
-    try:
-        return max(0.0, float(os.environ.get(INTERVAL_ENV, DEFAULT_INTERVAL)))
-    except ValueError:
-        return DEFAULT_INTERVAL
+    return float(PROGRESS_INTERVAL.value(DEFAULT_INTERVAL))
 
 
 def progress(iterable=None, *, total=None, desc: str | None = None, unit: str = "it",
              disable: bool = False, leave: bool = True, position: int | None = None,
-             mininterval: float = 0.5, **kwargs) -> tqdm:
+             mininterval: float = 0.5, **kwargs) -> Bar:
     """A progress bar on stderr (see the module docstring); takes tqdm's arguments."""
     style = progress_style()
     if style == "off":
@@ -61,7 +62,7 @@ def progress(iterable=None, *, total=None, desc: str | None = None, unit: str = 
                         file=sys.stderr, mininterval=line_interval(), bar_format=LINE_FORMAT,
                         **kwargs)
     kwargs.setdefault("dynamic_ncols", True)
-    return tqdm(iterable, total=total, desc=desc, unit=unit, disable=disable, leave=leave,
+    return Bar(iterable, total=total, desc=desc, unit=unit, disable=disable, leave=leave,
                 position=position, file=sys.stderr, mininterval=mininterval, **kwargs)
 
 
@@ -74,7 +75,20 @@ def say(message: str) -> None:
 ABBREVIATED = ("it", "img", "B", "s")
 
 
-class LogLines(tqdm):
+class Bar(tqdm):
+    """A tqdm bar that also counts the items it left out: they advance the bar (it measures
+    the way through the list) and are shown as skipped, never as done."""
+
+    skipped = 0
+
+    def skip(self, n: int) -> None:
+        """Count ``n`` of the items this bar is (or will be) updated with as skipped."""
+        if n:
+            self.skipped += n
+            self.set_postfix(skipped=self.skipped, refresh=False)
+
+
+class LogLines(Bar):
     """tqdm for logs: whole lines (never a carriage return or a cursor movement): a start line,
     a status line at most every ``mininterval`` seconds (none when one more step ends the bar),
     and an end line with the rate when the bar closes (kept or not); a bar with nothing to do
@@ -86,6 +100,7 @@ class LogLines(tqdm):
         self._last_line = -float("inf")
         self._started = False
         self._step = 0  # the last update's size
+        self._announced: float | None = None  # the total the start line said
         super().__init__(*args, **kwargs)
 
     def update(self, n=1):
@@ -109,6 +124,7 @@ class LogLines(tqdm):
         now = self._time()
         if not self._started:
             self._started, self._last_line = True, now
+            self._announced = self.total
             total = f", {self._count(self.total)}" if self.total else ""
             self._write(f"{self._label()}: start{total}")
             return False
@@ -136,8 +152,13 @@ class LogLines(tqdm):
         unit = (self.unit or "it").strip()
         rate = f"{self.n / elapsed:.1f} {unit}/s" if elapsed > 0 else f"- {unit}/s"
         spent = self.format_interval(round(elapsed))
+        skipped = f" and {self.skipped} skipped" if self.skipped else ""
+        if self.total and self._announced and self.total != self._announced:
+            skipped += f" ({self._announced} known at the start)"
         if self.total is not None and self.n < self.total:
-            self._write(f"{self._label()}: stopped at {self.n} of {self._count(self.total)} "
-                        f"after {spent} ({rate})")
+            self._write(f"{self._label()}: stopped at {self.n} of {self._count(self.total)}"
+                        f"{f' ({self.skipped} skipped)' if self.skipped else ''} after {spent} "
+                        f"({rate})")
         else:
-            self._write(f"{self._label()}: done, {self._count(self.n)} in {spent} ({rate})")
+            self._write(f"{self._label()}: done, {self._count(self.n - self.skipped)}{skipped} "
+                        f"in {spent} ({rate})")

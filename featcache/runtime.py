@@ -25,6 +25,7 @@ from typing import Protocol, TypeVar
 import torch
 import torch.distributed as dist
 
+from featcache.environment import LOCAL_RANK, LOCAL_WORLD_SIZE, OMP_THREADS, RANK, WORLD_SIZE
 from featcache.errors import FeatcacheError, OptionError, plural
 from featcache.interrupt import check_stop
 from featcache.notices import notice_cpu_fallback
@@ -118,9 +119,9 @@ def cpu_threads() -> int:
     """Threads for a CPU forward pass: ``$OMP_NUM_THREADS`` when set (torchrun sets 1), else
     the CPUs of this machine shared among the ranks on it. The count is part of a stage-one
     run's identity: oneDNN's sums, hence the last bits of the features, depend on it."""
-    value = os.environ.get("OMP_NUM_THREADS", "")
-    if value.isdigit() and int(value) > 0:
-        return int(value)
+    threads = OMP_THREADS.value()
+    if threads is not None:
+        return int(threads)
     _, _, _, local_world = torchrun_world()
     return max(1, usable_cpus() // max(1, local_world))
 
@@ -135,7 +136,7 @@ def training_threads(device: torch.device, workers: int) -> int | None:
     ``$OMP_NUM_THREADS`` wins when set; None off the CPU (the default applies)."""
     if device.type != "cpu":
         return None
-    if os.environ.get("OMP_NUM_THREADS", "").isdigit():
+    if OMP_THREADS.value() is not None:
         return cpu_threads()
     return max(1, cpu_threads() - 1)
 
@@ -306,11 +307,10 @@ def single_process(device: torch.device) -> Ranks:
 
 def torchrun_world() -> tuple[int, int, int, int]:
     """(rank, world size, local rank, local world size) from the torchrun environment."""
-    env = os.environ
-    world = int(env.get("WORLD_SIZE", "1"))
-    rank = int(env.get("RANK", "0"))
-    local_rank = int(env.get("LOCAL_RANK", "0"))
-    local_world = int(env.get("LOCAL_WORLD_SIZE", str(world)))
+    world = int(WORLD_SIZE.value(1))
+    rank = int(RANK.value(0))
+    local_rank = int(LOCAL_RANK.value(0))
+    local_world = int(LOCAL_WORLD_SIZE.value(world))
     return rank, world, local_rank, local_world
 
 

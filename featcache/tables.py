@@ -126,15 +126,11 @@ class Table:
 
     def csv(self) -> str:
         """The same rows as CSV with a header line (full precision; None is empty; an
-        :class:`Estimate` as ``mean ± sd``)."""
-        out = io.StringIO()
-        writer = csv.writer(out, lineterminator="\n")
-        writer.writerow(self.columns)
-        for row in self.rows:
-            writer.writerow(["" if value is None else
-                             value.text("{!r}") if isinstance(value, Estimate) else value
-                             for value in row])
-        return out.getvalue()
+        :class:`Estimate` as ``mean ± sd``; text cells a spreadsheet would run as a formula
+        escaped: :func:`spreadsheet_safe`)."""
+        return csv_text([self.columns] + [
+            ["" if value is None else value.text("{!r}") if isinstance(value, Estimate) else value
+             for value in row] for row in self.rows])
 
     def records(self) -> list[dict]:
         """The rows as dicts keyed by column (for JSON; an :class:`Estimate` as a dict)."""
@@ -179,6 +175,38 @@ _LATEX_SPECIAL = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$",
 def latex_escape(text: str) -> str:
     """``text`` with LaTeX's special characters escaped (``ours_1 & 5%`` -> ``ours\\_1 \\& 5\\%``)."""
     return "".join(_LATEX_SPECIAL.get(ch, ch) for ch in str(text))
+
+
+def csv_text(rows) -> str:
+    """CSV of ``rows`` (``\n`` line ends), every text cell through :func:`spreadsheet_safe`; a
+    row with a carriage return in a cell is quoted whole (Python's writer quotes only what
+    holds its own line end, and a bare CR breaks the row for every reader)."""
+    out = io.StringIO()
+    plain = csv.writer(out, lineterminator="\n")
+    quoted = csv.writer(out, lineterminator="\n", quoting=csv.QUOTE_ALL)
+    for row in rows:
+        cells = [spreadsheet_safe(cell) for cell in row]
+        writer = quoted if any(isinstance(c, str) and "\r" in c for c in cells) else plain
+        writer.writerow(cells)
+    return out.getvalue()
+
+
+#: what starts a formula in a spreadsheet (OWASP's CSV-injection list)
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def spreadsheet_safe(value):
+    """A CSV cell that no spreadsheet runs as a formula: text starting with ``=``, ``+``,
+    ``-``, ``@``, a tab or a carriage return (a class name ``=cmd|' /C calc'!A0``, an image
+    named ``+SUM(1+1).jpg``) gets a leading ``'``, as OWASP's CSV-injection rule says; numbers,
+    and text that reads as a number (``-0.5``), are written as they are."""
+    if not isinstance(value, str) or not value.startswith(FORMULA_STARTS):
+        return value
+    try:
+        float(value)
+    except ValueError:
+        return "'" + value
+    return value
 
 
 def _is_number(value) -> bool:

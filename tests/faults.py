@@ -9,11 +9,14 @@ whole group, like Ctrl-C.
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -70,6 +73,105 @@ def run(args: list[str], cwd: Path, prelude: str = "", env: dict | None = None,
     process = start(args, cwd, prelude, env, shell_prefix, read_only)
     out, err = process.communicate(timeout=timeout)
     return subprocess.CompletedProcess(process.args, process.returncode, out, err)
+
+
+#: the driver of :func:`run_many`: imports the command line (and ``prelude``) once, then runs
+#: each case as ``featcache ARGS`` in a process forked from it, its output in two files
+MANY = """
+import json, os, sys, time
+{prelude}
+from featcache.cli import main
+cases, base = json.loads(sys.argv[1]), sys.argv[2]
+found = []
+for number, (args, env) in enumerate(cases):
+    sys.stdout.flush(); sys.stderr.flush()
+    began = time.monotonic()
+    pid = os.fork()
+    if pid == 0:
+        for fd, name in ((1, "out"), (2, "err")):
+            handle = os.open(f"{{base}}-{{number}}.{{name}}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+            os.dup2(handle, fd)
+            os.close(handle)
+        os.environ.update(env)
+        sys.argv = ["featcache", *args]
+        code = 0
+        try:
+            main()
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
+        except BaseException:
+            import traceback
+            traceback.print_exc()
+            code = 99
+        sys.stdout.flush(); sys.stderr.flush()
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    found.append([os.waitstatus_to_exitcode(status), time.monotonic() - began])
+print(json.dumps(found))
+"""
+
+
+class Case(subprocess.CompletedProcess):
+    """One command of :func:`run_many`: its exit code, stdout, stderr and seconds."""
+
+    def __init__(self, args, returncode, stdout, stderr, seconds):
+        super().__init__(args, returncode, stdout, stderr)
+        self.seconds = seconds
+
+    @property
+    def output(self) -> str:
+        return self.stdout + self.stderr
+
+
+def run_many(cases: list, cwd: Path, prelude: str = "", env: dict | None = None,
+             user: int | None = None, timeout: float = 300) -> list[Case]:
+    """Run ``featcache ARGS`` for each case (``ARGS``, or ``(ARGS, ENV)`` with ENV added to the
+    environment of that case), each through the console entry point (``main``: its exit codes
+    and one-line errors) in its own process, forked from one that imported the command line
+    and ran ``prelude`` once (``import torch``, or code that slows a step: :data:`SLEEP_IN`):
+    the real command, for one interpreter start and one import of torch per group. Each case's
+    stdout and stderr are what its file descriptors 1 and 2 received (its forked workers'
+    output included). ``user``: run as that uid (and group), without root's right to write
+    anywhere (``setpriv``)."""
+    normal = [([str(word) for word in case[0]], case[1]) if isinstance(case, tuple)
+              else ([str(word) for word in case], {}) for case in cases]
+    base = Path(tempfile.mkdtemp(prefix="featcache-many-")) / "case"
+    code = MANY.format(prelude=f"{SLEEP_IN}\n{prelude}")
+    command = [sys.executable, "-c", code, json.dumps(normal), str(base)]
+    if user is not None:
+        os.chmod(base.parent, 0o777)
+        command = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", *command]
+    try:
+        done = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                              env={**os.environ, "COLUMNS": "120", **(env or {})})
+        if done.returncode != 0 or not done.stdout.strip():
+            raise AssertionError(f"the cases did not finish (rc {done.returncode}):\n"
+                                 f"{done.stdout}\n{done.stderr}")
+        found = json.loads(done.stdout.strip().splitlines()[-1])
+        return [Case(["featcache", *args], code, *(Path(f"{base}-{number}.{name}").read_text()
+                                                 for name in ("out", "err")), seconds)
+                for number, ((args, _), (code, seconds)) in enumerate(zip(normal, found,
+                                                                        strict=True))]
+    finally:
+        shutil.rmtree(base.parent, ignore_errors=True)
+
+
+def digests(root: Path, leave_out: Path | None = None) -> dict[str, str]:
+    """sha256 of every file below ``root`` but ``leave_out``: what "nothing lost" compares."""
+    import hashlib
+
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file() and p != leave_out}
+
+
+def one_error_line(result: subprocess.CompletedProcess) -> str:
+    """The one featcache line of a refused command (checked: exit 1, or click's 2 for a bad
+    option, no traceback, nothing unexpected), without its ``Error: ``."""
+    assert result.returncode in (1, 2), (result.args, result.returncode, result.stderr)
+    lines = [line for line in result.stderr.splitlines() if line.startswith("Error: ")]
+    assert len(lines) == 1, (result.args, result.stderr)
+    assert "Traceback" not in result.stderr and "unexpected" not in result.stderr, result.stderr
+    return lines[0].removeprefix("Error: ")
 
 
 def wait_for(condition, process: subprocess.Popen, timeout: float = 120) -> None:
@@ -141,3 +243,5 @@ def can_mount_read_only(scratch: Path) -> str | None:
     if "Read-only file system" not in probe.stderr:
         return f"a read-only bind mount is not possible here: {probe.stderr.strip() or probe.returncode}"
     return None
+
+

@@ -81,11 +81,19 @@ def test_every_command_refuses_a_repeated_option_of_one_value(cache_dir, args, m
     assert len(result.output.strip().splitlines()) == 1
 
 
-def test_the_same_value_twice_and_a_repeated_param_are_kept():
+def test_the_same_value_twice_is_kept_and_a_repeated_param_refused():
     from featcache.commands.common import parse_params
 
-    assert parse_params(("k=1", "k=2,3")) == {"k": [1.0, 2.0, 3.0]}
+    assert parse_params(("k=1,2,3",)) == {"k": [1.0, 2.0, 3.0]}
     with pytest.raises(OptionError, match="--param k gives 1 twice"):
+        parse_params(("k=1,1",))
+    # one key in two --param options: an override or a typo, never meant as a grid (issue 45)
+    with pytest.raises(OptionError, match=r"--param k is given twice \(k=1, then k=2,3\): give "
+                                          r"it once, or both values in one for a grid axis: "
+                                          r"--param k=1,2,3$"):
+        parse_params(("k=1", "k=2,3"))
+    with pytest.raises(OptionError, match=r"--param k is given twice \(k=1, then k=1\): give "
+                                          r"it once$"):
         parse_params(("k=1", "k=1"))
     import click
 

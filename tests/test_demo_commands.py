@@ -76,10 +76,15 @@ def test_every_command_the_demo_suggests_works_as_printed(tmp_path, cache_dir):
         result = invoke(*shlex.split(command)[1:], *device)
         if command.startswith("featcache pseudo-label"):
             # pseudo-labels need a vision-language features file first: one clear error that
-            # names the command making it (CLIP weights are not on an offline machine)
+            # names the command making it
             assert result.exit_code == 1
-            assert re.search(r"`featcache features --dataset shapes --backbone clip-\S+ --text",
+            assert re.search(r"`featcache features --dataset shapes --backbone clip-\S+ [^`]*--text",
                              result.output), result.output
+        elif "--backbone clip-" in command:
+            # that command, which the hint says needs the network once: CLIP's weights are
+            # not on an offline machine, and one line says where to put them
+            assert result.exit_code == 1 and "the first run needs the network" in "".join(printed)
+            assert "are not on this machine" in result.output, result.output
         else:
             assert result.exit_code == 0, (command, result.output)
     again = invoke("train-linear", "--dataset", "shapes", "--backbone", "resnet50-random",

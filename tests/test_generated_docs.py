@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from benchmarks import record
-from featcache.pipeline import list_recipes, load_recipe, readme_block, readme_section
+from featcache.pipeline import list_recipes, load_recipe, readme_block
+from featcache.sections import readme_section
 
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text(encoding="utf-8")

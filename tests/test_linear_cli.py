@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import h5py
 import numpy as np
@@ -90,8 +91,10 @@ def test_a_finished_run_of_another_numerics_version_is_trained_again_and_tables_
 def test_loss_all_trains_every_loss_and_writes_a_table(toy):
     pseudo_label_sets(toy / "toy" / "labels.h5")  # what vlpl and gpr train on
     spatial_features_file(toy / "toy" / "labels.h5")  # what the BoostLU losses train on
+    began = time.perf_counter()
     result = invoke("train-linear", "--dataset", "toy", "--loss", "all", "--run-id", "all",
                     "--epochs", "1", "--lr", "1e-2", "--bsize", "16", "--quiet", "--no-plots")
+    wall = time.perf_counter() - began
     assert result.exit_code == 0, result.output
     table = (toy / "toy" / "runs" / "table-all.md").read_text()
     for name in loss_names():
@@ -99,6 +102,44 @@ def test_loss_all_trains_every_loss_and_writes_a_table(toy):
     rows = json.loads((toy / "toy" / "runs" / "table-all.json").read_text())
     assert len(rows) == len(loss_names())
     assert (toy / "toy" / "runs" / "table-all.csv").read_text().startswith("loss,")
+    # Issue 46, item 5: each loss has its share of the groups it was stacked in, so the
+    # per-loss seconds add up to the command's time, not to a multiple of it.
+    documents = {name: load_results(run_dir(toy, name, "all")) for name in loss_names()}
+    seconds = {name: doc["timings"]["seconds"] for name, doc in documents.items()}
+    assert 0 < sum(seconds.values()) <= 1.25 * wall, (sum(seconds.values()), wall)
+    assert sum(row["seconds"] for row in rows) == pytest.approx(sum(seconds.values()))
+    groups = {}  # each group's share, as each of its losses records it
+    for name, doc in documents.items():
+        shared = doc["timings"]["shared"]
+        assert shared["losses"] > 1 and shared["span_seconds"] >= 0
+        assert seconds[name] == pytest.approx(sum(
+            g["seconds"] * g["these_heads"] / g["heads"] for g in shared["groups"]))
+        for group in shared["groups"]:
+            assert name in group["losses"] and group["busy_seconds"] >= group["seconds"] - 1e-6
+            key = (tuple(group["losses"]), group["seed"], group["batch_size"])
+            groups.setdefault(key, group["seconds"])
+            assert groups[key] == group["seconds"]  # the same share, whoever records it
+    # the losses' shares of a group add up to the group's share
+    assert sum(seconds.values()) == pytest.approx(sum(groups.values()))
+    line = next(x for x in result.output.splitlines() if x.startswith("role: "))
+    together = documents["role"]["timings"]["shared"]["losses"]
+    assert f"; {seconds['role']:.1f} s, its share of the time {together} losses trained " \
+           "together) -> " in line, line
+    # Results written before the shares (no timings.shared) read as before everywhere.
+    for name in loss_names():
+        path = run_dir(toy, name, "all") / "results.json"
+        document = json.loads(path.read_text())
+        del document["timings"]["shared"]
+        path.write_text(json.dumps(document))
+    from featcache import load_run
+    from featcache.linear.report import SHARED_SECONDS, losses_table
+    from featcache.report import build_report
+
+    old = losses_table("toy", {name: load_results(run_dir(toy, name, "all")) for name in loss_names()})
+    assert SHARED_SECONDS not in old.markdown()
+    assert invoke("table", toy / "toy" / "runs", "--run-id", "all").exit_code == 0
+    assert "trained together" not in build_report(toy / "toy", ["all"])
+    assert load_run(run_dir(toy, "an", "all")).metrics["test_map"] == documents["an"]["selection"]["test_map"]
 
 
 @pytest.mark.parametrize("args, message", [

@@ -15,7 +15,8 @@ from linear_fixtures import synthetic_dataset
 from shipped_losses import SHIPPED_LOSSES
 
 import featcache
-from featcache.pipeline import list_recipes, load_recipe, readme_block, readme_section
+from featcache.pipeline import list_recipes, load_recipe, readme_block
+from featcache.sections import readme_section
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -235,11 +236,15 @@ def test_real_features_resolves_its_data_from_the_recipe_and_names_the_fix(tmp_p
     assert Path(load_recipe(recipe).variables["shared"]).resolve() == expected
     dry = invoke("pipeline", "run", recipe, "--dry-run")
     assert dry.exit_code == 0
-    assert f"reads {load_recipe(recipe).variables['shared']}/scene/scene.npz, which does not exist" in dry.stderr
+    shared = load_recipe(recipe).variables["shared"]
+    assert shared == str(expected)  # '../..' resolved (issue 45, item 7)
+    assert f"the first: {shared}/scene/scene.npz; " in dry.stderr
+    # said once for the five inputs under {shared}, not once a step
+    assert dry.stderr.count("--set shared=PATH") == 1 and dry.stderr.count("not exist") == 1
     assert f"`featcache pipeline run {recipe} --set shared=PATH`" in dry.stderr
     result = invoke("pipeline", "run", recipe)
     assert result.exit_code == 1
-    assert "--set shared=PATH" in result.output and "step 1 (import scene)" in result.output
+    assert "--set shared=PATH" in result.output and "steps 1 (import scene)" in result.output
     assert not (cache_dir / "scene").exists()  # refused before any step
     data = tmp_path / "data"
     for name in ("scene", "yeast", "emotions", "enron", "bibtex"):

@@ -138,3 +138,42 @@ def test_the_features_command_logs_no_status_line_before_its_last_batch(tmp_path
     assert bar[0].endswith("start, 10 img") and bar[-1].startswith(
         "features features-resnet18-random: done, 10 img in ")
     assert not any("8/10" in line for line in bar), bar
+
+
+def test_skipped_items_are_counted_as_skipped_and_a_grown_total_says_so(log):
+    """Issue 46, item 6: `predict --skip-bad` said "done, 5 img" when 2 of 5 were left out;
+    a bar whose total grew ("start, 25 epochs" ... "done, 175 epochs") says what it knew."""
+    capsys, clock = log
+    bar = progress(total=5, desc="predict", unit="img")
+    clock.now += 1.0
+    bar.skip(2)
+    bar.update(5)
+    bar.close()
+    stopped = progress(total=5, desc="predict again", unit="img")
+    clock.now += 1.0
+    stopped.skip(1)
+    stopped.update(3)
+    stopped.close()
+    grown = progress(total=0, desc="evaluating", unit="epoch")
+    grown.total = 25
+    grown.refresh()
+    grown.total += 150
+    clock.now += 5.0
+    grown.update(175)
+    grown.close()
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == ["predict: start, 5 img",
+                     "predict: done, 3 img and 2 skipped in 00:01 (5.0 img/s)",
+                     "predict again: start, 5 img",
+                     "predict again: stopped at 3 of 5 img (1 skipped) after 00:01 (3.0 img/s)",
+                     "evaluating: start, 25 epochs",
+                     "evaluating: done, 175 epochs (25 known at the start) in 00:05 (35.0 epoch/s)"]
+
+
+def test_a_bar_on_a_terminal_shows_what_it_skipped(monkeypatch):
+    monkeypatch.setenv(progress_module.PROGRESS_ENV, "bars")
+    bar = progress(total=4, desc="x", unit="img", disable=True)
+    bar.skip(0)
+    bar.skip(2)
+    assert bar.skipped == 2 and not isinstance(bar, LogLines)
+    bar.close()

@@ -52,6 +52,7 @@ def test_loss_all_on_real_single_positives_skips_what_it_cannot_train(single_pos
                   if FULL_LABELS in loss_class(n).needs or OBSERVED_NEGATIVES in loss_class(n).needs]
     assert unservable == ["bce", "bce-ls", "iun", "iu"]
     unservable += ["epr", "role"]  # no k: the CSV has no full labels and none was given
+    unservable += ["lc-max", "lc-dist", "lc-exact"]  # no cardinalities either
     unservable += [n for n in loss_names() if "pseudo_labels" in {need.key for need in
                                                                     loss_class(n).needs}]
     boostlu = [n for n in loss_names() if SPATIAL_FEATURES in loss_class(n).needs]
@@ -61,7 +62,9 @@ def test_loss_all_on_real_single_positives_skips_what_it_cannot_train(single_pos
     for name in unservable:
         skipped = [line for line in lines if line.startswith(f"skipping {name}:")]
         assert len(skipped) == 1, name
-        reason = {"iu": "--num-neg 1", "epr": "needs k", "role": "needs k"}.get(
+        reason = {"iu": "--num-neg 1", "epr": "needs k", "role": "needs k",
+                  "lc-max": "pass --param k_max=VALUE", "lc-dist": "holds single positives only",
+                  "lc-exact": "holds single positives only"}.get(
             name, "needs pseudo-labels" if name in ("vlpl", "gpr") else
             "--spatial` first" if name in boostlu else "single positives only")
         assert reason in skipped[0], skipped[0]

@@ -256,12 +256,19 @@ def test_runs_subset_title_and_out(cache, tmp_path):
     html = build_report(cache / NAME, ["finetune/role/*", "an/s01"])
     assert sorted(i for i in parse(html).text if i.startswith("run-")) == [
         "run-finetune--role--ft", "run-runs--an--s01"]
-    # an existing page is refused without --overwrite, replaced with it
-    result = invoke("report", cache / NAME, "--runs", "s01", "--out", out)
+    # a report it wrote is replaced (issue 45, item 7); any other file only with --overwrite
+    result = invoke("report", cache / NAME, "--runs", "s01,ft", "--out", out)
+    assert result.exit_code == 0 and "replacing the report written there before" in result.output
+    assert 'id="finetune"' in out.read_text(encoding="utf-8")
+    write_report(cache / NAME, out, ["s01"])
+    mine = tmp_path / "mine.html"
+    mine.write_text("<!DOCTYPE html><title>my notes</title>", encoding="utf-8")
+    result = invoke("report", cache / NAME, "--runs", "s01", "--out", mine)
     assert result.exit_code != 0 and "--overwrite" in result.output
     with pytest.raises(OutputExistsError):
-        write_report(cache / NAME, out, ["s01"])
-    assert invoke("report", cache / NAME, "--runs", "s01,ft", "--out", out,
+        write_report(cache / NAME, mine, ["s01"])
+    assert mine.read_text(encoding="utf-8") == "<!DOCTYPE html><title>my notes</title>"
+    assert invoke("report", cache / NAME, "--runs", "s01,ft", "--out", mine,
                   "--overwrite").exit_code == 0
 
 

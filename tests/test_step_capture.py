@@ -236,3 +236,22 @@ def test_the_gpu_checks_of_stage_two_pass_on_the_cpu_with_the_stand_in(data, mon
 
     _, numbers = checks.capture_failure_and_device(None, data=pooled, provoke=refused)
     assert numbers["largest_difference"] == 0.0 and numbers["next_group"]["captures"] > 0
+
+
+def test_groups_trained_at_once_in_threads_give_each_groups_numbers(data, monkeypatch):
+    """What a GPU does with several groups (each in a thread of its own), run on the CPU: the
+    numbers of the groups trained one after the other, every group started and kept once."""
+    import featcache.linear.engine.search as search_module
+    from featcache.linear.engine import workers
+    from featcache.linear.engine.search import run_searches
+
+    pooled, _ = data
+    specs = [SearchSpec(loss=name, learning_rates=(1e-2,), batch_sizes=(8, 16), epochs=EPOCHS)
+             for name in ("an", "role")]
+    monkeypatch.setattr(search_module, "usable_cpus", lambda: 1)
+    alone = run_searches(pooled, specs, CPU, progress=False)
+    monkeypatch.setattr(workers, "groups_at_once", lambda device: 3)
+    together = run_searches(pooled, specs, CPU, progress=False)
+    for a, b in zip(together, alone, strict=True):
+        for seed_a, seed_b in zip(a.seeds, b.seeds, strict=True):
+            _same(seed_a.heads, seed_b.heads, a.spec.loss)

@@ -13,8 +13,9 @@ the same seeded head initialisation and batch order, the same trainer, the same 
   negative (featcache's convention). ``predict`` then gives the 0/1 indicator matrix.
 
 Either way ``predict_proba`` gives one independent probability per class (a row need not sum
-to 1: an image may show several classes) and ``predict_multilabel`` every class whose
-probability is above ``threshold``.
+to 1: an image may show several classes), ``predict_multilabel`` every class whose
+probability is above ``threshold`` and, after a fit with validation rows, ``predict_sets(X,
+level)`` conformal label sets calibrated on their observed positives (docs/label-sets.md).
 
 - ``fit(X, y)`` trains ``epochs`` epochs and keeps the last one;
 - ``fit(X, y, eval_set=(X_val, Y_val))`` keeps the epoch with the best mAP on the evaluation
@@ -52,6 +53,7 @@ from featcache.api.head_logits import (  # noqa: F401 - re-exported: the estimat
     head_logits,
     probabilities,
 )
+from featcache.api.label_sets import calibrated_rule
 from featcache.api.scoring import protocol_map
 from featcache.api.targets import LABELS, class_matrix, read_target, targets_for
 from featcache.data.sampling import split_train_val
@@ -59,6 +61,7 @@ from featcache.errors import FeatcacheWarning, LossNeedError, OptionError, plura
 from featcache.linear.data import LinearData
 from featcache.linear.engine.search import SearchSpec, run_search
 from featcache.losses import OBSERVED_NEGATIVES, SPATIAL_FEATURES, loss_class, loss_names
+from featcache.protocol.label_sets import Calibration
 from featcache.protocol.selection import EARLY_STOP_RULES, LAST_EPOCH
 from featcache.runtime import pick_device
 
@@ -133,6 +136,9 @@ class SPMLClassifier(ClassifierMixin, BaseEstimator):
         Per epoch: training loss and, with validation data, validation mAP.
     loss_state_ : dict of ndarray
         Per-example state the loss learned beside the head (ROLE's label estimates ``phi``).
+    calibration_ : Calibration or None
+        The validation rows' probabilities and observed labels, what :meth:`predict_sets`
+        calibrates on (None without validation rows).
     """
 
     _parameter_constraints: dict = {
@@ -242,6 +248,10 @@ class SPMLClassifier(ClassifierMixin, BaseEstimator):
         self.best_score_ = None if variant == LAST_EPOCH else float(head.best_val)
         self.loss_state_ = {name: value.numpy() for name, value in head.state.items()}
         self.history_ = [_history(record.to_json(), variant) for record in head.epochs]
+        self.calibration_ = None if variant == LAST_EPOCH else Calibration(
+            probabilities(self._head_logits(data.val.features.cpu().numpy())),
+            data.val.observed.cpu().numpy().astype(np.int8), np.arange(len(data.val)),
+            [str(c) for c in self.classes_])
         return self
 
     def _batch_size(self, rows: int) -> int:
@@ -323,7 +333,9 @@ class SPMLClassifier(ClassifierMixin, BaseEstimator):
         """Logits (n, n_classes), one independent head per class, computed as stage two
         evaluates its heads."""
         check_is_fitted(self)
-        X = validate_data(self, X, reset=False, dtype=np.float32)
+        return self._head_logits(validate_data(self, X, reset=False, dtype=np.float32))
+
+    def _head_logits(self, X: np.ndarray) -> np.ndarray:
         positions = 1
         if self.spatial_shape is not None:
             height, width, _ = (int(v) for v in self.spatial_shape)
@@ -361,6 +373,18 @@ class SPMLClassifier(ClassifierMixin, BaseEstimator):
         t = float(self.threshold)
         cut = -math.inf if t == 0 else math.inf if t == 1 else math.log(t / (1 - t))
         return (self.logits(X) > cut).astype(np.int64)
+
+    def predict_sets(self, X, level: float = 0.9, method: str = "rank") -> np.ndarray:
+        """Conformal label sets, 0/1 (n, n_classes) int64: each set holds a random true positive
+        of a row exchangeable with the validation rows with probability at least ``level``,
+        calibrated on their observed positives (``method``: ``rank``, ``threshold`` or
+        ``class``: :mod:`featcache.stats.label_sets`). Needs a fit with validation rows."""
+        check_is_fitted(self)
+        if self.calibration_ is None:
+            raise OptionError("predict_sets calibrates on held-out rows: fit with "
+                              "validation_fraction=0.2 or eval_set=(X_val, Y_val)")
+        rule = calibrated_rule(self.calibration_, level, method)
+        return rule.sets(self.predict_proba(X)).astype(np.int64)
 
     def score(self, X, y, sample_weight=None) -> float:
         """mAP (percent) of the probabilities against ``y``: class labels (each row's one

@@ -23,7 +23,7 @@ from featcache.backbones import Preprocess, Uint8Normalize, backbone_spec, resol
 from featcache.backbones.inputs import ImageRows, worker_init
 from featcache.data.images import image_problem, require_strict_pil
 from featcache.errors import FeatcacheWarning, InputError
-from featcache.interrupt import check_stop
+from featcache.interrupt import check_stop, safe_points
 from featcache.progress import progress as progress_bar
 from featcache.runtime import autocast, backend_flags, default_batch_size, resolve_precision
 
@@ -89,7 +89,7 @@ def run_on_images(paths: Sequence[Named], forward: Callable[[Tensor], Tensor], i
     kept: list[Named] = []
     outputs: list[np.ndarray] = []
     bar = progress_bar(total=len(paths), unit="img", desc=desc, disable=not progress)
-    with bar, torch.inference_mode(), backend_flags(device, precision):
+    with bar, torch.inference_mode(), backend_flags(device, precision), safe_points():
         for images, rows, ok in loader:
             check_stop()  # Ctrl-C or SIGTERM on the command line: stop within a batch
             for row in rows[~ok].tolist():
@@ -97,6 +97,7 @@ def run_on_images(paths: Sequence[Named], forward: Callable[[Tensor], Tensor], i
                 if not skip_bad:
                     raise InputError(f"cannot read image {paths[row]}: {reason}; {fix_hint}")
                 warnings.warn(f"left out {paths[row]}: {reason}", FeatcacheWarning, stacklevel=2)
+                bar.skip(1)
             if ok.any():
                 batch = normalize(images[ok].to(device, non_blocking=True))
                 batch = batch.contiguous(memory_format=layout)
@@ -104,5 +105,8 @@ def run_on_images(paths: Sequence[Named], forward: Callable[[Tensor], Tensor], i
                     outputs.append(forward(batch).float().cpu().numpy())
                 kept += [paths[row] for row in rows[ok].tolist()]
             bar.update(len(rows))
-    width = outputs[0].shape[1] if outputs else 0
-    return kept, (np.concatenate(outputs) if outputs else np.zeros((0, width), np.float32))
+    if not outputs:  # every image was left out (--skip-bad): nothing to score
+        which = (f"{paths[0]} was left out" if len(paths) == 1 else
+                 f"all {len(paths)} were left out, each named above")
+        raise InputError(f"no image could be read: {which}; nothing to score")
+    return kept, np.concatenate(outputs)

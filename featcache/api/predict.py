@@ -9,12 +9,12 @@ does not fit the run: another width, another backbone, weights or image transfor
 of other classes.
 
 Outputs (:func:`write_predictions`): CSV, ``image`` then one probability column per class
-(plus ``labels`` with ``--top-k`` / ``--threshold``), or JSON lines, one object per row.
+(plus ``labels`` with ``--top-k`` / ``--threshold`` / ``--sets``), or JSON lines, one object per
+row.
 """
 
 from __future__ import annotations
 
-import csv
 import io
 import json
 import sys
@@ -27,10 +27,11 @@ import h5py
 import numpy as np
 
 from featcache.data.featurefile import load_features
-from featcache.data.formats.npz import check_feature_matrix, npz_array, open_npz
+from featcache.data.formats.npz import check_feature_matrix, load_numpy, npz_array, open_npz
 from featcache.data.labelfile import load_labels
 from featcache.errors import FeatcacheWarning, InputError, OptionError, plural
 from featcache.fileio import atomic_output, sha256_file
+from featcache.tables import csv_text
 
 FORMATS = ("csv", "jsonl")
 
@@ -55,10 +56,9 @@ def read_features_input(path: str | Path, split: str = "all") -> FeaturesInput:
     if suffix in (".h5", ".hdf5"):
         return _read_featcache(path, split)
     if suffix == ".npy":
-        try:
-            array = np.load(path, allow_pickle=False)
-        except (ValueError, OSError, EOFError) as exc:
-            raise InputError(f"{path} is not a readable .npy array: {exc}") from None
+        array = load_numpy(path, ".npy array")
+        if not isinstance(array, np.ndarray):
+            raise InputError(f"{path} is a .npz archive under a .npy name; rename it to .npz")
         return FeaturesInput(path, [f"row/{i:06d}" for i in range(len(array))],
                              check_feature_matrix(path, "the array", array))
     if suffix == ".npz":
@@ -177,26 +177,40 @@ def chosen_labels(probs: np.ndarray, classes: Sequence[str], top_k: int | None,
     return out
 
 
+def set_labels(probs: np.ndarray, classes: Sequence[str],
+               sets: np.ndarray) -> list[list[tuple[str, float]]]:
+    """Per row, the classes of its label set (``sets``: bool (n, L)), most probable first."""
+    out = []
+    for row, members in zip(probs, np.asarray(sets, dtype=bool), strict=True):
+        order = np.argsort(-row, kind="stable")
+        out.append([(classes[i], float(row[i])) for i in order if members[i]])
+    return out
+
+
 def prediction_text(ids: Sequence[str], probs: np.ndarray, classes: Sequence[str],
                     fmt: str = "csv", top_k: int | None = None,
-                    threshold: float | None = None) -> str:
+                    threshold: float | None = None, sets: np.ndarray | None = None) -> str:
     """CSV (``image``, a probability column per class, ``labels`` when filtering) or JSON
     lines (``{"image", "probabilities"}``, or ``{"image", "labels": [{"class", "probability"}]}``
-    when filtering)."""
+    when filtering); ``sets`` (bool (n, L), e.g. conformal label sets) filters like them."""
     if fmt not in FORMATS:
         raise OptionError(f"--format {fmt!r}: choose one of {', '.join(FORMATS)}")
     if top_k is not None and top_k < 1:
         raise OptionError(f"--top-k must be at least 1, got {top_k}")
+    if sets is not None and (top_k is not None or threshold is not None):
+        raise OptionError("label sets choose each row's labels themselves: give --sets without "
+                          "--top-k and --threshold")
     filtering = top_k is not None or threshold is not None
     kept = chosen_labels(probs, classes, top_k, threshold) if filtering else None
+    if sets is not None:
+        kept = set_labels(probs, classes, sets)
     out = io.StringIO()
     if fmt == "csv":
-        writer = csv.writer(out, lineterminator="\n")
-        writer.writerow(["image", *classes] + (["labels"] if kept is not None else []))
-        for i, (name, row) in enumerate(zip(ids, probs, strict=True)):
-            writer.writerow([name, *(f"{p:.6g}" for p in row)]
-                            + ([";".join(c for c, _ in kept[i])] if kept is not None else []))
-        return out.getvalue()
+        header = ["image", *classes] + (["labels"] if kept is not None else [])
+        return csv_text([header] + [
+            [name, *(f"{p:.6g}" for p in row)]
+            + ([";".join(c for c, _ in kept[i])] if kept is not None else [])
+            for i, (name, row) in enumerate(zip(ids, probs, strict=True))])
     for i, (name, row) in enumerate(zip(ids, probs, strict=True)):
         record = ({"image": name, "labels": [{"class": c, "probability": p} for c, p in kept[i]]}
                   if kept is not None else

@@ -5,6 +5,7 @@
 >>> P = run.predict_proba(X)                 # features (n, D) of the run's backbone
 >>> P = run.predict_proba_images(["a.jpg"])  # images through the run's own backbone
 >>> clf = run.to_estimator()                 # stage two: a fitted SPMLClassifier
+>>> S = run.predict_sets(X, level=0.9)      # conformal label sets (n, L) of 0/1
 
 A stage-two run is its selected head (``best.pt``, :mod:`featcache.protocol.handoff`) on top
 of the backbone its features came from, rebuilt and checked against the recorded weights
@@ -24,6 +25,7 @@ from torch import Tensor, nn
 
 from featcache.api.head_logits import head_logits, module_logits, probabilities
 from featcache.api.images import image_paths, run_on_images
+from featcache.api.label_sets import LabelSets
 from featcache.api.predict import check_input, read_features_input
 from featcache.backbones import Preprocess, Trunk, backbone_spec
 from featcache.backbones.rebuild import (
@@ -69,9 +71,9 @@ def load_run(path: str | Path) -> LinearRun | FinetuneRun:
                      "(linear) and stage-three (finetune) runs")
 
 
-class TrainedRun:
-    """What both kinds of run offer: their description, and predictions from features or
-    images."""
+class TrainedRun(LabelSets):
+    """What both kinds of run offer: their description, predictions from features or images,
+    and conformal label sets (:class:`~featcache.api.label_sets.LabelSets`)."""
 
     stage = ""
 

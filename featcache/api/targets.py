@@ -25,6 +25,7 @@ import scipy.sparse
 from sklearn.utils.multiclass import type_of_target
 from sklearn.utils.validation import column_or_1d
 
+from featcache.data.classnames import code_points, same_text
 from featcache.errors import FeatcacheWarning, plural
 
 LABELS = "labels"
@@ -75,7 +76,26 @@ def read_target(y, classes=None, column_names=None) -> Target:
         warnings.warn(f"y: left out {rows.size} of {plural(len(matrix), 'row')} with no observed label "
                       f"(all 0; rows {shown}), as featcache prepare leaves out images without a "
                       "positive label", FeatcacheWarning, stacklevel=4)
+    _warn_several_positives(matrix)
     return Target(MATRIX, matrix[~empty], names, ~empty)
+
+
+def _warn_several_positives(matrix: np.ndarray) -> None:
+    """A label matrix with several positives a row and no observed negative is most likely
+    full labels (0 meaning absent), which a label matrix reads as several observed positives
+    and the rest unobserved: not single-positive learning. Said once, with the two fixes."""
+    several = int(((matrix == 1).sum(axis=1) > 1).sum())
+    if several == 0 or (matrix == -1).any():
+        return
+    warnings.warn(
+        f"y has several positives in {several} of {plural(len(matrix), 'row')} and no observed "
+        "negative: full labels? A label matrix's 1 entries are observed positives and its 0 "
+        "entries unobserved, so this trains on every positive, which is not single-positive "
+        "learning. To learn from single positives, observe one a row and give the full labels "
+        "as y_full: fit(X, observe_uniform(Y), y_full=Y) with "
+        "featcache.data.sampling.observe_uniform (the protocol's sampler); if the rows really "
+        "have several observed positives, this warning can be ignored", FeatcacheWarning,
+        stacklevel=4)
 
 
 def one_hot(labels, classes: np.ndarray, name: str) -> np.ndarray:
@@ -201,9 +221,36 @@ def _dense(y) -> np.ndarray:
     return np.asarray(y)
 
 
+def _check_names(names, what: str) -> None:
+    """Class names a classifier can keep: each a string or a number (not None, NaN, a tuple
+    of a MultiIndex column), told apart as text and once put in Unicode's composed form."""
+    for index, name in enumerate(list(names)):
+        if isinstance(name, (str, np.str_)) or (isinstance(name, (int, float, np.number))
+                                                and not isinstance(name, (bool, np.bool_))
+                                                and np.isfinite(name)):
+            continue
+        raise ValueError(f"{what} {index} is {name!r}: a class name is a string or a number; "
+                         "name every class (a DataFrame's columns: df.columns = [...], a "
+                         "MultiIndex flattened first)")
+    texts = [str(name) for name in names]
+    if len(set(texts)) != len(texts):
+        seen: set[str] = set()
+        twice = next(t for t in texts if t in seen or seen.add(t))  # type: ignore[func-returns-value]
+        raise ValueError(f"{what}s name the class {twice!r} twice (as text): name each class once")
+    same = same_text(texts)
+    if same is not None:
+        raise ValueError(f"{what}s {same[0]!r} ({code_points(same[0])}) and {same[1]!r} "
+                         f"({code_points(same[1])}) are the same text in two Unicode spellings "
+                         "(NFC and NFD): write them alike (unicodedata.normalize('NFC', name))")
+
+
 def _label_classes(y: np.ndarray, classes) -> np.ndarray:
     if classes is None:
-        return np.unique(y)
+        names = np.unique(y)
+        _check_names(names.tolist(), "y's class label")
+        return names
+    if not isinstance(classes, np.ndarray):
+        _check_names(list(classes), "classes entry")
     names = np.asarray(classes)
     if names.ndim != 1 or len(names) == 0:
         raise ValueError(f"classes must be a non-empty list of labels, got {classes!r}")
@@ -213,7 +260,11 @@ def _label_classes(y: np.ndarray, classes) -> np.ndarray:
 
 
 def _matrix_classes(width: int, classes, column_names) -> np.ndarray:
+    if column_names is not None:
+        _check_names(column_names, "y's column")
     if classes is not None:
+        if not isinstance(classes, np.ndarray):
+            _check_names(list(classes), "classes entry")
         names = np.asarray(classes)
         if names.shape != (width,):
             raise ValueError(f"classes names {plural(names.size, 'class', 'classes')} but y has "

@@ -19,8 +19,11 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import socket
 from pathlib import Path
+from urllib.parse import urlparse
 
+from featcache.environment import OFFLINE
 from featcache.errors import OptionError
 
 OFFLINE_ENV = "FEATCACHE_OFFLINE"
@@ -30,7 +33,7 @@ INSTALL_HINT = f"pip install 'featcache[{EXTRA}]'"
 
 def offline_hub() -> bool:
     """True when downloads are off (``$FEATCACHE_OFFLINE``); then ``HF_HUB_OFFLINE=1`` is set too."""
-    offline = bool(os.environ.get(OFFLINE_ENV))
+    offline = bool(OFFLINE.value(False))
     if offline:
         os.environ["HF_HUB_OFFLINE"] = "1"
     return offline
@@ -93,10 +96,37 @@ def cached_file(repo: str, filenames: tuple[str, ...]) -> Path | None:
     return None
 
 
+#: proxies that only a request through them can test (then :func:`hub_unreachable` does not probe)
+PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
+
+
+def hub_unreachable(timeout: float = 5.0) -> str | None:
+    """Why the hub's host (``$HF_ENDPOINT``, else huggingface.co) cannot be reached, or None
+    when it accepts a connection within ``timeout`` seconds (or a proxy is set). Asked before a
+    download, so that a machine without network fails at once, not after the library's
+    retries (tens of seconds)."""
+    if any(os.environ.get(name) for name in PROXY_VARIABLES):
+        return None
+    from huggingface_hub import constants
+
+    endpoint = urlparse(constants.ENDPOINT)
+    host = endpoint.hostname or "huggingface.co"
+    port = endpoint.port or (80 if endpoint.scheme == "http" else 443)
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except OSError as exc:
+        return f"{host} cannot be reached: {exc.strerror or exc}"
+    return None
+
+
 def download_file(repo: str, filenames: tuple[str, ...]) -> Path:
-    """Download the first of ``filenames`` that ``repo`` has into the hub cache (with progress)."""
+    """Download the first of ``filenames`` that ``repo`` has into the hub cache (with progress);
+    OSError at once when the hub cannot be reached."""
     from huggingface_hub import hf_hub_download
 
+    unreachable = hub_unreachable()
+    if unreachable is not None:
+        raise OSError(f"{unreachable} (no network? set ${OFFLINE_ENV}=1 to never try)")
     errors = []
     for filename in filenames:
         try:

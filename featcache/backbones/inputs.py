@@ -29,7 +29,13 @@ from torch.utils.data import Dataset, get_worker_info
 
 from featcache.backbones.preprocess import PROTOCOL, Preprocess
 from featcache.backbones.transforms import resize_transform
-from featcache.data.images import DECODE_ERRORS, load_rgb, require_strict_pil, to_rgb
+from featcache.data.images import (
+    DECODE_ERRORS,
+    load_rgb,
+    open_image,
+    require_strict_pil,
+    to_rgb,
+)
 from featcache.errors import FeatcacheError, plural
 from featcache.interrupt import ignore_in_worker
 
@@ -136,7 +142,7 @@ class JpegBytesRows(ImageRows):
             data = b""
         if data.startswith(_JPEG_START) and data.rstrip(b"\x00").endswith(_JPEG_END):
             try:
-                with Image.open(io.BytesIO(data)) as image:  # parses the header only
+                with open_image(io.BytesIO(data), self.path(row)) as image:  # the header only
                     plain = image.format == "JPEG" and image.mode in ("RGB", "L")
             except DECODE_ERRORS:
                 plain = False
@@ -383,7 +389,7 @@ def _decode_one(data: torch.Tensor, device: torch.device) -> torch.Tensor | None
     except RuntimeError:
         pass
     try:
-        with Image.open(io.BytesIO(data.numpy().tobytes())) as image:
+        with open_image(io.BytesIO(data.numpy().tobytes()), "a JPEG") as image:
             array = np.asarray(to_rgb(image))
     except DECODE_ERRORS:
         return None

@@ -30,7 +30,7 @@ import torchvision
 from torch import Tensor, nn
 
 from featcache.backbones.family import BackboneFamily, BackboneSpec, Trunk
-from featcache.backbones.hub import OFFLINE_ENV
+from featcache.backbones.hub import OFFLINE_ENV, offline_hub
 from featcache.backbones.weightsource import WeightsSource, file_sha256, file_source, url_file_name
 from featcache.errors import InputError, OptionError, plural
 
@@ -124,11 +124,11 @@ class TorchvisionFamily(BackboneFamily):
         name = url_file_name(source.url)
         target = hub_checkpoint_dir() / name
         if download is None:
-            download = not os.environ.get(OFFLINE_ENV)
+            download = not offline_hub()
         if not target.exists():
             if not download:
-                raise _missing_weights(source, target, f"${OFFLINE_ENV} is set" if os.environ.get(
-                    OFFLINE_ENV) else "downloads are off")
+                raise _missing_weights(source, target, f"${OFFLINE_ENV} is set" if offline_hub()
+                                       else "downloads are off")
             try:
                 target.parent.mkdir(parents=True, exist_ok=True)
                 torch.hub.download_url_to_file(source.url, str(target),

@@ -32,6 +32,11 @@ def describe(spec) -> dict:
     }
 
 
+def _availability(available: str) -> str:
+    """The ``available`` column in words: 'yes...' means the library is installed."""
+    return "library installed" + available[len("yes"):] if available.startswith("yes") else available
+
+
 def _triple(values) -> str:
     return "/".join(f"{v:.3g}" for v in values)
 
@@ -71,6 +76,7 @@ def command(show_all: bool, markdown: bool) -> None:
     for row in rows:
         click.echo(f"{row['name']:<18}{row['summary']}")
         click.echo(f"{'':<18}{row['library']} {row['model']}, weights {row['weights']}, "
-                   f"{row['dim']}-d, {row['size']} px, pooling {row['pooling']}, text tower "
-                   f"{row['text']}; {row['available']}")
+                   f"{row['dim']}-d, {row['size']} px, pooling {row['pooling']}, "
+                   f"{'text tower (--text)' if row['text'] == 'yes' else 'no text tower'}; "
+                   f"{_availability(row['available'])}")
         click.echo(f"{'':<18}preprocess: {row['preprocess']}")

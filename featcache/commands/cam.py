@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from featcache.commands.common import device_option, overwrite_option
+from featcache.commands.common import FiniteFloat, device_option, overwrite_option
 
 
 @click.command("cam")
@@ -18,7 +18,7 @@ from featcache.commands.common import device_option, overwrite_option
               help="Map the K most probable classes (of the first run, so rows compare).")
 @click.option("--out", required=True, type=click.Path(),
               help="The PNG to write.")
-@click.option("--alpha", type=click.FloatRange(0, 1), default=0.6, show_default=True,
+@click.option("--alpha", type=FiniteFloat(0, 1), default=0.6, show_default=True,
               help="Opacity of the map's brightest spot over the image (fainter where the map "
                    "is low).")
 @click.option("--cmap", default="magma", show_default=True,
@@ -46,7 +46,7 @@ def command(run_paths, image, class_names, top, out, alpha, cmap, device, overwr
     from featcache.api.cam import class_activation_maps, draw_maps
     from featcache.api.runs import load_run
     from featcache.errors import OptionError, plural, unknown_name
-    from featcache.interrupt import check_stop, on_stop
+    from featcache.interrupt import check_stop, on_stop, safe_points
     from featcache.paths import check_out
 
     check_out(out, "--out", (".png",), "a PNG figure", inputs=[image, *run_paths],
@@ -57,7 +57,7 @@ def command(run_paths, image, class_names, top, out, alpha, cmap, device, overwr
     runs = [load_run(path) for path in run_paths]
     names = list(class_names)
     rows = []
-    with on_stop(f"{out} was not written; run the same command again"):
+    with on_stop(f"{out} was not written; run the same command again"), safe_points():
         for run in runs:
             if run.classes != runs[0].classes:
                 raise OptionError(f"runs {runs[0].path} and {run.path} predict different "

@@ -2,10 +2,39 @@
 
 from __future__ import annotations
 
+import math
+
 import click
 
 from featcache.commands.repeated import ListOption
 from featcache.paths import CACHE_ENV, DEFAULT_CACHE
+
+
+class FiniteFloat(click.FloatRange):
+    """A float option (optionally in a range) that refuses ``nan``, ``inf`` and ``-inf``, which
+    Python's float() reads and a range check lets through (NaN fails no comparison)."""
+
+    name = "float"
+
+    def convert(self, value, param, ctx):
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
+
+
+#: a float option's type: any finite number
+FINITE = FiniteFloat()
+#: the most epochs a run may ask for: a typo (--epochs 100000000000000000000) is refused
+#: before any work instead of being started
+MAX_EPOCHS = 100_000
+EPOCHS = click.IntRange(1, MAX_EPOCHS)
+#: seeds of NumPy's RandomState (the protocol's observation, split and shapes): 0 to 2**32 - 1
+NUMPY_SEED = click.IntRange(0, 2**32 - 1)
+#: seeds of PyTorch's and NumPy's generators: 64-bit
+TORCH_SEED = click.IntRange(-(2**63), 2**63 - 1)
+GENERATOR_SEED = click.IntRange(0, 2**63 - 1)
+
 
 cache_option = click.option(
     "--cache", "cache", type=click.Path(file_okay=False), default=None,
@@ -108,18 +137,27 @@ def batch_sizes_option(help: str = "Batch sizes of the grid (comma-separated or 
                         show_default=True, callback=_numbers(int, "--batch-size"), help=help)
 
 
-def parse_number_list(value: str, option: str, kind=float) -> list:
-    """Parse ``"1e-2,1e-3"`` into numbers; the error names the option and the bad item."""
+def parse_number_list(value: str, option: str, kind=float,
+                      bounds: click.IntRange | None = None) -> list:
+    """Parse ``"1e-2,1e-3"`` into numbers; the error names the option and the bad item. Floats
+    must be finite (``inf``, ``nan``); integers inside ``bounds`` when given (seeds)."""
     items = [item.strip() for item in str(value).split(",") if item.strip()]
     if not items:
         raise click.BadParameter(f"{option} needs at least one value", param_hint=option)
     numbers = []
     for item in items:
         try:
-            numbers.append(kind(item))
+            number = kind(item)
         except ValueError:
             expected = "an integer" if kind is int else "a number"
             raise click.BadParameter(f"{item!r} is not {expected}", param_hint=option) from None
+        if kind is float and not math.isfinite(number):
+            raise click.BadParameter(f"{item!r} is not a finite number", param_hint=option)
+        if bounds is not None and not bounds.min <= number <= bounds.max:
+            shown = item if len(item) <= 24 else item[:21] + "..."
+            raise click.BadParameter(f"{shown} is outside {bounds.min} to {bounds.max}",
+                                     param_hint=option)
+        numbers.append(number)
     check_no_repeats(numbers, option)
     return numbers
 
@@ -136,8 +174,9 @@ def check_no_repeats(values: list, option: str) -> None:
 
 
 def parse_params(pairs: tuple[str, ...]) -> dict[str, list]:
-    """Parse repeated ``--param name=value[,value...]`` into {name: [values]} (a name given
-    twice gets the values of both, as ``name=V1,V2``).
+    """Parse repeated ``--param name=value[,value...]`` into {name: [values]}; a name given in
+    two ``--param`` options is refused (a typo or an override, never meant as a grid: a grid
+    axis is ``name=V1,V2``).
 
     A value is a number or ``estimate:M[:SEED]`` (estimated from M fully labelled training
     images, for the parameters that support it: EPR's and ROLE's k).
@@ -151,7 +190,17 @@ def parse_params(pairs: tuple[str, ...]) -> dict[str, list]:
             raise click.BadParameter(f"{pair!r} is not NAME=VALUE", param_hint="--param")
         name, value = pair.split("=", 1)
         name = name.strip()
-        values = params.get(name, [])
+        if not name:
+            raise click.BadParameter(f"{pair!r} names no parameter (NAME=VALUE)",
+                                     param_hint="--param")
+        if name in params:
+            first = next(p for p in pairs if p.split("=", 1)[0].strip() == name)
+            before = first.split("=", 1)[1].strip()
+            grid = ("" if before == value.strip() else f", or both values in one for a grid "
+                    f"axis: --param {name}={before},{value.strip()}")
+            raise OptionError(f"--param {name} is given twice ({first}, then {pair}): give it "
+                              f"once{grid}")
+        values: list = []
         for item in [item.strip() for item in value.split(",") if item.strip()] or [value]:
             try:
                 request = EstimateRequest.parse(item)

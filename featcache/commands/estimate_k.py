@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from featcache.commands.common import (
+    GENERATOR_SEED,
     cache_option,
     chosen_dataset,
     dataset_option,
@@ -20,7 +21,7 @@ from featcache.commands.repeated import ListOption
                    "(comma-separated or repeated; the supplement's Table A2 uses 5, 10 and 25).")
 @click.option("--draws", type=click.IntRange(min=1), default=100_000, show_default=True,
               help="Random sets of M images drawn (the supplement's 10^5).")
-@click.option("--seed", type=int, default=1200, show_default=True, help="Seed of the draws.")
+@click.option("--seed", type=GENERATOR_SEED, default=1200, show_default=True, help="Seed of the draws.")
 @click.option("--sweep", type=click.IntRange(min=2), default=None,
               help="Also print this many linearly spaced k values in each interval (the "
                    "supplement's Figure A1 uses 10 in I_5).")

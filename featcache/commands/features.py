@@ -74,18 +74,16 @@ from featcache.commands.common import (
 @click.option("--gpu-decode", is_flag=True, default=False,
               help="Decode JPEGs on the GPU (nvJPEG, whole batches, ahead of the forward pass) "
                    "and resize there; features close to PIL's, not identical. Pays only where "
-                   "PIL decoding is the limit: at 224 px on an H200 (2026-11-26) PIL capped stage "
-                   "one at 3,296 img/s end to end on 15 workers (forward 12,003), while at 448 px "
-                   "PIL kept up and --gpu-decode was slower (2,142 against 3,628 img/s, short "
-                   "windows; before its batches were packed). `make gpu-check` measures both "
-                   "sizes and decides: the default on CUDA if 1.1x faster at 224 px and no "
-                   "slower at 448 px, retired if slower at both.")
+                   "PIL decoding limits stage one (small input sizes, many images per second); "
+                   "`make gpu-check` measures it against PIL at 224 and 448 px and decides whether "
+                   "it becomes the default on CUDA (docs/features.md; figures in "
+                   "docs/performance.md).")
 @click.option("--jpeg-draft", is_flag=True, default=False,
               help="Let PIL decode JPEGs at 1/2, 1/4 or 1/8 scale (libjpeg's DCT scaling) when "
                    "the image stays at least SIZE x SIZE; slightly different features. Pays only "
-                   "for photos at least twice SIZE each way (2x VOC's size at 224 px: 1.8x less "
-                   "CPU per image); VOC's 500 x 375 decode as without it (H200, 224 px: 3,214 "
-                   "img/s end to end with it, 3,296 without). Off: the reference decodes full size.")
+                   "for photos at least twice SIZE each way (less CPU per image); smaller ones "
+                   "decode as without it (figures in docs/performance.md). Off: the reference "
+                   "decodes full size.")
 @click.option("--skip-bad", is_flag=True, default=False,
               help="Flag unreadable images (NaN features, /<split>/bad = 1, listed in the file's "
                    "bad_images attribute) instead of stopping at the first one.")
@@ -113,6 +111,7 @@ def command(dataset, backbone, weights, image_size, preprocess, text, prompt_tem
       torchrun --nproc_per_node N -m featcache features --dataset voc
     """
     from featcache.features.extract import ExtractOptions, extract_features
+    from featcache.interrupt import safe_points
 
     if gpu_decode and not _cuda_requested(device):
         raise click.BadParameter("needs a CUDA device (--device cuda, or auto on a machine with "
@@ -126,7 +125,9 @@ def command(dataset, backbone, weights, image_size, preprocess, text, prompt_tem
         spatial=spatial, compression=compression,
     )
     dataset = chosen_dataset(dataset, cache)
-    result = extract_features(dataset, options, say=lambda message: click.echo(message, err=True))
+    with safe_points():  # stage one stops at its next batch, keeping finished chunks
+        result = extract_features(dataset, options,
+                                  say=lambda message: click.echo(message, err=True))
     if result.status != "shard":  # ranks > 0 say nothing
         click.echo(result.summary())
 

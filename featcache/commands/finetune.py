@@ -5,6 +5,9 @@ from __future__ import annotations
 import click
 
 from featcache.commands.common import (
+    EPOCHS,
+    TORCH_SEED,
+    FiniteFloat,
     batch_sizes_option,
     cache_option,
     chosen_dataset,
@@ -20,9 +23,20 @@ from featcache.commands.common import (
 from featcache.errors import plural
 
 
+def _require_loss(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """--loss is required (also when a recipe's step is checked): its error names the finished
+    linear runs ``--init best`` could start from."""
+    if value is not None or ctx.resilient_parsing:
+        return value
+    raise click.UsageError(_missing_loss(ctx.params.get("dataset"), ctx.params.get("cache"),
+                                         ctx.params.get("init") or "best"), ctx=ctx)
+
+
 @click.command("finetune")
 @dataset_option()
-@click.option("--loss", required=True, help="The loss (`featcache losses` lists them).")
+@click.option("--loss", default=None, callback=_require_loss,
+              help="The loss (`featcache losses` lists them)  [required; without it the "
+                   "error names the finished linear runs --init best can start from].")
 @click.option("--init", "init", default="best", show_default=True, metavar="best|none|PATH",
               help="best: the finished linear run of this loss with the best validation mAP on "
                    "these labels (trained first, with LinearInit's fixed hyperparameters, when there "
@@ -32,15 +46,15 @@ from featcache.errors import plural
                             "the head gets --head-lr-mult times it).")
 @batch_sizes_option(help="Batch sizes of the grid, comma-separated or repeated (global: shared "
                          "among the ranks under torchrun; --bsize is an alias).")
-@click.option("--epochs", default=10, show_default=True, type=click.IntRange(min=1),
+@click.option("--epochs", default=10, show_default=True, type=EPOCHS,
               help="Fine-tuning epochs (the reference code's 10; Cole et al.'s paper says 5 for "
                    "LinearInit: --epochs 5).")
-@click.option("--head-lr-mult", default=1.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
+@click.option("--head-lr-mult", default=1.0, show_default=True, type=FiniteFloat(min=0, min_open=True),
               help="Learning-rate multiplier of the linear head (Kim et al. use 10).")
 @click.option("--param", "param_pairs", multiple=True, metavar="NAME=VALUE",
               help="Loss parameter (repeatable). With LinearInit the linear run's values are the "
                    "default.")
-@click.option("--linear-lr", type=click.FloatRange(min=0, min_open=True), default=None,
+@click.option("--linear-lr", type=FiniteFloat(min=0, min_open=True), default=None,
               help="Learning rate of the linear phase when it must be trained first  [default: "
                    "LinearInit's: an-ls 1e-4, role 1e-3; required for other losses].")
 @click.option("--linear-batch-size", "--linear-bsize", "linear_batch_size",
@@ -68,12 +82,10 @@ from featcache.errors import plural
                    "on the CPU. The loss is always computed in float32.")
 @click.option("--compile", "use_compile", is_flag=True, default=False,
               help="torch.compile the network. Compiling is paid once per batch size (later "
-                   "configurations of the grid reuse the graphs): about 59 s on an H200 "
-                   "(2026-11-26). It pays when it makes the step faster by more than that share "
-                   "of the training time: uncompiled, VOC at 448 px trains at 485 img/s at batch "
-                   "16 on that GPU (4 learning rates x 10 epochs: about 380 s), so above a 16 % "
-                   "speed-up; at batch 64 the step already runs at its compute's rate (1,147 of "
-                   "1,160 img/s). Its speed-up is not measured yet.")
+                   "configurations of the grid reuse the graphs); it pays when it makes the step "
+                   "faster by more than that share of the training time, which is least likely "
+                   "at large batches, where the step already runs at its compute's rate "
+                   "(docs/finetune.md; figures in docs/performance.md).")
 @click.option("--deterministic", is_flag=True, default=False,
               help="GPU: deterministic cuDNN and PyTorch kernels, no autotuner (slower): the same "
                    "command gives the same bits, and a resumed run equals an uninterrupted one. "
@@ -94,7 +106,7 @@ from featcache.errors import plural
               show_default=True,
               help="Per-configuration early stopping: Kim et al. (3-point drop below the best) or "
                    "Zhou et al. (first epoch that does not improve).")
-@click.option("--seed", default=0, show_default=True, type=int,
+@click.option("--seed", default=0, show_default=True, type=TORCH_SEED,
               help="Seeds the data order, the flips, a fresh head and the loss's initial state.")
 @click.option("--device", default="auto", show_default=True,
               help="auto (cuda when available), cpu, cuda, cuda:N; under torchrun each rank uses "
@@ -136,6 +148,7 @@ def command(dataset, loss, init, learning_rates, batch_sizes, epochs, head_lr_mu
     """
     from featcache.finetune.options import FinetuneOptions
     from featcache.finetune.run import run_finetune
+    from featcache.interrupt import safe_points
     from featcache.linear.run import train_linear_phase
 
     dataset = chosen_dataset(dataset, cache)
@@ -157,8 +170,54 @@ def command(dataset, loss, init, learning_rates, batch_sizes, epochs, head_lr_mu
         keep_checkpoints=keep_checkpoints,
         plots=not no_plots, progress=not quiet, cache=cache, tensorboard=tensorboard,
     )
-    outcome = run_finetune(options, linear_phase=train_linear_phase)
+    with safe_points():  # stage three stops at its next step, keeping finished epochs
+        outcome = run_finetune(options, linear_phase=train_linear_phase)
     if outcome is not None:
         click.echo(outcome)
         if tensorboard:
             click.echo(tensorboard_line(tensorboard), err=True)
+
+
+def _missing_loss(dataset: str | None, cache: str | None, init: str) -> str:
+    """``Missing option '--loss'``, with the finished linear runs of ``dataset`` (default: the
+    only one prepared) that ``--init best`` could start from (at most a few run ids per loss);
+    the plain line where the dataset cannot be read yet."""
+    from featcache.errors import FeatcacheError
+
+    message = "Missing option '--loss': the loss to fine-tune (`featcache losses` lists them)"
+    try:
+        return message + _runs_to_start_from(chosen_dataset(dataset, cache), cache, init)
+    except FeatcacheError:  # no such dataset (yet): the missing option is the news
+        return message
+
+
+def _runs_to_start_from(dataset: str, cache: str | None, init: str) -> str:
+    """'; ...' naming what ``--init best`` could start from on ``dataset`` ('' for another
+    --init)."""
+    import shlex
+
+    from featcache.data.labelfile import load_labels
+    from featcache.errors import name_list
+    from featcache.paths import labels_path, runs_root
+    from featcache.protocol.catalog import loss_names
+    from featcache.protocol.loss_choice import WITHOUT_IMAGES
+    from featcache.protocol.runs import finished_runs
+
+    labels = load_labels(labels_path(dataset, cache), image_names=False)
+    if labels.provenance.get("source_format") in WITHOUT_IMAGES:
+        return (f"; but {dataset} has features and no images (imported or generated), "
+                "so it cannot be fine-tuned end to end: its linear runs are final")
+    if init != "best":
+        return ""
+    root = runs_root(dataset, cache)
+    found = {folder.name: [run.name for run in finished_runs(folder)]
+             for folder in sorted(root.iterdir()) if folder.is_dir()} if root.is_dir() else {}
+    found = {loss: runs for loss, runs in found.items() if runs and loss in loss_names()}
+    if not found:
+        return (f"; {dataset} has no finished linear run yet, so --init best trains "
+                "LinearInit's linear phase first (its hyperparameters are known for an-ls and role)")
+    listed = "; ".join(f"{loss} ({name_list(runs, 3)})" for loss, runs in found.items())
+    example = "role" if "role" in found else next(iter(found))
+    return (f"; --init best can start from the finished linear runs of {dataset}: "
+            f"{listed}, e.g. `featcache finetune --dataset {dataset} --loss {example}"
+            f"{'' if cache is None else ' --cache ' + shlex.quote(str(cache))}`")

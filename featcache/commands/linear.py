@@ -5,6 +5,9 @@ from __future__ import annotations
 import click
 
 from featcache.commands.common import (
+    EPOCHS,
+    FINITE,
+    TORCH_SEED,
     batch_sizes_option,
     cache_option,
     chosen_dataset,
@@ -18,7 +21,7 @@ from featcache.commands.common import (
     tensorboard_option,
     val_option,
 )
-from featcache.commands.repeated import ListOption
+from featcache.commands.repeated import ListOption, named_losses
 from featcache.protocol.search_modes import (
     default_search_mode,
     search_help,
@@ -31,6 +34,7 @@ from featcache.protocol.search_modes import (
 @click.command("train-linear")
 @dataset_option()
 @click.option("--loss", "loss_names", cls=ListOption, default="an-ls", show_default=True,
+              callback=lambda ctx, param, value: named_losses(value),
               help="A loss, a comma-separated (or repeated) list, or 'all' (`featcache losses` lists them). "
                    "BoostLU losses (ll-r+boostlu, ...) train on the spatial features file "
                    "(`featcache features --spatial`), the others on the pooled one. "
@@ -38,12 +42,12 @@ from featcache.protocol.search_modes import (
                    "`featcache features --text`) adds CLIP's zero-shot row: no training.")
 @learning_rates_option()
 @batch_sizes_option()
-@click.option("--epochs", default=25, show_default=True, type=click.IntRange(min=1))
+@click.option("--epochs", default=25, show_default=True, type=EPOCHS)
 @click.option("--param", "param_pairs", multiple=True, metavar="NAME=V[,V...]",
               help="Loss parameter (repeatable); several values add a grid axis. Applied to the "
                    "selected losses that have it.")
-@click.option("--eps-pos", type=float, default=None, help="an-ls: smoothing of observed positives.")
-@click.option("--eps-neg", type=float, default=None, help="an-ls: smoothing of assumed negatives.")
+@click.option("--eps-pos", type=FINITE, default=None, help="an-ls: smoothing of observed positives.")
+@click.option("--eps-neg", type=FINITE, default=None, help="an-ls: smoothing of assumed negatives.")
 @val_option
 @click.option("--seeds", cls=ListOption, default="0", show_default=True,
               help="Comma-separated (or repeated) seeds; each repeats the whole search (mean +- std reported).")
@@ -75,9 +79,8 @@ from featcache.protocol.search_modes import (
                    "of one window of blocks, not of the whole split; results.json records both, "
                    "see docs/linear.md), and fewer worker processes run when the budget cannot "
                    "hold them. The floor is the labels and one group's state plus one block: "
-                   "it grows with rows x classes, not with the feature width (about 13 bytes "
-                   "per row and class; measured on 1,000,000 x 2,048 features of 20 classes: "
-                   "one configuration under 256MB, the default grid under 1GB).")
+                   "it grows with rows x classes, not with the feature width (docs/linear.md; "
+                   "figures in docs/performance.md).")
 @click.option("--stream", is_flag=True,
               help="Stream the training features from the file even when they fit the budget.")
 @click.option("--no-plots", is_flag=True, help="Do not draw curves.png.")
@@ -117,6 +120,7 @@ def command(ctx, dataset, loss_names, learning_rates, batch_sizes, epochs, param
         from featcache.protocol import plot_process
 
         plot_process.start()
+    from featcache.interrupt import safe_points
     from featcache.linear.options import LinearOptions
     from featcache.linear.run import run_linear
 
@@ -132,13 +136,14 @@ def command(ctx, dataset, loss_names, learning_rates, batch_sizes, epochs, param
             params[name] = [value]
     options = LinearOptions(
         dataset=dataset, losses=loss_names, learning_rates=learning_rates, batch_sizes=batch_sizes,
-        epochs=epochs, params=params, seeds=parse_number_list(seeds, "--seeds", kind=int),
+        epochs=epochs, params=params, seeds=parse_number_list(seeds, "--seeds", kind=int, bounds=TORCH_SEED),
         val_variant=val_variant, early_stop=early_stop, backbone=backbone, run_id=run_id,
         jobs=jobs, max_memory=max_memory, stream=stream, plots=not no_plots, progress=not quiet,
         device=device, cache=cache, overwrite=overwrite, pseudo_labels=pseudo_labels,
         search=search, weight_decays=weight_decays, tensorboard=tensorboard)
-    outcome = run_linear(options, say=lambda line: click.echo(line, err=True),
-                         on_run=lambda run: click.echo(run.line()))
+    with safe_points():  # stage two stops at its next step, keeping finished losses
+        outcome = run_linear(options, say=lambda line: click.echo(line, err=True),
+                             on_run=lambda run: click.echo(run.line()))
     if outcome.table is not None and outcome.table_path is not None:
         click.echo("")
         click.echo(outcome.table.markdown())

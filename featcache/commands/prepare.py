@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from featcache.commands.common import cache_option, overwrite_option
+from featcache.commands.common import NUMPY_SEED, FiniteFloat, cache_option, overwrite_option
 from featcache.errors import plural
 
 #: dataset names the built-in formats write; users' own data takes other names
@@ -26,9 +26,9 @@ OBSERVERS = ("uniform", "size", "location", "semantic")
 def observation_options(func):
     """--num-pos/--num-neg/--observe/--class-weights/--obs-seed/--split-seed."""
     options = [
-        click.option("--num-pos", type=int, default=1, show_default=True,
+        click.option("--num-pos", type=click.IntRange(min=-1), default=1, show_default=True,
                      help="Observed positives per image (-1: all). The protocol observes 1."),
-        click.option("--num-neg", type=int, default=0, show_default=True,
+        click.option("--num-neg", type=click.IntRange(min=-1), default=0, show_default=True,
                      help="Observed negatives per image (-1: all); the 'iu' loss needs 1."),
         click.option("--observe", type=click.Choice(OBSERVERS), default="uniform",
                      show_default=True,
@@ -39,11 +39,11 @@ def observation_options(func):
         click.option("--class-weights", type=file_path, default=None,
                      help="--observe semantic: JSON object {\"class\": weight, ...} naming every "
                           "class."),
-        click.option("--obs-seed", type=int, default=PROTOCOL_SEED, show_default=True,
+        click.option("--obs-seed", type=NUMPY_SEED, default=PROTOCOL_SEED, show_default=True,
                      help="Seed of the observation sampler: a fresh RandomState(seed) for the "
                           "official train and test matrices each (the reference's --seed; the "
                           "biased samplers use random.Random(seed), as Arroyo et al.)."),
-        click.option("--split-seed", type=int, default=PROTOCOL_SEED, show_default=True,
+        click.option("--split-seed", type=NUMPY_SEED, default=PROTOCOL_SEED, show_default=True,
                      help="Seed of the 80/20 train/validation split of the official train set."),
     ]
     return functools.reduce(lambda f, option: option(f), reversed(options), func)
@@ -171,7 +171,7 @@ def cub(ctx, root, images, **common):
                       "merged: merge both, then draw a seeded random split like Cole et al."),
     click.option("--merged-train-size", type=click.IntRange(min=1), default=150_000,
                  show_default=True, help="Training images drawn by --split merged."),
-    click.option("--merge-seed", type=int, default=PROTOCOL_SEED, show_default=True,
+    click.option("--merge-seed", type=NUMPY_SEED, default=PROTOCOL_SEED, show_default=True,
                  help="Seed of the --split merged draw (Cole et al.'s own seed and re-crawl are "
                       "not public: their exact split cannot be reproduced)."),
 ])
@@ -226,7 +226,7 @@ def l48(ctx, root, variant, name, images, **common):
 @click.option("--classes", "classes_file", type=file_path, default=None,
               help="Class list, one name per line, fixing the class order (default: the full-"
                    "label header, else the sorted single-positive labels of --train).")
-@click.option("--k", type=click.FloatRange(min=0, min_open=True), default=None,
+@click.option("--k", type=FiniteFloat(min=0, min_open=True), default=None,
               help="Mean positives per training image, for losses that need it (epr, role), "
                    "when the training labels are single positives (otherwise computed).")
 @image_options(images_help="Folder the image paths of both files are relative to.")
@@ -295,7 +295,7 @@ def features(ctx, npz_file, name, backbone, cache, overwrite, **observation):
               help="Images in the official training set.")
 @click.option("--num-test", type=int, default=150, show_default=True,
               help="Images in the test set.")
-@click.option("--seed", type=int, default=0, show_default=True,
+@click.option("--seed", type=NUMPY_SEED, default=0, show_default=True,
               help="Generator seed: the same seed gives the same image bytes.")
 @observation_options
 @output_options

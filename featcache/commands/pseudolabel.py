@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import click
 
-from featcache.commands.common import cache_option, chosen_dataset, dataset_option, overwrite_option
+from featcache.commands.common import (
+    FINITE,
+    cache_option,
+    chosen_dataset,
+    dataset_option,
+    overwrite_option,
+)
 
 
 @click.command("pseudo-label")
@@ -17,14 +23,14 @@ from featcache.commands.common import cache_option, chosen_dataset, dataset_opti
 @click.option("--backbone", default=None, metavar="TAG",
               help="Which features file (features-TAG.h5)  [default: the only one with text "
                    "embeddings].")
-@click.option("--threshold", type=float, default=None,
+@click.option("--threshold", type=FINITE, default=None,
               help="Positive threshold  [default: vlpl 0.3; aevlp 0.5 (NUS-WIDE 0.6, CUB 0.005)].")
-@click.option("--temperature", type=float, default=None,
+@click.option("--temperature", type=FINITE, default=None,
               help="Softmax temperature of the cosines  [default: 0.01; aevlp CUB 0.1].")
-@click.option("--negative-ratio", type=float, default=None,
+@click.option("--negative-ratio", type=FINITE, default=None,
               help="Fraction of classes with the lowest scores: vlpl makes them pseudo-negatives "
                    "(its 'partial', default 0); aevlp clears them (0.2, COCO 0.3).")
-@click.option("--eta", type=float, default=None,
+@click.option("--eta", type=FINITE, default=None,
               help="aevlp: cap of the adaptive gate  [default: 0.3; VOC 0, CUB 0.005].")
 @click.option("--top-k", type=click.IntRange(min=1), default=None,
               help="aevlp: pseudo-positives come from the K best classes  [default: 3; CUB 32].")

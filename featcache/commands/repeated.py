@@ -116,3 +116,12 @@ def _scan(command: click.Command, ctx: click.Context,
             occurrences.append(_Occurrence(option, index, index + 1, spelled, inline))
             index += 1
     return occurrences, None
+
+
+def named_losses(value: str) -> str:
+    """A ``--loss`` list that names at least one loss (``--loss ','`` names none: refused, where
+    it used to train nothing and exit 0)."""
+    if not any(name.strip() for name in str(value).split(LIST_SEPARATOR)):
+        raise click.BadParameter(f"{value!r} names no loss: give a loss, a comma-separated list "
+                                 "or 'all' (`featcache losses` lists them)", param_hint="--loss")
+    return value

@@ -28,17 +28,20 @@ def command(dataset_dir, out, run_patterns, title, overwrite):
     AP as a heatmap (losses x classes; the classes a loss gains or loses on `an` outlined),
     each fine-tuned run beside its linear start, the CAM figures `featcache cam` wrote under
     DATASET_DIR, and for every number the command, settings and fingerprint that made it.
-    It is self-contained (inline CSS, SVG and images, no URL): open it from disk.
+    It is self-contained (inline CSS, SVG and images, no URL): open it from disk. A report
+    written before is replaced; any other existing file only with --overwrite.
       featcache report cache/voc --runs real-features --out voc.html
     """
     from pathlib import Path
 
     from featcache.paths import check_out
-    from featcache.report import DEFAULT_NAME, write_report
+    from featcache.report import DEFAULT_NAME, is_report, write_report
 
-    check_out(Path(dataset_dir) / DEFAULT_NAME if out is None else out,
-              "--out" if out is not None else "the report", (".html", ".htm"), "an HTML page",
-              overwrite=overwrite)
+    target = Path(dataset_dir) / DEFAULT_NAME if out is None else Path(out)
+    replaced = target.is_file() and is_report(target)  # a page it wrote: replaced as asked
+    check_out(target, "--out" if out is not None else "the report", (".html", ".htm"),
+              "an HTML page", overwrite=overwrite or replaced)
     patterns = [p.strip() for value in run_patterns for p in value.split(",") if p.strip()]
-    path = write_report(dataset_dir, out, patterns, title, overwrite)
-    click.echo(f"report -> {path}")
+    path = write_report(dataset_dir, out, patterns, title, overwrite or replaced)
+    click.echo(f"report -> {path}" + (" (replacing the report written there before)"
+                                      if replaced else ""))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from featcache.commands.common import overwrite_option
+from featcache.commands.common import GENERATOR_SEED, FiniteFloat, overwrite_option
 from featcache.errors import plural
 
 #: the file endings each --format may be written to
@@ -34,13 +34,21 @@ TABLE_SUFFIXES = {"md": (".md", ".markdown", ".txt"), "csv": (".csv", ".txt"),
               help="Add each cell's difference to LOSS on the same resampled images, with its "
                    "paired interval, the share of resamples it wins, and Holm's correction "
                    "(implies --ci).")
-@click.option("--resamples", type=click.IntRange(min=1), default=1000, show_default=True,
+@click.option("--sets", "sets_level", type=FiniteFloat(0, 1, min_open=True, max_open=True),
+              default=None,
+              help="Conformal label sets at this level (e.g. 0.9) beside each cell's mAP: the "
+                   "share of each test image's true positives its set holds and the mean set "
+                   "size, each with its 95% bootstrap interval, and the smallest top-k of the same "
+                   "share (each run's records; docs/label-sets.md).")
+@click.option("--sets-method", type=click.Choice(["rank", "threshold", "class"]), default="rank",
+              show_default=True, help="How --sets calibrates (see `featcache predict --help`).")
+@click.option("--resamples", type=click.IntRange(1, 1_000_000), default=1000, show_default=True,
               help="Bootstrap resamples of --ci / --versus.")
-@click.option("--ci-seed", type=int, default=0, show_default=True,
+@click.option("--ci-seed", type=GENERATOR_SEED, default=0, show_default=True,
               help="Seed of the bootstrap's resampling (the same seed, the same intervals).")
 @overwrite_option
-def command(run_dirs, fmt, per_class, out, label, run_id, all_runs, ci, versus, resamples,
-            ci_seed, overwrite):
+def command(run_dirs, fmt, per_class, out, label, run_id, all_runs, ci, versus, sets_level,
+            sets_method, resamples, ci_seed, overwrite):
     """Rebuild a results table from RUN_DIRS: run folders, or folders holding runs (searched
     for results.json), e.g. cache/voc/runs cache/coco/runs.
 
@@ -79,7 +87,9 @@ def command(run_dirs, fmt, per_class, out, label, run_id, all_runs, ci, versus, 
     results = ResultsTable.from_paths(run_dirs, run_id=run_id, all_runs=all_runs)
     for line in results.chosen:
         click.echo(f"note: {line}", err=True)
-    if ci or versus:
+    if sets_level is not None:
+        text = _with_sets(results, fmt, label, sets_level, sets_method, per_class or ci or versus)
+    elif ci or versus:
         text = _with_intervals(results, fmt, label, versus, resamples, ci_seed)
     elif fmt == "json":
         text = json.dumps(results.to_json(per_class=per_class), indent=2) + "\n"
@@ -104,7 +114,7 @@ def _with_intervals(results, fmt: str, label: str, versus: str | None, resamples
     """The table with intervals (and comparisons with ``versus``) in ``fmt``."""
     import json
 
-    from featcache.errors import OptionError
+    from featcache.errors import OptionError, did_you_mean
     from featcache.protocol.uncertainty import table_uncertainty
     from featcache.protocol.uncertainty_table import (
         flat_interval_table,
@@ -115,7 +125,7 @@ def _with_intervals(results, fmt: str, label: str, versus: str | None, resamples
 
     if versus is not None and versus not in results.losses:
         raise OptionError(f"--versus {versus}: no run of that loss among the runs tabulated "
-                          f"({', '.join(results.losses)})")
+                          f"({', '.join(results.losses)}){did_you_mean(versus, results.losses)}")
     unc = table_uncertainty(results.cells, Resampling(resamples, seed), versus)
     if fmt == "json":
         return json.dumps(interval_json(results, unc), indent=2) + "\n"
@@ -126,6 +136,25 @@ def _with_intervals(results, fmt: str, label: str, versus: str | None, resamples
         return (table.latex(label=label) + "\n"
                 + results.configurations(runs=False).latex(label=f"{label}-configurations"))
     return table.markdown() + "\n\n" + results.configurations().markdown() + "\n"
+
+
+def _with_sets(results, fmt: str, label: str, level: float, method: str, other: bool) -> str:
+    """The label-set table in ``fmt`` (``other``: a table option it cannot take was given)."""
+    import json
+
+    from featcache.errors import OptionError
+    from featcache.protocol.label_sets_table import flat_sets_table, label_sets_table
+
+    if other:
+        raise OptionError("--sets is a table of its own (mAP, share and set size with their "
+                          "intervals): give it without --per-class, --ci and --versus")
+
+    if fmt == "json":
+        return json.dumps(flat_sets_table(results, level, method).records(), indent=2) + "\n"
+    if fmt == "csv":
+        return flat_sets_table(results, level, method).csv()
+    table = label_sets_table(results, level, method)
+    return table.latex(label=label) if fmt == "latex" else table.markdown() + "\n"
 
 
 def _render(tables, fmt: str, label: str, results=None) -> str:

@@ -29,9 +29,17 @@ def check_class_names(classes: Sequence[str], where: str) -> None:
         if controls:
             raise InputError(f"{where}: class {number} ({name!r}) holds the control character "
                              f"{controls[0]!r}: a class name is one line of text; rename it")
+    same = same_text(classes)
+    if same is not None:
+        first, second = same
+        raise InputError(f"{where}: class names {first!r} ({code_points(first)}) and {second!r} "
+                         f"({code_points(second)}) are the same text in two Unicode spellings "
+                         "(NFC and NFD, say): every table would show two classes of one name; "
+                         "write them alike and prepare again")
     alike: dict[str, list[str]] = {}
     for name in classes:
-        alike.setdefault(" ".join(str(name).split()).casefold(), []).append(str(name))
+        key = unicodedata.normalize("NFKC", " ".join(str(name).split())).casefold()
+        alike.setdefault(key, []).append(str(name))
     groups = [names for names in alike.values() if len(names) > 1]
     if groups:
         shown = "; ".join(" and ".join(repr(n) for n in names) for names in groups[:5])
@@ -39,3 +47,22 @@ def check_class_names(classes: Sequence[str], where: str) -> None:
                       f"or spaces ({shown}) and are kept as separate classes; if each set is one "
                       "class, write its names alike and prepare again with --overwrite",
                       FeatcacheWarning, stacklevel=3)
+
+
+def same_text(names: Sequence[str]) -> tuple[str, str] | None:
+    """The first two names that differ but are equal once put in Unicode's composed form (NFC:
+    ``café`` written with U+00E9 and with ``e`` + U+0301), or None."""
+    seen: dict[str, str] = {}
+    for name in names:
+        text = str(name)
+        key = unicodedata.normalize("NFC", text)
+        if key in seen and seen[key] != text:
+            return seen[key], text
+        seen.setdefault(key, text)
+    return None
+
+
+def code_points(text: str) -> str:
+    """``U+0063 U+0061 U+0066 U+00E9`` (the first 12 code points)."""
+    shown = " ".join(f"U+{ord(c):04X}" for c in text[:12])
+    return shown + (" ..." if len(text) > 12 else "")

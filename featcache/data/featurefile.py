@@ -56,13 +56,27 @@ import numpy as np
 from featcache.data.labelfile import ImageNames, LabelSet
 from featcache.errors import InputError, plural
 from featcache.fileio import sha256_file
-from featcache.hdf5 import decode_attrs, read_checked
-from featcache.paths import cache_root, feature_file_tag
+from featcache.hdf5 import DatasetSpec, check_layout, decode_attrs, format_version, read_checked
+from featcache.paths import cache_root, feature_file_tag, features_files_in
 
 FORMAT = "featcache-features"
 FORMAT_VERSION = 1
 OFFICIAL_SPLITS = ("train", "test")
 SPATIAL = "spatial"
+#: the datasets of a features file, their kinds and shapes (checked when it is opened)
+_ROWS = "a features file holds one row of features per image (rows, width)"
+LAYOUT = {
+    "train/features": DatasetSpec("float", ("training images", "features per image"), rule=_ROWS),
+    "train/images": DatasetSpec("text", ("training images",)),
+    "train/bad": DatasetSpec("number", ("training images",)),
+    "test/features": DatasetSpec("float", ("test images", "features per image"), rule=_ROWS),
+    "test/images": DatasetSpec("text", ("test images",)),
+    "test/bad": DatasetSpec("number", ("test images",)),
+    "text/embeddings": DatasetSpec("float", ("classes", "text embedding width"), optional=True),
+    "text/classes": DatasetSpec("text", ("classes",), optional=True),
+    "train/crops": DatasetSpec("float", ("training images", "tiles", "crop embedding width"),
+                               optional=True),
+}
 
 
 @dataclass
@@ -84,12 +98,6 @@ class FeatureSet:
     @property
     def backbone(self) -> str:
         return str(self.attrs.get("backbone", "unknown"))
-
-    @property
-    def has_text(self) -> bool:
-        """Whether the file holds class-prompt embeddings (``featcache features --text``:
-        :func:`read_text_embeddings` reads them)."""
-        return bool(self.attrs.get("text"))
 
     def official(self, name: str) -> tuple[np.ndarray, np.ndarray]:
         """(features, bad-row mask) of the official ``train`` or ``test`` split."""
@@ -119,6 +127,21 @@ def read_text_embeddings(path: str | os.PathLike) -> TextEmbeddings | None:
         embeddings = read_checked(h5["text/embeddings"], path, remake_features(path, attrs))
         return TextEmbeddings(embeddings.astype(np.float32),
                               list(h5["text/classes"].asstr()[()]), dict(attrs.get("text") or {}))
+
+
+def vision_language_files(folder: str | os.PathLike) -> dict[str, bool]:
+    """The features files of a dataset folder that hold class-prompt text embeddings (what
+    ``featcache pseudo-label`` reads), by tag, each with whether it has tile embeddings too
+    (``--crops``, which the aevlp rule needs); files that cannot be opened are left out."""
+    found = {}
+    for path in features_files_in(Path(folder)):
+        try:
+            with h5py.File(path, "r") as h5:
+                if "text/embeddings" in h5:
+                    found[feature_file_tag(path)] = "train/crops" in h5
+        except OSError:
+            continue
+    return found
 
 
 def read_train_rows(path: str | os.PathLike, key: str, start: int, stop: int) -> np.ndarray:
@@ -242,12 +265,6 @@ class FeatureFile:
         return str(self.attrs.get("backbone", "unknown"))
 
     @property
-    def has_text(self) -> bool:
-        """Whether the file holds class-prompt embeddings (``featcache features --text``:
-        :func:`read_text_embeddings` reads them)."""
-        return bool(self.attrs.get("text"))
-
-    @property
     def spatial_shape(self) -> tuple[int, int, int] | None:
         """(H, W, D) of a spatial file (row i reshapes to H x W x D, C order), None when pooled."""
         return spatial_shape(self.path, self.attrs, self.dim)
@@ -321,6 +338,7 @@ def open_features(path: str | os.PathLike, labels: LabelSet | None = None) -> Fe
         attrs = _attrs(path, h5)
         if labels is not None and labels.sha256 is not None and attrs.get("labels_sha256") != labels.sha256:
             raise InputError(_other_labels_message(path, h5, attrs, labels, labels.sha256))
+        check_layout(h5, LAYOUT, path, lambda: remake_features(path, attrs))
         shapes, flags, chunk_rows, dtype = {}, {}, [], None
         try:
             for name in OFFICIAL_SPLITS:
@@ -421,7 +439,7 @@ def _attrs(path: Path, h5: h5py.File) -> dict:
     if h5.attrs.get("format") != FORMAT:
         raise InputError(f"{path} is not a featcache features file (attribute 'format' is "
                          f"{h5.attrs.get('format')!r}, expected {FORMAT!r})")
-    if int(h5.attrs.get("format_version", -1)) != FORMAT_VERSION:
+    if format_version(h5.attrs) != FORMAT_VERSION:
         raise InputError(f"{path} has features format version {h5.attrs.get('format_version')}; "
                          f"this featcache reads version {FORMAT_VERSION}")
     if not bool(h5.attrs.get("complete", False)):

@@ -21,15 +21,18 @@ from __future__ import annotations
 import os
 import warnings
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 import numpy as np
 from PIL import Image, ImageFile, UnidentifiedImageError
 
 from featcache.data.labelfile import LabelSet
-from featcache.errors import InputError, OptionError
+from featcache.errors import FeatcacheWarning, InputError, OptionError
+from featcache.fileio import human_bytes
 from featcache.progress import progress
 
 #: how images deeper than 8 bits become 8-bit RGB (the reference would clip them at 255)
@@ -50,6 +53,27 @@ def require_strict_pil() -> None:
         ImageFile.LOAD_TRUNCATED_IMAGES = False
 
 
+@contextmanager
+def open_image(path: str | os.PathLike | IO[bytes], name: str | os.PathLike | None = None
+               ) -> Iterator[Image.Image]:
+    """``Image.open(path)``, with PIL's two-line decompression-bomb warning (an image of more
+    than ``Image.MAX_IMAGE_PIXELS`` pixels, decoded anyway) replaced by one featcache line
+    naming the image (``name``, default ``path``). Images twice over the limit still raise
+    PIL's DecompressionBombError (one of :data:`DECODE_ERRORS`)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        image = Image.open(path)
+    with image:
+        width, height = image.size
+        limit = Image.MAX_IMAGE_PIXELS
+        if limit and width * height > limit:
+            warnings.warn(f"{name or path} is {width} x {height} ({width * height:,} pixels), over "
+                          f"PIL's limit of {limit:,} for untrusted images; decoding it anyway "
+                          f"({human_bytes(width * height * 3)} as RGB)",
+                          FeatcacheWarning, stacklevel=3)
+        yield image
+
+
 def load_rgb(path: str | os.PathLike, draft: tuple[int, int] | None = None) -> Image.Image:
     """Decode ``path`` as the reference does: ``Image.open(path).convert("RGB")``, fully loaded.
 
@@ -57,7 +81,7 @@ def load_rgb(path: str | os.PathLike, draft: tuple[int, int] | None = None) -> I
     in libjpeg (``Image.draft``) when the result stays at least w x h: much less work for
     photos far larger than the network's input, slightly different pixels. Other formats ignore it.
     """
-    with Image.open(path) as image:
+    with open_image(path) as image:
         if draft is not None:
             image.draft(None, draft)
         return to_rgb(image)
@@ -149,7 +173,7 @@ class ImageSurvey:
             notes.append(f"{converted - self.deep} palette/CMYK/other modes converted to RGB as "
                          "the reference does")
         bad = f"; {len(self.bad)} unreadable" if self.bad else ""
-        return (f"images verified: {self.count} decoded ({modes}){sizes}{bad}"
+        return (f"images verified: {self.count - len(self.bad)} decoded ({modes}){sizes}{bad}"
                 + ("; " + "; ".join(notes) if notes else ""))
 
     def record(self) -> dict:
@@ -167,11 +191,12 @@ def survey_images(root: str | os.PathLike, names: Iterable[str], desc: str = "ve
     read, so truncation is caught) and note its mode, size and transparency."""
     require_strict_pil()
     survey = ImageSurvey()
-    for name in progress(names, desc=desc, unit="img", total=total):
+    bar = progress(names, desc=desc, unit="img", total=total)
+    for name in bar:
         path = Path(root) / str(name)
         survey.count += 1
         try:
-            with Image.open(path) as image:
+            with open_image(path) as image:
                 mode, (width, height) = image.mode, image.size
                 if image.format == "JPEG":
                     image.draft(image.mode, (max(1, width // 8), max(1, height // 8)))
@@ -179,6 +204,7 @@ def survey_images(root: str | os.PathLike, names: Iterable[str], desc: str = "ve
                 alpha = mode in ("RGBA", "LA", "PA", "RGBa", "La") or "transparency" in image.info
         except DECODE_ERRORS as exc:
             survey.bad.append((str(name), _decode_reason(path, exc)))
+            bar.skip(1)
             continue
         survey.modes[mode] += 1
         survey.widths.append(width)

@@ -31,10 +31,14 @@ from featcache import __version__
 from featcache.errors import InputError, plural
 from featcache.fileio import sha256_file
 from featcache.hdf5 import (
+    DatasetSpec,
+    check_layout,
     checksum_filter,
     decode_attrs,
     encode_attr,
+    format_version,
     read_checked,
+    whole_numbers,
     write_hdf5_atomic,
 )
 
@@ -44,6 +48,20 @@ FORMAT_VERSION = 1
 REMAKE = ("make it again with the command that made it and --overwrite (`featcache prepare "
           "--help` lists the formats)")
 SPLITS = ("train", "val", "test")
+#: the datasets of a labels file, their kinds and shapes (checked before anything is read)
+LAYOUT = {
+    "classes": DatasetSpec("text", ("classes",)),
+    "train/images": DatasetSpec("text", ("training images",)),
+    "train/observed": DatasetSpec("number", ("training images", "classes")),
+    "train/labels": DatasetSpec("number", ("training images", "classes"), optional=True),
+    "test/images": DatasetSpec("text", ("test images",)),
+    "test/observed": DatasetSpec("number", ("test images", "classes")),
+    "test/labels": DatasetSpec("number", ("test images", "classes"), optional=True),
+    "split/train": DatasetSpec("number", ("rows of /split/train",)),
+    "split/val": DatasetSpec("number", ("rows of /split/val",)),
+}
+#: the values each label matrix may hold
+LABEL_VALUES = {"observed": (-1, 0, 1), "labels": (0, 1)}
 
 
 def remake_labels(path: str | os.PathLike, attrs) -> str:
@@ -294,6 +312,38 @@ def _first_row(observed: np.ndarray, clean: np.ndarray, block: int = 1 << 16) ->
     return None
 
 
+def _read_split(h5: h5py.File, name: str, path: Path, remake: str,
+                image_names: bool) -> SplitLabels:
+    """The official split ``name`` of an open labels file, its label values checked."""
+    group = h5[name]
+    matrices = {key: _label_values(read_checked(group[key], path, remake), path,
+                                   f"{name}/{key}", remake)
+                for key in LABEL_VALUES if key in group}
+    return SplitLabels(
+        images=(np.array(group["images"].asstr()[()], dtype=object) if image_names
+                else ImageNames(path, name, count=len(group["images"]))),
+        observed=matrices["observed"].astype(np.int8, copy=False),
+        clean=(matrices["labels"].astype(np.uint8, copy=False) if "labels" in matrices
+               else None),
+    )
+
+
+def _label_values(values: np.ndarray, path: Path, key: str, remake: str) -> np.ndarray:
+    """``values`` of the dataset ``key`` when they are what it may hold (labels: -1, 0, 1 or
+    0, 1; row indices: whole numbers), stored as integers or not; else refused naming the
+    first value that is not (a hand-made file with 0.5 where a label belongs)."""
+    allowed = LABEL_VALUES.get(key.split("/")[-1])
+    first = whole_numbers(values, allowed)
+    if first is None:
+        return values
+    where = np.unravel_index(first, values.shape)
+    found = values.reshape(-1)[first].item()
+    shown = f"row {where[0]}" + (f", class {where[1]}" if len(where) > 1 else "")
+    rule = (f"labels are {', '.join(map(str, allowed))}" if allowed
+            else "row indices are whole numbers")
+    raise InputError(f"{path}: /{key} holds {found!r} at {shown}; {rule}; {remake}")
+
+
 def load_labels(path: str | os.PathLike, image_names: bool = True) -> LabelSet:
     """Read and validate a labels file; errors name the file and the key that is wrong.
     ``image_names=False`` leaves the image paths in the file (:class:`ImageNames`), read only
@@ -313,25 +363,20 @@ def load_labels(path: str | os.PathLike, image_names: bool = True) -> LabelSet:
         if h5.attrs.get("format") != FORMAT:
             raise InputError(f"{path} is not a featcache labels file (attribute 'format' is "
                              f"{h5.attrs.get('format')!r}, expected {FORMAT!r})")
-        version = int(h5.attrs.get("format_version", -1))
+        version = format_version(h5.attrs)
         if version != FORMAT_VERSION:
             raise InputError(f"{path} has labels format version {version}; this featcache reads "
                              f"version {FORMAT_VERSION}. Re-create it with `featcache prepare`.")
+        remake = remake_labels(path, h5.attrs)
+        check_layout(h5, LAYOUT, path, remake)
         try:
             classes = [c for c in h5["classes"].asstr()[()]]
-            remake = remake_labels(path, h5.attrs)
-            parts = {}
-            for name in ("train", "test"):
-                group = h5[name]
-                parts[name] = SplitLabels(
-                    images=(np.array(group["images"].asstr()[()], dtype=object) if image_names
-                            else ImageNames(path, name, count=len(group["images"]))),
-                    observed=read_checked(group["observed"], path, remake).astype(np.int8, copy=False),
-                    clean=(read_checked(group["labels"], path, remake).astype(np.uint8, copy=False)
-                           if "labels" in group else None),
-                )
-            train_index = read_checked(h5["split/train"], path, remake).astype(np.int64)
-            val_index = read_checked(h5["split/val"], path, remake).astype(np.int64)
+            parts = {name: _read_split(h5, name, path, remake, image_names)
+                     for name in ("train", "test")}
+            train_index = _label_values(read_checked(h5["split/train"], path, remake), path,
+                                        "split/train", remake).astype(np.int64)
+            val_index = _label_values(read_checked(h5["split/val"], path, remake), path,
+                                      "split/val", remake).astype(np.int64)
         except KeyError as exc:
             raise InputError(f"{path} is missing a required key: {exc}") from exc
         except OSError as exc:

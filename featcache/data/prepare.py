@@ -128,7 +128,7 @@ def _provenance(source: SourceDataset, options: PrepareOptions, observer: Observ
         "source_format": source.source_format,
         "sources": [_describe_file(file) for file in progress(
             source.source_files, desc="hashing source files", unit=" file", mininterval=0.5,
-            leave=False)],
+            leave=False, disable=_quick_to_hash(source.source_files))],
         "source_details": source.details,
         "observation": "given" if parts["train"].observed is not None else observer.rule,
         "observation_test": "given" if parts["test"].observed is not None else observer.rule,
@@ -387,6 +387,15 @@ def labels_file_bytes(source: SourceDataset) -> int:
     rows = len(source.train) + len(source.test)
     names = sum(len(str(name).encode()) + 16 for name in source.train.images + source.test.images)
     return rows * 2 * len(source.classes) + names + (256 << 10)
+
+
+#: source files that add up to less than this are hashed without a progress bar (a bar for a
+#: moment's work, such as two label files, says nothing)
+HASH_PROGRESS_BYTES = 256 * 2**20
+
+
+def _quick_to_hash(files: list[Path]) -> bool:
+    return sum(Path(file).stat().st_size for file in files) < HASH_PROGRESS_BYTES
 
 
 def _describe_file(path: Path) -> dict:

@@ -33,10 +33,14 @@ from featcache.data.labelfile import LabelSet
 from featcache.errors import InputError, OptionError
 from featcache.fileio import sha256_file
 from featcache.hdf5 import (
+    DatasetSpec,
+    check_layout,
     checksum_filter,
     decode_attrs,
     encode_attr,
+    format_version,
     read_checked,
+    whole_numbers,
     write_hdf5_atomic,
 )
 
@@ -44,6 +48,9 @@ FORMAT = "featcache-pseudo-labels"
 FORMAT_VERSION = 1
 PREFIX = "pseudo-labels-"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+#: the datasets of a pseudo-label file, their kinds and shapes
+LAYOUT = {"train/pseudo": DatasetSpec("number", ("training images", "classes")),
+          "train/images": DatasetSpec("text", ("training images",))}
 
 
 @dataclass
@@ -143,7 +150,15 @@ def load_pseudo_labels(path: str | os.PathLike, labels: LabelSet) -> PseudoLabel
                     f"{str(attrs.get('labels_sha256'))[:12]}…, not {labels.path}; run `featcache "
                     f"pseudo-label --dataset {labels.dataset} --rule {attrs.get('rule')} "
                     "--overwrite` again")
+            check_layout(h5, LAYOUT, path, _remake(path))
             matrix = read_checked(h5["train/pseudo"], path, _remake(path))
+            first = whole_numbers(matrix, (-1, 0, 1))
+            if first is not None:
+                row, column = np.unravel_index(first, matrix.shape)
+                raise InputError(f"{path}: /train/pseudo holds {matrix[row, column].item()!r} at "
+                                 f"row {row}, class {column}; pseudo-labels are 1, 0 and -1; "
+                                 f"{_remake(path)}")
+            matrix = matrix.astype(np.int8, copy=False)
             images = h5["train/images"].asstr()[()]
     except KeyError as exc:
         raise InputError(f"{path} is missing a required key: {exc}") from exc
@@ -174,7 +189,7 @@ def available_pseudo_labels(labels: LabelSet) -> dict[str, Path]:
 def _attrs(path: Path, h5: h5py.File) -> dict:
     if h5.attrs.get("format") != FORMAT:
         raise InputError(f"{path} is not a featcache pseudo-label file")
-    if int(h5.attrs.get("format_version", -1)) != FORMAT_VERSION:
+    if format_version(h5.attrs) != FORMAT_VERSION:
         raise InputError(f"{path} has pseudo-label format version "
                          f"{h5.attrs.get('format_version')}; this featcache reads {FORMAT_VERSION}")
     return decode_attrs(h5.attrs)

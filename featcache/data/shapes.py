@@ -33,6 +33,7 @@ from featcache.data.prepare import (
 )
 from featcache.errors import OptionError
 from featcache.fileio import refuse_existing
+from featcache.interrupt import uninterrupted
 from featcache.progress import progress
 
 SHAPE_CLASSES = ("circle", "square", "triangle", "star", "cross", "ring", "hexagon", "diamond",
@@ -278,18 +279,20 @@ def prepare_shapes(directory: str | os.PathLike, num_train: int = 300, num_test:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     old = None
-    if images.exists():
-        old = images.with_name(f".images.old-{os.getpid()}")
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(images, old)
-    os.replace(staging, images)
+    with uninterrupted():  # never the old images moved aside without the new ones in place
+        if images.exists():
+            old = images.with_name(f".images.old-{os.getpid()}")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(images, old)
+        os.replace(staging, images)
     source.image_root = images
     try:
         result = prepare_dataset(source, labels, options, extra, notify)
     except BaseException:
-        shutil.rmtree(images, ignore_errors=True)
-        if old is not None:
-            os.replace(old, images)
+        with uninterrupted():
+            shutil.rmtree(images, ignore_errors=True)
+            if old is not None:
+                os.replace(old, images)
         raise
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)

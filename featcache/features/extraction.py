@@ -203,6 +203,7 @@ class Extraction(FinishedFile, Assembly, ImageBatches):
                 if views is not None:
                     crops.append(self.forward_views(model, views))
                 oks.append(ok)
+                bar.skip(int((~ok).sum()))  # --skip-bad: flagged, not extracted
                 bar.update(len(batch_rows))
                 if sum(len(p) for p in parts) == len(store.rows(todo[filling])):
                     self.save(store, todo[filling], parts, oks, root, crops)

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from featcache.data.formats.npz import load_numpy
 from featcache.errors import InputError, OptionError, plural
 from featcache.fileio import sha256_file
 
@@ -64,10 +65,9 @@ def encode_classes(tower, names: Sequence[str], templates: Sequence[str],
 def load_given_embeddings(path: str | Path, num_classes: int, dim: int) -> tuple[np.ndarray, str]:
     """An (L, E) ``.npy`` of class embeddings, checked and normalised; returns it and its sha256."""
     path = Path(path)
-    try:
-        array = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as exc:
-        raise InputError(f"cannot read --text-embeddings {path} (an .npy of L x E floats): {exc}") from exc
+    array = load_numpy(path, "--text-embeddings array (an .npy of L x E floats)")
+    if not isinstance(array, np.ndarray):
+        raise InputError(f"--text-embeddings {path} is a .npz archive; give an .npy of L x E floats")
     if array.ndim != 2 or array.shape != (num_classes, dim):
         raise InputError(f"--text-embeddings {path} has shape {array.shape}; expected "
                          f"({num_classes}, {dim}): one row per class of the labels file, as wide "

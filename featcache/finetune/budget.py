@@ -141,7 +141,8 @@ def plan_budget(start: StartPoint, data: FinetuneData, loss_name: str, params: d
     trunk_buffers = tensor_bytes(start.trunk.buffers())
     head = (dim + 1) * classes * 4
     network = trunk_params + trunk_buffers + head
-    loss = create_loss(loss_name, classes, 1, params=params, dataset=data.dataset)
+    loss = create_loss(loss_name, classes, 1, params=params, dataset=data.dataset,
+                       facts=data.facts)
     state = _loss_state(loss, data, start)
     learned = tensor_bytes(t for name, t in state.items() if name in loss.learned_state_lr_mults())
     state_bytes = tensor_bytes(state.values())

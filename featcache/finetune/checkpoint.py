@@ -25,7 +25,8 @@ import torch
 
 from featcache.errors import FeatcacheWarning, InputError, plural
 from featcache.fileio import save_torch_atomic, write_bytes_atomic
-from featcache.protocol.runs import describe_differences, read_json
+from featcache.protocol.documents import read_history as read_checked_history
+from featcache.protocol.runs import describe_differences
 from featcache.torchfile import load_checked
 
 FORMAT = "featcache-finetune-checkpoint"
@@ -115,5 +116,5 @@ def load_checkpoint(path: Path, identity: dict) -> dict:
 
 
 def read_history(path: Path) -> dict | None:
-    """A finished configuration's history (None when there is none yet)."""
-    return read_json(path, "; delete it to train that configuration again")
+    """A finished configuration's history (None when there is none yet), checked."""
+    return read_checked_history(path)

@@ -85,6 +85,7 @@ class ConfigTrainer:
                  data: FinetuneData, job: Ranks):
         self.config, self.settings, self.data, self.job = config, settings, data, job
         self.test_scores: Tensor | None = None  # the last evaluated epoch's test probabilities
+        self.val_scores: Tensor | None = None  # and validation ones (label sets calibrate on them)
         self.device = device = job.device
         self.image_size = start.image_size
         self.preprocess = resolve_preprocess(start.backbone, start.preprocess)
@@ -92,7 +93,7 @@ class ConfigTrainer:
         spec = backbone_spec(start.backbone)
         dim = spec.dim
         self.loss: SPMLLoss = create_loss(settings.loss, num_classes, 1, params=settings.params,
-                                          dataset=data.dataset)
+                                          dataset=data.dataset, facts=data.facts)
         # a masked-pass loss (IGNORE) trains one configuration in one process and gets strong
         # views from the loader
         self.masked_pass = self.loss if isinstance(self.loss, MaskedPassLoss) else None
@@ -280,7 +281,7 @@ class ConfigTrainer:
                                     lambda: self.predict(self.data.train).unsqueeze(0),
                                     self.state) or {}
         val, test = self.data.val, self.data.test
-        val_probs = self.predict(val)
+        val_probs = self.val_scores = self.predict(val)
         val_map = None if val.clean is None else _map(val_probs, val.clean)
         val_observed = _map(val_probs, (val.observed == 1).float())
         test_targets = test.clean if test.clean is not None else (test.observed == 1).float()

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 from featcache.fileio import write_json_atomic, write_text_atomic
 from featcache.finetune.data import FinetuneData
 from featcache.finetune.plan import FinetunePlan
@@ -20,6 +22,7 @@ from featcache.finetune.search import BEST, GridResult
 from featcache.finetune.start import StartPoint
 from featcache.losses import loss_class
 from featcache.protocol.coverage import evaluation_coverage, evaluation_notes
+from featcache.protocol.label_sets import Calibration, keep_label_sets
 from featcache.protocol.plots import plot_series
 from featcache.protocol.records import document_header, machine_record
 from featcache.protocol.runs import RESULTS, fingerprint
@@ -141,3 +144,12 @@ def keep_best_scores(run_dir: Path, data: FinetuneData, document: dict) -> None:
     keep_test_scores(run_dir, scores.numpy(), [int(document["protocol"]["seed"])],
                      targets.numpy(), test.rows - len(data.labels.train), data.classes,
                      document, document["selection"]["test_map"])
+    val_scores = saved.get("val_scores")
+    if val_scores is None:
+        document["notes"].append(f"no val-scores.h5: {run_dir / BEST} was written by a featcache "
+                                 "that did not keep the validation scores (no label sets)")
+        return
+    calibration = Calibration(val_scores.numpy(), data.val.observed.numpy(),
+                              np.asarray(data.val.rows), list(data.classes))
+    keep_label_sets(run_dir, calibration, scores.numpy(), None if test.clean is None
+                    else test.clean.numpy(), document)

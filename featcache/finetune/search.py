@@ -199,5 +199,7 @@ def write_best(path: Path, trainer: ConfigTrainer, result: ConfigResult, about: 
         "label_state": {k: v[0] for k, v in state.items() if k not in handoff},
         # the test probabilities of this epoch: the run's test-scores.h5 (finetune.outputs)
         "test_scores": None if trainer.test_scores is None else trainer.test_scores.float().cpu(),
+        # and the validation ones: the run's val-scores.h5, what label sets calibrate on
+        "val_scores": None if trainer.val_scores is None else trainer.val_scores.float().cpu(),
     }
     save_torch_atomic(path, payload)

@@ -50,7 +50,11 @@ class LossRun:
         present = selection.get("test_map_classes_with_positives")
         if present is not None and abs(present - selection["test_map"]) > 1e-9:
             text += f"; test {present:.2f} over the classes with positives"
-        return f"{text}; {self.seconds:.1f} s) -> {self.run_dir}"
+        shared = self.document.get("timings", {}).get("shared")
+        others = (f", its share of the time {plural(shared['losses'], 'loss', 'losses')} trained "
+                  "together"
+                  if isinstance(shared, dict) and shared.get("losses") else "")
+        return f"{text}; {self.seconds:.1f} s{others}) -> {self.run_dir}"
 
 
 @dataclass

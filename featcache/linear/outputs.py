@@ -10,7 +10,9 @@ mAP's bootstrap interval), ``best.pt`` (the selected head and the loss's hand-of
 Each selected head (at its selected epoch) is scored again on the test rows by the kernel the
 search's evaluation ran on them (the split's rows, one frozen head of the loss's kind), so the
 kept test scores are the ones its recorded test AP came from; a run whose scores give another
-AP (another BLAS path) says so in its notes (:func:`keep_selected_scores`).
+AP (another BLAS path) says so in its notes (:func:`keep_selected_scores`). The selected head
+of ``best.pt``, scored the same way on the validation rows, gives the scores its label sets are
+calibrated on (``val-scores.h5``, :mod:`featcache.protocol.label_sets`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from featcache.losses import create_loss, loss_class
 from featcache.metrics import average_precision
 from featcache.protocol.coverage import ClassCoverage, evaluation_coverage, evaluation_notes
 from featcache.protocol.handoff import HEAD_FILE, save_head
+from featcache.protocol.label_sets import Calibration, keep_label_sets
 from featcache.protocol.plots import plot_series
 from featcache.protocol.records import document_header, machine_record
 from featcache.protocol.runs import RESULTS, fingerprint
@@ -158,7 +161,8 @@ def results_document(result: SearchResult, data: TrainingSplits, device: str) ->
                                                  getattr(selected.best, val_key),
                                                  selected.best.test_map),
         "timings": {"seconds": result.seconds, "configuration_epochs": configs_epochs,
-                    "configuration_epochs_per_second": configs_epochs / max(result.seconds, 1e-9)},
+                    "configuration_epochs_per_second": configs_epochs / max(result.seconds, 1e-9),
+                    **({"shared": result.shared} if result.shared is not None else {})},
         "machine": machine_record(device),
         "settings": settings,
         "fingerprint": fingerprint(settings),
@@ -238,8 +242,10 @@ def test_targets(data: TrainingSplits) -> torch.Tensor:
     return test.clean if test.clean is not None else (test.observed == 1).float()
 
 
-def head_test_scores(data: TrainingSplits, loss: str, head: HeadResult) -> torch.Tensor:
-    """One selected head's probabilities (N, L) on the test rows, as its evaluation made them."""
+def head_test_scores(data: TrainingSplits, loss: str, head: HeadResult,
+                     split: str = "test") -> torch.Tensor:
+    """One selected head's probabilities (N, L) on the test (or validation) rows, as its
+    evaluation made them."""
     device = data.test.observed.device
     params = {name: [value] for name, value in head.config.param_dict.items()}
     kind = create_heads(create_loss(loss, data.num_classes, 1, params=params, facts=data.facts),
@@ -247,16 +253,17 @@ def head_test_scores(data: TrainingSplits, loss: str, head: HeadResult) -> torch
                         [torch.Generator()], device=device)
     frozen = kind.frozen(head.weight.t().contiguous()[None].to(device),
                          head.bias.reshape(1, 1, -1).to(device))
-    return feature_rows(data.test).scores(frozen)[0]
+    return feature_rows(getattr(data, split)).scores(frozen)[0]
 
 
 def keep_selected_scores(run_dir: Path, result: SearchResult, data: TrainingSplits,
                          document: dict) -> None:
     """Write ``test-scores.h5`` of every seed's selected head and the run's interval."""
     targets = test_targets(data)
-    scores = []
-    for seed in result.seeds:
+    scores, selected = [], 0
+    for number, seed in enumerate(result.seeds):
         found = head_test_scores(data, result.spec.loss, seed.selected)
+        selected = number if seed.selected is result.selected else selected
         ap = average_precision(found, targets.to(found.device)).cpu()
         if not torch.allclose(ap, seed.selected.test_ap.double(), rtol=0, atol=AGREEMENT):
             document["notes"].append(
@@ -267,6 +274,12 @@ def keep_selected_scores(run_dir: Path, result: SearchResult, data: TrainingSpli
     keep_test_scores(run_dir, np.stack(scores), [s.seed for s in result.seeds],
                      targets.cpu().numpy(), np.asarray(data.test.rows), data.classes, document,
                      document["summary"]["test_map_mean"])
+    val = head_test_scores(data, result.spec.loss, result.selected, "val")
+    calibration = Calibration(val.float().cpu().numpy(), data.val.observed.cpu().numpy(),
+                              np.asarray(data.val.rows), list(data.classes))
+    clean = data.test.clean
+    keep_label_sets(run_dir, calibration, scores[selected],
+                    None if clean is None else clean.cpu().numpy(), document)
 
 
 def plot_curves(result: SearchResult, path: Path, title: str = "") -> Path:

@@ -80,7 +80,9 @@ def run_summary(result: SearchResult, data: TrainingSplits) -> str:
     reference = published("linear", spec.loss, data.dataset)
     if reference is not None:
         lines.append(f"- published (Cole et al. Table 1, linear): {reference:.1f}")
-    lines.append(f"- time: {result.seconds:.1f} s")
+    lines.append(f"- time: {result.seconds:.1f} s" + (
+        f", its share of the time {plural(result.shared['losses'], 'loss', 'losses')} trained together "
+        "(results.json timings.shared)" if result.shared else ""))
     val_cover, test_cover = evaluation_coverage(data, spec.val_variant)
     for note in result.notes + evaluation_notes(val_cover, test_cover,
                                                 getattr(selected.best, val_key),
@@ -88,6 +90,12 @@ def run_summary(result: SearchResult, data: TrainingSplits) -> str:
         lines.append(f"- note: {note}")
     lines += ["", "## Configurations", "", config_table(result).markdown()]
     return "\n".join(lines) + "\n"
+
+
+#: the table's note when losses trained together: what their seconds are
+SHARED_SECONDS = ("seconds: the losses trained together (stacked groups on shared workers), "
+                  "each given its share of their wall time (results.json timings.shared), so the "
+                  "column adds up to the time they took")
 
 
 def losses_table(dataset: str, documents: dict[str, dict]) -> Table:
@@ -103,7 +111,9 @@ def losses_table(dataset: str, documents: dict[str, dict]) -> Table:
     if show_published:
         columns += ["published", "delta"]
     columns += ["seconds"]
-    table = Table(columns)
+    shared = any(isinstance(doc.get("timings", {}).get("shared"), dict)
+                 for doc in documents.values())
+    table = Table(columns, notes=[SHARED_SECONDS] if shared else [])
     for loss, doc in documents.items():
         summary = doc["summary"]
         choices = seed_choices(doc, loss)

@@ -20,7 +20,7 @@ import torch
 from featcache.data.featurefile import FeatureFile, open_features
 from featcache.data.labelfile import LabelSet, load_labels
 from featcache.errors import FeatcacheWarning, Interrupted, plural
-from featcache.fileio import write_text_atomic
+from featcache.fileio import write_text_if_changed
 from featcache.heads import CAM_BLOCK, CAM_BLOCK_TENSORS
 from featcache.linear.data import TrainingSplits, read_linear_data, split_rows
 from featcache.linear.engine.search import SearchResult, SearchSpec, run_search, run_searches
@@ -175,10 +175,10 @@ def _write_losses_table(outcome: LinearOutcome, plan: LinearPlan, job: Ranks) ->
                                  {run.loss: run.document for run in outcome.runs})
     out = runs_root(plan.dataset, plan.cache) / f"table-{plan.run_id}"
     if job.is_main:
-        write_text_atomic(out.with_suffix(".md"), outcome.table.markdown())
-        write_text_atomic(out.with_suffix(".csv"), outcome.table.csv())
-        write_text_atomic(out.with_suffix(".json"),
-                          json.dumps(outcome.table.records(), indent=2) + "\n")
+        write_text_if_changed(out.with_suffix(".md"), outcome.table.markdown())
+        write_text_if_changed(out.with_suffix(".csv"), outcome.table.csv())
+        write_text_if_changed(out.with_suffix(".json"),
+                              json.dumps(outcome.table.records(), indent=2) + "\n")
     outcome.table_path = out.with_suffix(".md")
 
 

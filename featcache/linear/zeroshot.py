@@ -249,7 +249,8 @@ def zero_shot_wanted(mode: str | None, files: FeatureFiles,
         raise OptionError("--loss zero-shot scores the pooled features file, which the other "
                           "losses named do not read (they train on feature maps): score it in a "
                           "run of its own (--loss zero-shot)")
-    if mode == "named" or (files.pooled is not None and files.pooled.has_text):
+    # the root attribute `featcache features --text` writes beside the embeddings
+    if mode == "named" or (files.pooled is not None and files.pooled.attrs.get("text")):
         return True
     skipped.append((ZERO_SHOT, "needs class-prompt text embeddings in the features file (a "
                     "vision-language backbone's file made with the --text option of featcache "

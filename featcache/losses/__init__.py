@@ -8,9 +8,11 @@ and their absolute variants), ``opml`` (Li et al.: OPML, OPML-SP; ZLPR), ``basel
 ASL, DW, L1R, L2R), ``gr`` (Chen et al. 2024: the GR loss, with its K/V terms and schedule as
 reusable functions), ``hill`` (Zhang et al.: Hill, SPLC), ``vlpl`` (Xing et al. 2024:
 vision-language pseudo-labels), ``gpr`` (Tran et al. 2025: AEVLP's GPR loss, on GR's terms),
-``boostlu`` (Kim et al. 2023: AN / LL-R / LL-Ct / LL-Cp on BoostLU's head), ``ignore`` (Song
-et al. 2024: IGNORE's false-negative rejection by a masked second pass). ``featcache losses``
-lists them in each module's ``CATALOG_ORDER``; ``docs/losses.md`` writes out every formula.
+``cardinality_max``, ``cardinality_dist``, ``cardinality_exact`` (Gharib et al. 2025: the label
+cardinality's maximum, distribution and exact count), ``boostlu`` (Kim et al. 2023: AN / LL-R /
+LL-Ct / LL-Cp on BoostLU's head), ``ignore`` (Song et al. 2024: IGNORE's false-negative
+rejection by a masked second pass). ``featcache losses`` lists them in each module's
+``CATALOG_ORDER``; ``docs/losses.md`` writes out every formula.
 """
 
 from featcache.heads import HeadKind  # noqa: F401

@@ -7,6 +7,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, Self, TypeVar
 
+from featcache.data.featurefile import vision_language_files
+
 
 @dataclass(frozen=True)
 class DataFacts:
@@ -33,6 +35,8 @@ class DataFacts:
     #: the command that made the pooled features, with its options (``--spatial`` is added to
     #: it in the spatial need's advice); empty when unknown
     features_command: str = ""
+    #: the dataset's folder (its features files are looked in when advice needs them)
+    folder: str | None = None
 
 
 #: why a need that images would meet cannot be met on a set imported from features (or
@@ -104,15 +108,41 @@ def pseudo_labels(rule: str) -> Need:
             return (f"{NOT_FOR_IMPORTED} (pseudo-labels {name!r} come from a vision-language "
                     "backbone run on the images, and it has none)")
         have = f" (made so far: {', '.join(facts.pseudo_labels)})" if facts.pseudo_labels else ""
-        return (f"needs pseudo-labels {name!r}{have}; make them from a vision-language features "
-                f"file with `featcache pseudo-label --dataset {facts.dataset} --rule {rule}`"
-                + (f" --name {name}" if name != rule else ""))
+        return f"needs pseudo-labels {name!r}{have}; {making_pseudo_labels(facts, rule, name)}"
 
     def adapt(data: D) -> D:
         return data.with_pseudo_labels(data.facts.pseudo_choice or rule)
 
     return Need("pseudo_labels", f"pseudo-labels (`featcache pseudo-label --rule {rule}`)",
                 unmet, adapt)
+
+
+#: the vision-language features each rule's paper uses (docs/pseudo-labels.md): backbone, the
+#: options of ``featcache features`` and the features file's tag they give
+RULE_FEATURES = {
+    "vlpl": ("clip-vit-l14-336", "--preprocess protocol --image-size 336 --text",
+             "clip-vit-l14-336-protocol"),
+    "aevlp": ("clip-vit-b16", "--preprocess protocol --text --crops 4x4", "clip-vit-b16-protocol"),
+}
+
+
+def making_pseudo_labels(facts: DataFacts, rule: str, name: str) -> str:
+    """The commands that make pseudo-labels ``name`` by ``rule``: ``featcache pseudo-label`` on
+    a features file of the dataset that has class-prompt embeddings (and tiles, for aevlp), or
+    first the ``featcache features`` command of the rule's paper, which needs its weights."""
+    named = f" --name {name}" if name != rule else ""
+    found = vision_language_files(facts.folder) if facts.folder else {}
+    usable = [tag for tag, tiles in found.items() if tiles or rule != "aevlp"]
+    if usable:
+        which = f" --backbone {usable[0]}" if len(found) > 1 else ""
+        return (f"make them with `featcache pseudo-label --dataset {facts.dataset} --rule {rule}"
+                f"{which}{named}`")
+    backbone, options, tag = RULE_FEATURES.get(rule, ("clip-vit-l14-336", "--text", "clip-vit-l14-336"))
+    return (f"make them from a vision-language features file: `featcache features --dataset "
+            f"{facts.dataset} --backbone {backbone} {options}` (its CLIP weights come from the "
+            "Hugging Face hub: the first run needs the network, unless they are in the hub cache), "
+            f"then `featcache pseudo-label --dataset {facts.dataset} --rule {rule} --backbone "
+            f"{tag}{named}` (docs/pseudo-labels.md)")
 
 
 def _needs_spatial(facts: DataFacts) -> str | None:

@@ -21,7 +21,7 @@ from pathlib import Path
 from featcache.data.featurefile import FeatureFile, open_features, read_feature_attrs
 from featcache.data.labelfile import LabelSet
 from featcache.errors import InputError, OptionError
-from featcache.paths import FeaturesFolder, check_name, features_folder
+from featcache.paths import FeaturesFolder, features_folder
 from featcache.protocol.loss_choice import WITHOUT_IMAGES, needs_spatial, requested_losses
 
 #: the backbone fine-tuning and its linear phase take when none is named
@@ -144,7 +144,7 @@ def _pooled_file(folder: FeaturesFolder, dataset: str, backbone: str | None,
             raise InputError(f"{root} holds several features files ({', '.join(present)}); "
                              "choose one with --backbone")
         return next(iter(present.items()))
-    tag = check_name(backbone, "--backbone")
+    tag = backbone  # a name: LinearOptions.validate checked it
     if tag in present:
         return tag, present[tag]
     made_with = [(t, p) for t, p in present.items()

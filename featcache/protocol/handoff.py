@@ -16,6 +16,17 @@ from pathlib import Path
 from featcache.errors import InputError
 from featcache.fileio import save_torch_atomic
 from featcache.protocol.runs import RunFolder, rerun_advice
+from featcache.schema import (
+    Integer,
+    ListOf,
+    MapOf,
+    Mismatch,
+    Number,
+    Record,
+    Schema,
+    Text,
+    nullable,
+)
 from featcache.torchfile import load_checked
 
 HEAD_FILE = "best.pt"
@@ -38,6 +49,32 @@ def load_saved(path: Path, expected_format: str, what: str) -> dict:
     return payload
 
 
+class TensorOf(Schema):
+    """A tensor of ``ndim`` dimensions (any, when None) of floating point or whole numbers."""
+
+    def __init__(self, ndim: int | None = None, kind: str = "float"):
+        self.ndim, self.kind = ndim, kind
+        self.expected = (f"a {ndim}-dimensional tensor" if ndim is not None else "a tensor")
+
+    def accepts(self, value) -> bool:
+        import torch
+
+        if not isinstance(value, torch.Tensor) or (self.ndim is not None
+                                                    and value.ndim != self.ndim):
+            return False
+        return value.is_floating_point() if self.kind == "float" else not value.is_complex()
+
+
+#: what featcache's readers use of a head file (stage two's best.pt); its other keys are
+#: compared, not used
+HEAD_SCHEMA = Record(
+    required={"weight": TensorOf(2), "bias": TensorOf(1)},
+    optional={"dataset": Text(), "loss": Text(), "classes": ListOf(Text()),
+              "handoff": nullable(MapOf(TensorOf())), "params": nullable(MapOf(nullable(Number()))),
+              "train_rows": TensorOf(1, kind="integer"), "seed": Integer(),
+              "transform": nullable(MapOf()), "head": nullable(MapOf())})
+
+
 def load_head(run_dir: Path) -> dict:
     """A finished linear run's head file, checked (the errors say what is wrong)."""
     run_dir = Path(run_dir)
@@ -53,6 +90,14 @@ def load_head(run_dir: Path) -> dict:
     elif head.get("format_version") != HEAD_FORMAT_VERSION:
         raise InputError(f"{path} has head format {head.get('format_version')}; this featcache "
                          f"reads {HEAD_FORMAT_VERSION} and 1: train the linear run again")
+    try:
+        HEAD_SCHEMA.check(head)
+        if head["weight"].shape[0] != head["bias"].shape[0]:
+            raise Mismatch("bias", f"holds {head['bias'].shape[0]} values, but weight has "
+                                   f"{head['weight'].shape[0]} rows (one per class)")
+    except Mismatch as exc:
+        raise InputError(f"{path} is not a valid featcache linear head: {exc}; "
+                         f"{rerun_advice(run_dir)}") from None
     return head
 
 

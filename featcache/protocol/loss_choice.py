@@ -9,6 +9,7 @@ parameter's resolved value.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
+from pathlib import Path
 
 import numpy as np
 
@@ -42,6 +43,7 @@ def training_facts(labels: LabelSet, observed: np.ndarray, has_clean: bool,
         spatial_features=spatial, backbone=backbone,
         imported=labels.provenance.get("source_format") in WITHOUT_IMAGES,
         features_command=features_command,
+        folder=None if labels.path is None else str(Path(labels.path).parent),
     )
 
 

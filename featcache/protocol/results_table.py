@@ -23,7 +23,7 @@ from featcache.errors import InputError, plural
 from featcache.protocol.catalog import loss_names
 from featcache.protocol.coverage import name_list
 from featcache.protocol.numerics import outdated_note
-from featcache.protocol.runs import RESULTS, describe_differences, read_json
+from featcache.protocol.runs import RESULTS, describe_differences, load_results
 from featcache.protocol.table_cells import Cell, seed_choices
 from featcache.published import SOURCES, published
 from featcache.tables import Estimate, Table
@@ -144,22 +144,16 @@ class ResultsTable:
         ``all_runs`` every run (their seeds pooled, as for runs named one by one).
         """
         documents: list[tuple[dict, Path, bool]] = []
+        paths = list(paths)
         for raw in paths:
             for path in find_results([raw]):
                 if path.resolve() in (p.resolve() for _, p, _ in documents):
                     continue
-                document = read_json(path)
-                if (not isinstance(document, dict) or "selection" not in document
-                        or "loss" not in document):
-                    raise InputError(f"{path} is not a featcache results file (no selection)")
+                document = load_results(path.parent)
                 named = Path(raw).resolve() in (path.parent.resolve(), path.resolve())
                 documents.append((document, path, named))
         if run_id is not None:
-            found = sorted({p.parent.name for _, p, _ in documents})
-            documents = [entry for entry in documents if entry[1].parent.name == run_id]
-            if not documents:
-                raise InputError(f"no run with id {run_id!r} under {', '.join(map(str, paths))} "
-                                 f"(run ids there: {', '.join(found)})")
+            documents = _of_run_id(documents, paths, run_id)
         chosen: list[str] = []
         if run_id is None and not all_runs:
             documents = _latest_runs(documents, chosen)
@@ -295,10 +289,11 @@ class ResultsTable:
         if outdated:
             notes.append(outdated)
         for dataset in self.datasets:
-            missing: list[str] = []
+            found: dict[str, None] = {}  # ordered, and a constant-time test (100,000 classes)
             for (_, ds), cell in self.cells.items():
                 if ds == dataset:
-                    missing += [c for c in cell.classes_without_positives if c not in missing]
+                    found.update(dict.fromkeys(cell.classes_without_positives))
+            missing = list(found)
             if missing:
                 many = len(missing) > 1
                 notes.append(f"{dataset}: {len(missing)} class{'es have' if many else ' has'} no "
@@ -433,3 +428,20 @@ def _protocol_text(document: dict) -> str:
     if protocol.get("early_stop", "none") != "none":
         text += f", early stopping '{protocol['early_stop']}'"
     return text
+
+
+def _of_run_id(documents: list[tuple[dict, Path, bool]], paths: list[str | Path],
+               run_id: str) -> list[tuple[dict, Path, bool]]:
+    """The runs of ``run_id``; every folder searched must hold one (a folder without it would
+    leave its column out silently), else one error naming the folder and its run ids."""
+    def under(raw: str | Path, path: Path) -> bool:
+        root = Path(raw).resolve()
+        return path.resolve() == root or root in path.resolve().parents
+
+    for raw in paths:
+        found = sorted({p.parent.name for _, p, _ in documents if under(raw, p)})
+        if run_id not in found:
+            there = f"run ids there: {', '.join(found)}" if found else "no finished run there"
+            others = "" if len(paths) == 1 else "; leave the folder out or finish that run"
+            raise InputError(f"no run with id {run_id!r} under {raw} ({there}){others}")
+    return [entry for entry in documents if entry[1].parent.name == run_id]

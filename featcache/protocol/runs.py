@@ -23,12 +23,14 @@ from pathlib import Path
 from featcache.errors import InputError, OutputExistsError
 from featcache.fileio import write_json_atomic
 from featcache.locks import OutputLock
+from featcache.protocol.documents import read_results, read_run_record
 from featcache.protocol.numerics import (
     NUMERICS_VERSION,
     describe_version,
     is_current,
     recorded_version,
 )
+from featcache.schema import MapOf, read_document
 
 RESULTS = "results.json"
 RUN_FILE = "run.json"
@@ -76,12 +78,16 @@ def rerun_advice(run_dir: Path) -> str:
     in words."""
     run_dir = Path(run_dir)
     try:
-        argv = list((read_json(run_dir / RESULTS) or {}).get("command") or [])
-    except InputError:
-        argv = []
+        recorded = (read_json(run_dir / RESULTS) or {}).get("command")
+    except (InputError, AttributeError):  # damaged: its command cannot be trusted either
+        recorded = None
+    argv = (list(recorded) if isinstance(recorded, list)
+            and all(isinstance(word, str) for word in recorded) else [])
     if (len(argv) > 1 and Path(argv[0]).name in ("featcache", "__main__.py", "cli.py")
             and argv[1] in ("train-linear", "finetune")):
         words = ["featcache", *(a for a in argv[1:] if a not in ("--resume", "--overwrite"))]
+        if "--loss" in words[:-1] and "," in words[words.index("--loss") + 1]:
+            words[words.index("--loss") + 1] = run_dir.parent.name  # this run's loss alone
         if "--run-id" not in words:
             words += ["--run-id", run_dir.name]
         return f"train the run again: `{shlex.join([*words, '--overwrite'])}`"
@@ -90,13 +96,10 @@ def rerun_advice(run_dir: Path) -> str:
 
 
 def read_json(path: Path, advice: str = "") -> dict | None:
-    """A JSON file's content, None when it does not exist; an InputError when it is damaged."""
-    if not path.is_file():
-        return None
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{path} is not valid JSON ({exc}){advice}") from exc
+    """A JSON object's content, None when the file does not exist; an InputError when it is
+    damaged or not an object (the schema of each of featcache's own documents is checked by
+    :mod:`featcache.protocol.documents`)."""
+    return read_document(path, MapOf(), "JSON object file", advice.removeprefix("; "))
 
 
 class RunFolder:
@@ -113,19 +116,20 @@ class RunFolder:
         return (self.path / RESULTS).is_file()
 
     def results(self) -> dict:
-        """The finished run's results.json; the error says when the run is not finished."""
-        document = read_json(self.path / RESULTS)
+        """The finished run's results.json, checked; the error says when the run is not
+        finished, or what is wrong with the file."""
+        document = read_results(self.path / RESULTS, lambda: rerun_advice(self.path))
         if document is None:
             raise InputError(f"{self.path} is not a finished run (no {RESULTS})")
         return document
 
     def settings(self) -> dict | None:
         """The settings the run was started with (None when it records none)."""
-        record = read_json(self.path / RUN_FILE, "; delete the run folder to start it afresh")
-        return None if record is None else record.get("settings")
+        record = read_run_record(self.path / RUN_FILE)
+        return None if record is None else record["settings"]
 
     def same_settings(self, settings: dict) -> bool:
-        record = read_json(self.path / RUN_FILE) or {}
+        record = read_run_record(self.path / RUN_FILE) or {}
         return record.get("fingerprint") == fingerprint(settings)
 
     def differences(self, settings: dict) -> str:

@@ -58,13 +58,11 @@ class Cell:
     @property
     def classes_without_positives(self) -> list[str]:
         """Test classes without a positive (the same for every run of one labels file)."""
-        found = []
+        found: dict[str, None] = {}  # ordered, and a constant-time test (100,000 classes)
         for document in self.documents:
-            for name in document.get("evaluation", {}).get("test", {}).get(
-                    "classes_without_positives", []):
-                if name not in found:
-                    found.append(name)
-        return found
+            found.update(dict.fromkeys(document.get("evaluation", {}).get("test", {}).get(
+                "classes_without_positives", [])))
+        return list(found)
 
     def per_class(self) -> tuple[dict[str, Estimate], bool]:
         """Per-class test AP over seeds, and whether every seed recorded it (older linear runs

@@ -29,11 +29,18 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from featcache.hdf5 import decode_attrs, encode_attr, write_hdf5_atomic
+from featcache.errors import InputError
+from featcache.hdf5 import DatasetSpec, check_layout, decode_attrs, encode_attr, write_hdf5_atomic
+from featcache.protocol.runs import rerun_advice
 
 SCORES_FILE = "test-scores.h5"
 SCORES_FORMAT = "featcache-test-scores"
 SCORES_VERSION = 1
+#: the datasets of a test-scores file, their kinds and shapes
+LAYOUT = {"scores": DatasetSpec("float", ("seeds", "test rows", "classes")),
+          "seeds": DatasetSpec("integer", ("seeds",)),
+          "rows": DatasetSpec("integer", ("test rows",)),
+          "targets": DatasetSpec("number", ("test rows", "classes"))}
 
 
 class NoScores(Exception):
@@ -111,6 +118,14 @@ def read_stored_scores(run_dir: Path, document: dict) -> TestScores:
             if attrs.get("format_version") != SCORES_VERSION:
                 raise NoScores(f"{path} has format {attrs.get('format_version')}; this "
                                f"featcache reads {SCORES_VERSION}")
+            try:
+                check_layout(h5, LAYOUT, path, lambda: rerun_advice(Path(run_dir)))
+            except InputError as exc:
+                raise NoScores(str(exc)) from None
+            classes = attrs.get("classes", [])
+            if not isinstance(classes, list) or not all(isinstance(c, str) for c in classes):
+                raise NoScores(f"{path}: its classes attribute is not a list of class names; "
+                               f"{rerun_advice(Path(run_dir))}")
             scores = TestScores([int(s) for s in h5["seeds"][()]], h5["scores"][()],
                                 h5["targets"][()], h5["rows"][()], list(attrs.get("classes", [])),
                                 attrs.get("labels_sha256"))

@@ -145,8 +145,8 @@ def choose_features(options: PseudoLabelOptions, labels: LabelSet) -> Path:
     if options.backbone is not None:
         path = features_path(options.dataset, options.backbone, options.cache)
         if not path.is_file():
-            raise InputError(f"no features file {path}; run `featcache features --dataset "
-                             f"{options.dataset} --backbone ... --text` first")
+            raise InputError(f"no features file {path}; "
+                             f"{_making_features(options.dataset, options.backbone, options.rule)}")
         candidates = [path]
     else:
         candidates = []
@@ -167,6 +167,22 @@ def choose_features(options: PseudoLabelOptions, labels: LabelSet) -> Path:
         raise InputError(f"{candidates[0]} was built from another labels file than {labels.path}; "
                          "extract its features again")
     return candidates[0]
+
+
+def _making_features(dataset: str, tag: str, rule: str) -> str:
+    """How to make the features file of ``tag`` with class-prompt embeddings (and tiles for
+    the aevlp rule): its command when the tag is a registered backbone (``-protocol``: with
+    --preprocess protocol)."""
+    from featcache.protocol.catalog import catalog
+
+    backbone = tag.removesuffix("-protocol")
+    crops = " --crops 4x4" if rule == "aevlp" else ""
+    if backbone not in {info.name for info in catalog().backbone_list()}:
+        return (f"make it with `featcache features --dataset {dataset} --backbone BACKBONE --text"
+                f"{crops}` (the backbone and options that give that name) first")
+    preprocess = " --preprocess protocol" if tag.endswith("-protocol") else ""
+    return (f"make it first with `featcache features --dataset {dataset} --backbone {backbone}"
+            f"{preprocess} --text{crops}`")
 
 
 def compute(source: Path, rule: str, params: dict, text: np.ndarray,

@@ -8,12 +8,13 @@ wrote (``results.json``, the PNGs), so it sits beside the Python API above the s
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
 from featcache.errors import InputError
 from featcache.fileio import refuse_existing, write_text_atomic
-from featcache.report.page import render_page
+from featcache.report.page import GENERATOR, render_page
 from featcache.report.runs import find_cam_figures, find_runs, select_runs
 
 #: the page's name in the dataset folder when ``out`` is not given
@@ -60,9 +61,22 @@ def write_report(dataset_dir: str | Path, out: str | Path | None = None,
                  overwrite: bool = False) -> Path:
     """Write the report page (default ``<dataset_dir>/report.html``) atomically."""
     path = Path(out) if out is not None else Path(dataset_dir) / DEFAULT_NAME
-    refuse_existing(path, overwrite)
-    write_text_atomic(path, build_report(dataset_dir, runs, title))
+    refuse_existing(path, overwrite or is_report(path))
+    write_text_atomic(path, build_report(dataset_dir, runs, title), overwrite=True)
     return path
 
 
-__all__ = ["DEFAULT_NAME", "build_report", "write_report"]
+def is_report(path: str | Path) -> bool:
+    """Whether ``path`` is a page ``featcache report`` wrote (a new report may replace it
+    without ``--overwrite``; any other file is kept unless asked): its generator tag, or for a
+    page written before the tag, its header line."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as page:
+            head = page.read(1 << 18)
+    except OSError:
+        return False
+    return (f'<meta name="generator" content="{GENERATOR} ' in head
+            or re.search(r"; written \S+ by featcache \S+ from ", head) is not None)
+
+
+__all__ = ["DEFAULT_NAME", "build_report", "is_report", "write_report"]

@@ -21,6 +21,7 @@ from featcache.report import uncertainty as ci
 from featcache.report.groups import TableGroup, table_groups
 from featcache.report.heatmap import heatmap_html
 from featcache.report.html import STAGE_TITLES, command_text, esc, number
+from featcache.report.label_sets import label_sets_section
 from featcache.report.runcards import curves_section, run_series
 from featcache.report.runs import CamFigure, Run
 from featcache.report.svg import curves_svg
@@ -28,6 +29,9 @@ from featcache.report.svg import curves_svg
 #: what a run of each stage is, one and several (the page's header counts them)
 STAGE_RUNS = {"linear": ("linear head on cached features", "linear heads on cached features"),
               "finetune": ("network fine-tuned end to end", "networks fine-tuned end to end")}
+
+#: the page's ``<meta name="generator">``: how ``featcache report`` knows a page it wrote
+GENERATOR = "featcache report"
 
 
 def _stage_count(count: int, stage: str) -> str:
@@ -195,13 +199,16 @@ def render_page(dataset: str, runs: Sequence[Run], every_run: Sequence[Run],
                        for i, g in enumerate(groups))
     finetune = finetune_section(runs, every_run)
     cams = cam_section(figures, root)
-    nav = [("tables", "Loss tables"), ("per-class", "Per-class AP")]
+    sets = label_sets_section(groups)
+    nav = [("tables", "Loss tables")] + ([("label-sets", "Label sets")] if sets else [])
+    nav += [("per-class", "Per-class AP")]
     nav += [("finetune", "Fine-tuning vs linear start")] if finetune else []
     nav += [("curves", "Learning curves and provenance")]
     nav += [("cam", "Class activation maps")] if cams else []
     return (
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
         f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
+        f"<meta name=\"generator\" content=\"{GENERATOR} {esc(__version__)}\">"
         f"<title>{esc(title)}</title><style>{CSS}</style></head><body>"
         f"<header><h1>{esc(title)}</h1><p class=\"muted\">{plural(len(runs), 'run')} of "
         f"{esc(dataset)} ("
@@ -211,7 +218,7 @@ def render_page(dataset: str, runs: Sequence[Run], every_run: Sequence[Run],
         f"{esc(__version__)} from {esc(root)}</p><nav>"
         + " · ".join(f'<a href="#{anchor}">{text}</a>' for anchor, text in nav)
         + "</nav></header>"
-        f'<section id="tables"><h2>Loss tables</h2>{tables}</section>'
+        f'<section id="tables"><h2>Loss tables</h2>{tables}</section>{sets}'
         f'<section id="per-class"><h2>Per-class AP</h2>{heatmaps}</section>'
         f"{finetune}"
         f'<section id="curves"><h2>Learning curves and provenance, by loss</h2>'

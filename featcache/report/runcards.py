@@ -85,6 +85,14 @@ def configurations_html(run: Run) -> str:
             f"<th>selected</th></tr></thead><tbody>{rows}</tbody></table></details>")
 
 
+def _shared_text(timings: dict) -> str:
+    """', its share of ...' for a run trained beside other losses (an older run: '')."""
+    shared = timings.get("shared")
+    if not isinstance(shared, dict) or not shared.get("losses"):
+        return ""
+    return f", its share of the time {plural(shared['losses'], 'loss', 'losses')} trained together"
+
+
 def provenance_html(run: Run) -> str:
     """What made the run: command, time, version, inputs, settings and their fingerprint."""
     document = run.document
@@ -92,8 +100,9 @@ def provenance_html(run: Run) -> str:
               f"{document.get('labels', {}).get('sha256')})"]
     if "features" in document:
         features = document["features"]
+        weights = features.get("weights")  # none: imported features, made by no backbone here
         inputs.append(f"features {features.get('path')}: {features_text(features)} "
-                      f"({features.get('weights')} weights; sha256 "
+                      f"({f'{weights} weights; ' if weights not in (None, '', 'none') else ''}sha256 "
                       f"{features.get('sha256')})")
     if "backbone" in document:
         backbone = document["backbone"]
@@ -105,7 +114,7 @@ def provenance_html(run: Run) -> str:
     lines = [f"<dt>command</dt><dd><code>{esc(command_text(document))}</code></dd>",
              f"<dt>made</dt><dd>{esc(document.get('created'))}, featcache "
              f"{esc(document.get('featcache_version'))}, {esc(machine.get('device'))}, "
-             f"{number(timings.get('seconds'), 1)} s</dd>",
+             f"{number(timings.get('seconds'), 1)} s{esc(_shared_text(timings))}</dd>",
              f"<dt>inputs</dt><dd>{'<br>'.join(esc(text) for text in inputs)}</dd>",
              f"<dt>fingerprint</dt><dd><code>{esc(document.get('fingerprint'))}</code></dd>",
              f"<dt>loss parameters</dt><dd>{esc(_params(document['selection']['params']))}</dd>"]

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from featcache.errors import InputError
-from featcache.protocol.runs import RESULTS, read_json
+from featcache.protocol.runs import RESULTS, load_results
 
 #: stage -> the folder of the dataset directory that holds its runs
 STAGE_FOLDERS = {"linear": "runs", "finetune": "finetune"}
@@ -79,9 +79,7 @@ def find_runs(dataset_dir: Path) -> list[Run]:
     runs = []
     for stage, folder in STAGE_FOLDERS.items():
         for results in sorted((dataset_dir / folder).glob(f"*/*/{RESULTS}")):
-            document = read_json(results)
-            if not isinstance(document, dict) or "selection" not in document:
-                raise InputError(f"{results} is not a featcache results file (no selection)")
+            document = load_results(results.parent)
             if document.get("stage", "linear") != stage:
                 raise InputError(f"{results} is a {document.get('stage')} run inside "
                                  f"{dataset_dir / folder}, which holds runs of stage {stage!r}")

@@ -8,6 +8,7 @@ every line and selected mark carries a ``<title>`` (the browser's tooltip) with 
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from html import escape
@@ -47,6 +48,8 @@ def curves_svg(series: Sequence[Series], title: str, width: int = 520, height: i
     epoch of each selected configuration marked with a star on its val curve and a ring on its
     test curve."""
     left, right, top, bottom = 46, 10, 24, 34
+    title_lines = _title_lines(title, width - 8)
+    top += TITLE_LINE_PX * (len(title_lines) - 1)
     values = [v for s in series for v in (*s.val, *s.test) if v is not None]
     epochs = [e for s in series for e in s.epochs]
     if not values or not epochs:
@@ -64,7 +67,11 @@ def curves_svg(series: Sequence[Series], title: str, width: int = 520, height: i
 
     parts = [f'<svg class="chart" viewBox="0 0 {width} {height}" width="{width}" '
              f'height="{height}" role="img" aria-label="{escape(title)}">',
-             f'<text x="{left}" y="15" class="chart-title">{escape(title)}</text>']
+             '<text x="4" y="15" class="chart-title">'
+             + "".join(f'<tspan x="4" dy="{0 if i == 0 else TITLE_LINE_PX}">{escape(line)}</tspan>'
+                       for i, line in enumerate(title_lines))
+             + (f"<title>{escape(title)}</title>" if title_lines[-1].endswith("\u2026") else "")
+             + "</text>"]
     for tick in _ticks(low, high):
         parts.append(f'<line x1="{left}" x2="{width - right}" y1="{y(tick):.1f}" '
                      f'y2="{y(tick):.1f}" class="grid"/>'
@@ -94,6 +101,24 @@ def curves_svg(series: Sequence[Series], title: str, width: int = 520, height: i
     parts += marks
     parts.append("</svg>")
     return "".join(parts)
+
+
+#: a chart title's line height, and the width of one of its characters on average (11 px
+#: bold sans-serif, rounded up so that a title is never clipped at the chart's edge)
+TITLE_LINE_PX = 13
+TITLE_CHAR_PX = 7.0
+
+
+def _title_lines(title: str, room: float) -> list[str]:
+    """``title`` in at most two lines that fit ``room`` pixels (the second shortened with an
+    ellipsis if it must be; the whole title is the chart's tooltip and label)."""
+    fits = max(12, int(room / TITLE_CHAR_PX))
+    lines = textwrap.wrap(title, fits, break_on_hyphens=False) or [""]
+    if len(lines) > 2:
+        lines = [lines[0], " ".join(lines[1:])]
+    if len(lines[-1]) > fits:
+        lines[-1] = lines[-1][:fits - 1] + "…"
+    return lines
 
 
 def _selected_marks(s: Series, epoch: int, x: Callable[[float], float],

@@ -51,7 +51,11 @@ class RankedClasses:
         self.rows, self.classes = scores.shape
         sums, images, self.blocks = [], [], []
         offset = 0
+        has_positive = np.asarray(positive.any(axis=0))
         for c in range(self.classes):
+            if not has_positive[c]:  # AP 0: no threshold holds a positive, no sums to add
+                self.blocks.append(_Block(offset, 0))
+                continue
             row_sum, pos_sum, size = _segments(scores[:, c], positive[:, c])
             keep = row_sum < size  # rows below every positive count towards no threshold
             pos_rows = np.flatnonzero(positive[:, c])

@@ -10,6 +10,7 @@ shared by all formats in :mod:`featcache.data.prepare`.
 
 from __future__ import annotations
 
+import difflib
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -175,6 +176,10 @@ def check_same_classes(first: Sequence[str], second: Sequence[str], first_where:
         parts.append(f"only in {first_where}: {first_few(only_first)}")
     if only_second:
         parts.append(f"only in {second_where}: {first_few(only_second)}")
+        guesses = [f"{close[0]!r} for {name!r}" for name in only_second
+                   if (close := difflib.get_close_matches(name, only_first, n=1, cutoff=0.6))]
+        if guesses:
+            parts[-1] += f"; did you mean {first_few(guesses)}?"
     if not parts:
         parts.append("the same classes in a different order")
     raise InputError(

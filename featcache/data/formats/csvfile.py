@@ -32,7 +32,7 @@ from featcache.data.formats import (
     read_lines,
     require_file,
 )
-from featcache.errors import InputError, plural
+from featcache.errors import InputError, did_you_mean, plural
 
 SINGLE_HEADER = ["image", "label"]
 
@@ -180,9 +180,10 @@ def _check_known(part: _SinglePositives, classes: list[str], where: str) -> None
     if unknown:
         line, label = unknown[0]
         names = sorted({label for _, label in unknown})
+        guess = did_you_mean(label, classes)
+        fix = (" If not, pass" if guess else "; pass") + " --classes FILE to give the full class list"
         raise malformed(part.path, line, f"label {label!r} is not a class of {where} (unknown "
-                        f"labels: {first_few(names)}); pass --classes FILE to give the full "
-                        "class list")
+                        f"labels: {first_few(names)}){guess}{fix}")
 
 
 def _check_disjoint(train: _CsvLabels, test: _CsvLabels) -> None:

@@ -112,7 +112,7 @@ def _read_split(path: Path, image_ids: list[int]) -> np.ndarray:
 def _read_labels(path: Path, image_ids: list[int], attribute_ids: list[int]) -> np.ndarray:
     """The (images x attributes) 0/1 matrix, indexed by (image id, attribute id)."""
     columns = {name: array("q") for name in ("line", "image", "attribute", "present")}
-    for line, text in progress(iter_lines(path), desc="CUB labels", unit=" lines",
+    for line, text in progress(iter_lines(path), desc="CUB labels", unit=" line",
                            mininterval=0.5, leave=False):
         fields = text.split()
         if len(fields) not in LABEL_FIELDS:

@@ -46,6 +46,7 @@ from featcache.data.formats import (
     require_dir,
     require_file,
 )
+from featcache.data.formats.npz import load_numpy
 from featcache.errors import InputError, plural
 
 VARIANTS = ("target", "checklist", "geo", "full")
@@ -114,9 +115,11 @@ def _load(path: Path, ndim: int, classes: int | None = None, rows: int | None = 
           values: tuple[int, ...] | None = None) -> np.ndarray:
     """One ``.npy`` array, checked: its rank, columns, rows and values (the error names the file)."""
     try:
-        array = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as exc:
-        raise InputError(f"{path} is not a readable .npy array ({exc}); {HINT}") from None
+        array = load_numpy(path, ".npy array")
+    except InputError as exc:
+        raise InputError(f"{exc}; {HINT}") from None
+    if not isinstance(array, np.ndarray):
+        raise InputError(f"{path} is a .npz archive, not a .npy array; {HINT}")
     if array.ndim != ndim:
         raise InputError(f"{path} holds a {array.ndim}-d array of shape {array.shape}; expected "
                          f"{'one image path per clip' if ndim == 1 else '(clips, classes)'}")

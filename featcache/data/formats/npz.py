@@ -13,6 +13,7 @@ import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -70,12 +71,38 @@ def read_npz(path: str | os.PathLike, name: str) -> tuple[SourceDataset, dict[st
 @contextmanager
 def open_npz(path: Path) -> Iterator:
     """``np.load(path)`` without unpickling; a damaged file is one clear error."""
-    try:
-        npz = np.load(path, allow_pickle=False)
-    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
-        raise InputError(f"{path} is not a readable .npz file (truncated or damaged?): {exc}") from None
+    npz = load_numpy(path, ".npz file")
+    if not isinstance(npz, np.lib.npyio.NpzFile):
+        raise InputError(f"{path} is a single .npy array, not a .npz archive of named arrays; "
+                         "save it with np.savez")
     with npz:
         yield npz
+
+
+def load_numpy(path: str | os.PathLike, what: str) -> Any:
+    """``np.load(path)`` without unpickling (an array, or an open .npz archive). A file that is
+    no NumPy file (a text file renamed ``.npz``), holds Python objects or is damaged is one
+    InputError naming ``path`` and ``what`` it should be; never numpy's advice to unpickle."""
+    try:
+        return np.load(path, allow_pickle=False)
+    except ValueError as exc:
+        raise InputError(f"{path} is not a readable {what}: {numpy_reason(exc)}") from None
+    except (zipfile.BadZipFile, OSError, EOFError) as exc:
+        raise InputError(f"{path} is not a readable {what} (truncated or damaged?): "
+                         f"{exc or type(exc).__name__}") from None
+
+
+def numpy_reason(exc: ValueError) -> str:
+    """Why numpy refused a file, without its advice to load it "unsafely" (unpickling a file
+    can run any code it holds)."""
+    text = str(exc)
+    if "pickled" in text:  # numpy found neither the .npy magic nor a zip archive
+        return ("it starts with neither a .npy header nor a zip archive (a text or other file "
+                "under a NumPy name?); featcache reads arrays saved with np.save or np.savez")
+    if "allow_pickle" in text:
+        return ("it holds Python objects, which featcache does not unpickle (a file could run "
+                "code that way); save a plain array, e.g. np.array(values, dtype=str) for names")
+    return text
 
 
 def npz_array(npz, key: str, path: Path) -> np.ndarray:

@@ -24,7 +24,6 @@ the tests (a "graph" that runs its steps again, and a capture that refuses what 
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Protocol, TypeVar
@@ -32,6 +31,7 @@ from typing import Protocol, TypeVar
 import torch
 from torch import Tensor
 
+from featcache.environment import CUDA_GRAPHS, GRAPH_STEPS
 from featcache.interrupt import check_stop
 from featcache.linear.engine.steptrace import HostCopies, StepTrace
 
@@ -56,13 +56,12 @@ FIRST_TRACED = 2
 
 def graphs_enabled(device: torch.device) -> bool:
     """Whether a group's steps are captured as CUDA graphs on ``device``."""
-    return device.type == "cuda" and os.environ.get(GRAPHS_ENV, "1") != "0"
+    return device.type == "cuda" and bool(CUDA_GRAPHS.value(True))
 
 
 def steps_per_graph() -> int:
     """Steps recorded in one graph (``FEATCACHE_GRAPH_STEPS``, at least 1)."""
-    value = os.environ.get(STEPS_ENV, "")
-    return max(1, int(value)) if value.strip().isdigit() else STEPS_PER_GRAPH
+    return int(GRAPH_STEPS.value(STEPS_PER_GRAPH))
 
 
 class CaptureFailed(RuntimeError):

@@ -15,29 +15,42 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import torch
 
 from featcache.linear.engine.evaluation import HeadResult
 from featcache.linear.engine.stacking import StackedGroup, balanced
+from featcache.linear.engine.timeshare import Timeline
 from featcache.linear.engine.trainer import GroupTrainer
 from featcache.linear.engine.workers import cuda_groups, fork_is_safe, map_groups
 from featcache.runtime import Ranks
 
-#: where a finished group's results go: ``keep(search, group key, heads, began, ended)`` for
-#: each of its losses (``began``, ``ended``: the group's wall-clock start and end)
-Keep = Callable[[int, tuple[int, int], list[HeadResult], float, float], None]
+
+@dataclass
+class Outcomes:
+    """Where the groups' results go: ``keep(search, group key, heads, began, ended, piece)`` for
+    each loss of a finished group (``began``, ``ended``: the group's wall-clock start and end;
+    ``piece``: the group's index in :attr:`pieces`); every group's run time goes to
+    :attr:`timeline`."""
+
+    keep: Callable[[int, tuple[int, int], list[HeadResult], float, float, int], None]
+    timeline: Timeline = field(default_factory=Timeline)
+    #: the groups as the workers train them (cut into pieces of whole losses on the CPU)
+    pieces: Sequence[StackedGroup] = ()
+
+
 #: what a worker gives back: each loss's heads' results, with the group's start and end
 Outcome = tuple[list[list[HeadResult]], float, float]
 
 
 class SharedWorkers:
     """A run's stacked groups on one pool of workers: :meth:`work` trains a group where a
-    worker is free, :meth:`finished` hands its results to ``keep``."""
+    worker is free, :meth:`finished` hands its results to ``outcomes``."""
 
     def __init__(self, groups: Sequence[StackedGroup], device: torch.device, progress: bool,
-                 jobs: int, job: Ranks | None, keep: Keep):
-        self.device, self.keep, self.job = device, keep, job
+                 jobs: int, job: Ranks | None, outcomes: Outcomes):
+        self.device, self.outcomes, self.job = device, outcomes, job
         self.show = progress and (job is None or job.world == 1 or job.is_main)
         local = jobs if device.type == "cpu" and fork_is_safe() else 1
         # on the CPU twice as many pieces as workers, so that the workers' shares even out;
@@ -49,13 +62,15 @@ class SharedWorkers:
         # (it trains step by step, far slower than the replayed groups beside it)
         self.groups = sorted(balanced(groups, pieces),
                              key=lambda g: (device.type == "cuda" and g.capturable, -g.cost()))
+        outcomes.pieces = self.groups
         self.workers = min(jobs, len(self.groups))
         if device.type == "cuda":  # groups at once in threads (progress bars' rows)
             self.workers = min(cuda_groups(), len(self.groups))
 
     def run(self) -> None:
         map_groups(self.work, list(range(len(self.groups))), [g.cost() for g in self.groups],
-                   self.device, self.workers, self.job, on_result=self.finished)
+                   self.device, self.workers, self.job, on_result=self.finished,
+                   on_start=lambda task: self.outcomes.timeline.started(task, time.time()))
 
     def work(self, index: int) -> Outcome:
         group = self.groups[index]
@@ -67,6 +82,7 @@ class SharedWorkers:
 
     def finished(self, index: int, task: int, outcome: Outcome) -> None:
         results, began, ended = outcome
+        self.outcomes.timeline.finished(task, began, ended, task)
         for (search, member), heads in zip(self.groups[task].members, results, strict=True):
             key = (member.configs[0].seed, member.configs[0].batch_size)
-            self.keep(search, key, heads, began, ended)
+            self.outcomes.keep(search, key, heads, began, ended, task)

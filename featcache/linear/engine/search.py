@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -22,7 +23,7 @@ from featcache.linear.data import TrainingSplits
 from featcache.linear.engine.evaluation import HeadResult
 from featcache.linear.engine.graphs import graphs_enabled
 from featcache.linear.engine.member import Member
-from featcache.linear.engine.schedule import SharedWorkers
+from featcache.linear.engine.schedule import Outcomes, SharedWorkers
 from featcache.linear.engine.stacking import (
     Stackable,
     StackedGroup,
@@ -107,9 +108,13 @@ class SeedResult:
 class SearchResult:
     spec: SearchSpec
     seeds: list[SeedResult]
+    #: the wall time the search took; trained beside other searches (``--loss all``), its
+    #: share of the time they took together (:attr:`shared` says how)
     seconds: float
     notes: list[str] = field(default_factory=list)
     probe: dict | None = None  # the probe search's record (:mod:`featcache.linear.search_modes.probe`)
+    #: trained beside other searches: how its ``seconds`` were shared out (:func:`shared_record`)
+    shared: dict | None = None
 
     @property
     def selected(self) -> HeadResult:
@@ -152,18 +157,19 @@ class _Search:
     groups: list[tuple[int, int]]
     done: dict[tuple[int, int], list[HeadResult]] = field(default_factory=dict)
     span: tuple[float, float] = (math.inf, -math.inf)  # wall-clock start and end of its groups
+    pieces: dict[tuple[int, int], int] = field(default_factory=dict)  # group -> its stacked piece
 
     def timed(self, began: float, ended: float) -> None:
         self.span = (min(self.span[0], began), max(self.span[1], ended))
 
-    def result(self, seconds: float) -> SearchResult:
+    def result(self, seconds: float, shared: dict | None = None) -> SearchResult:
         seeds = []
         for seed in self.spec.seeds:
             heads = [h for bs in self.spec.batch_sizes for h in self.done[(seed, bs)]]
             seeds.append(SeedResult(seed=seed, heads=heads,
                                     selected=select_first_best(heads, lambda h: h.best_val)))
         return SearchResult(spec=self.spec, seeds=seeds, seconds=seconds,
-                            notes=list(self.data.notes))
+                            notes=list(self.data.notes), shared=shared)
 
 
 def run_searches(data: TrainingSplits, specs: Sequence[SearchSpec],
@@ -176,27 +182,76 @@ def run_searches(data: TrainingSplits, specs: Sequence[SearchSpec],
     the groups share the workers (:mod:`featcache.linear.engine.schedule`). ``on_done`` sees each
     search as soon as all its groups are trained (in the order they finish; under ``torchrun`` once
     every rank is done, in the order of the groups). A search's ``seconds`` run from its first
-    group's start to its last group's end (groups are shared: so are their times).
+    group's start to its last group's end; with several searches, each gets its share of the
+    wall time they took together (:mod:`featcache.linear.engine.timeshare`, recorded in
+    :attr:`SearchResult.shared`), so that their seconds add up to at most that time.
     """
     device = torch.device(device)
     searches, groups = _planned(data, specs, graphs_enabled(device))
     results: list[SearchResult | None] = [None] * len(searches)
 
+    # under torchrun every group's outcome arrives once all ranks are done: the searches are
+    # finished after all of them, when the timeline holds every task (their shares are exact)
+    together = job is not None and job.world > 1
+    complete: list[int] = []
+
+    def finish(index: int) -> None:
+        search = searches[index]
+        span = search.span[1] - search.span[0]
+        if len(searches) == 1:
+            result = search.result(span)
+        else:
+            seconds, shared = shared_record(index, searches, outcomes, time.time())
+            result = search.result(seconds, shared | {"span_seconds": span})
+        results[index] = result
+        if on_done is not None:
+            on_done(result)
+
     def keep(index: int, key: tuple[int, int], heads: list[HeadResult], began: float,
-             ended: float) -> None:
+             ended: float, piece: int) -> None:
         search = searches[index]
         search.done[key] = heads
+        search.pieces[key] = piece
         search.timed(began, ended)
         if len(search.done) == len(search.groups):
-            result = results[index] = search.result(search.span[1] - search.span[0])
-            if on_done is not None:
-                on_done(result)
+            if together:
+                complete.append(index)
+            else:
+                finish(index)
 
-    SharedWorkers(groups, device, progress, max(1, jobs or usable_cpus()), job, keep).run()
+    outcomes = Outcomes(keep)
+    SharedWorkers(groups, device, progress, max(1, jobs or usable_cpus()), job, outcomes).run()
+    for index in complete:
+        finish(index)
     done = [result for result in results if result is not None]
     if len(done) != len(results):
         raise RuntimeError("a search finished without training any group")
     return done
+
+
+#: how a shared search's seconds were counted (results.json ``timings.shared.rule``)
+SHARE_RULE = ("each instant of the run split equally among the groups training or evaluating "
+              "then, a group's share among its losses by their heads")
+
+
+def shared_record(index: int, searches: Sequence[_Search], outcomes: Outcomes,
+                  now: float) -> tuple[float, dict]:
+    """Search ``index``'s share of the wall time of the searches trained together, and what
+    results.json records of it: every group it trained in, with the losses stacked there,
+    their heads, the group's share of the wall time (``seconds``) and its tasks' durations
+    added up (``busy_seconds``: they overlap other groups')."""
+    shares = outcomes.timeline.shares(now)
+    seconds, groups = 0.0, []
+    for (seed, batch_size), piece in sorted(searches[index].pieces.items()):
+        group = outcomes.pieces[piece]
+        mine = sum(member.heads for owner, member in group.members if owner == index)
+        seconds += shares.get(piece, 0.0) * mine / group.heads
+        groups.append({"seed": seed, "batch_size": batch_size,
+                       "losses": [searches[owner].spec.loss for owner, _ in group.members],
+                       "heads": group.heads, "these_heads": mine,
+                       "seconds": shares.get(piece, 0.0),
+                       "busy_seconds": outcomes.timeline.busy_seconds(piece)})
+    return seconds, {"rule": SHARE_RULE, "losses": len(searches), "groups": groups}
 
 
 def stacked_plan(data: TrainingSplits, specs: Sequence[SearchSpec],

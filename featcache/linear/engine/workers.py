@@ -30,7 +30,6 @@ exchanging results (:meth:`Ranks.together`), so no rank waits for one that stopp
 from __future__ import annotations
 
 import multiprocessing
-import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import (
     FIRST_COMPLETED,
@@ -47,6 +46,7 @@ from typing import TypeVar
 import torch
 import torch.distributed as dist
 
+from featcache.environment import CUDA_GROUPS
 from featcache.interrupt import check_stop, die_with_parent
 from featcache.runtime import Ranks, intraop_threads
 
@@ -60,7 +60,7 @@ CUDA_GROUPS_ENV = "FEATCACHE_CUDA_GROUPS"
 #: groups trained at once on one GPU by default: the batch sizes of a search, and the groups of
 #: ``--loss all``, overlap (a group's step is a chain of small kernels that leaves most of the
 #: GPU idle)
-CUDA_GROUPS = 4
+GROUPS_AT_ONCE = 4
 
 
 def balance(costs: Sequence[float], workers: int) -> list[list[int]]:
@@ -77,14 +77,16 @@ def balance(costs: Sequence[float], workers: int) -> list[list[int]]:
 
 def map_groups(run: Callable[[G], R], groups: Sequence[G], costs: Sequence[float],
                device: torch.device, jobs: int, job: Ranks | None = None,
-               on_result: Callable[[int, G, R], None] | None = None) -> list[R]:
+               on_result: Callable[[int, G, R], None] | None = None,
+               on_start: Callable[[G], None] | None = None) -> list[R]:
     """``run(group)`` for every group wherever it runs; the results in the order of
     ``groups``, and each passed to ``on_result(index, group, result)`` as soon as it is known.
 
     Locally ``jobs`` workers (at most; started as groups need them) take the groups in their
-    order. Under ``torchrun`` (``job.world > 1``) this rank trains its share, balanced by
-    ``costs``, and every rank receives every result once all ranks are done (``on_result`` is
-    then called in the order of ``groups`` on every rank).
+    order, ``on_start(group)`` told as each is handed to a worker. Under ``torchrun``
+    (``job.world > 1``) this rank trains its share, balanced by ``costs``, and every rank
+    receives every result once all ranks are done (``on_result`` is then called in the order
+    of ``groups`` on every rank; ``on_start`` is not).
     """
     if job is not None and job.world > 1:
         mine = balance(costs, job.world)[job.rank]
@@ -99,31 +101,37 @@ def map_groups(run: Callable[[G], R], groups: Sequence[G], costs: Sequence[float
             if on_result is not None:
                 on_result(index, groups[index], result)
         return results
-    return _run_local(run, groups, device, jobs, on_result)
+    return _run_local(run, groups, device, jobs, on_result, on_start)
 
 
 def _run_local(run: Callable[[G], R], groups: Sequence[G], device: torch.device, jobs: int,
-               on_result: Callable[[int, G, R], None] | None = None) -> list[R]:
+               on_result: Callable[[int, G, R], None] | None = None,
+               on_start: Callable[[G], None] | None = None) -> list[R]:
     results: dict[int, R] = {}
+    started = on_start or (lambda task: None)
 
     def keep(index: int, task: G, result: R) -> None:
         results[index] = result
         if on_result is not None:
             on_result(index, task, result)
 
-    if device.type == "cuda" and cuda_groups() > 1 and len(groups) > 1:
-        with ThreadPoolExecutor(max_workers=cuda_groups()) as threads:
+    at_once = groups_at_once(device)
+    if at_once > 1 and len(groups) > 1:
+        with ThreadPoolExecutor(max_workers=at_once) as threads, \
+                intraop_threads(1) if device.type == "cpu" else nullcontext():
             _schedule(threads, lambda task: threads.submit(_on_own_stream, run, device, task),
-                      groups, cuda_groups(), keep)
+                      groups, at_once, keep, started)
         return [results[index] for index in range(len(groups))]
     jobs = max(1, jobs) if device.type == "cpu" and fork_is_safe() else 1
     with intraop_threads(1) if device.type == "cpu" else nullcontext():
         if jobs == 1:
             for index, task in enumerate(groups):
+                started(task)
                 keep(index, task, run(task))
         elif "fork" not in multiprocessing.get_all_start_methods():  # pragma: no cover - Windows
             with ThreadPoolExecutor(max_workers=jobs) as threads:
-                _schedule(threads, lambda task: threads.submit(run, task), groups, jobs, keep)
+                _schedule(threads, lambda task: threads.submit(run, task), groups, jobs, keep,
+                          started)
         else:
             key = id(run)
             _TASKS[key] = run
@@ -131,22 +139,24 @@ def _run_local(run: Callable[[G], R], groups: Sequence[G], device: torch.device,
                 with ProcessPoolExecutor(max_workers=jobs, initializer=_start_worker,
                                          mp_context=multiprocessing.get_context("fork")) as pool:
                     _schedule(pool, lambda task: pool.submit(_run_task, key, task), groups, jobs,
-                              keep)
+                              keep, started)
             finally:
                 del _TASKS[key]
     return [results[index] for index in range(len(groups))]
 
 
 def _schedule(pool: Executor, submit: Callable[[G], Future], groups: Sequence[G], jobs: int,
-              keep: Callable[[int, G, R], None]) -> None:
+              keep: Callable[[int, G, R], None], started: Callable[[G], None]) -> None:
     """Run ``groups`` on ``pool`` in their order, at most ``jobs`` at a time (so that a failure
-    leaves the rest unstarted); each result to ``keep``. The first failure cancels the rest."""
+    leaves the rest unstarted; ``started`` told as each is submitted); each result to ``keep``.
+    The first failure cancels the rest."""
     waiting = list(enumerate(groups))[::-1]
     running: dict[Future, tuple[int, G]] = {}
     try:
         while waiting or running:
             while len(running) < jobs and waiting:
                 index, task = waiting.pop()
+                started(task)
                 running[submit(task)] = (index, task)
             finished, _ = wait(running, return_when=FIRST_COMPLETED)
             for future in finished:
@@ -162,14 +172,22 @@ def _schedule(pool: Executor, submit: Callable[[G], Future], groups: Sequence[G]
 
 def cuda_groups() -> int:
     """Groups trained at once on one GPU (``FEATCACHE_CUDA_GROUPS``, default
-    :data:`CUDA_GROUPS`): each in a thread of its own, on its own streams."""
-    value = os.environ.get(CUDA_GROUPS_ENV, "")
-    return max(1, int(value)) if value.strip().isdigit() else CUDA_GROUPS
+    :data:`GROUPS_AT_ONCE`): each in a thread of its own, on its own streams."""
+    return int(CUDA_GROUPS.value(GROUPS_AT_ONCE))
+
+
+def groups_at_once(device: torch.device) -> int:
+    """Groups trained at once in threads of this process on ``device``: :func:`cuda_groups` on
+    a GPU; one elsewhere (CPU workers are processes)."""
+    return cuda_groups() if device.type == "cuda" else 1
 
 
 def _on_own_stream(run: Callable[[G], R], device: torch.device, task: G) -> R:
-    """``run(task)`` in this thread on a stream of its own on ``device`` (the device's default
-    stream would order it after every other group's work), finished before it returns."""
+    """``run(task)`` in this thread on a stream of its own on a CUDA ``device`` (the device's
+    default stream would order it after every other group's work), finished before it
+    returns."""
+    if device.type != "cuda":
+        return run(task)
     with torch.cuda.device(device):
         stream = torch.cuda.Stream(device=device)
         with torch.cuda.stream(stream):
