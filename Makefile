@@ -27,12 +27,13 @@ DEMO_IMAGE_SIZE ?= 96
 # docs/performance.md).
 DEMO_EPOCHS ?= 8
 
-.PHONY: install test demo features lint bench gpu-check clean-demo real-features label-sets catalog docs help
+.PHONY: install test test-fast demo features lint bench gpu-check clean-demo real-features label-sets catalog docs help
 
 help:
 	@echo "make install   create .venv and install featcache with its dev tools and the timm/open_clip backbones"
 	@echo "make demo      make install, then all three stages on the embedded 'shapes' dataset, offline (random weights; WEIGHTS=v1 for ImageNet's)"
 	@echo "make test      the architecture contracts (lint-imports), the type checker (mypy), then the test suite (one pytest worker per core)"
+	@echo "make test-fast the test suite without the tests marked slow (fine-tuning a network, torchrun ranks, resume, interrupts), one pytest worker per core"
 	@echo "make features DATASET=voc [SPATIAL=1] [FEATURES_ARGS=...]   stage one for a prepared dataset (SPATIAL=1: feature maps for BoostLU and IGNORE too)"
 	@echo "make lint      ruff, the import-linter architecture contracts and the type checker (mypy)"
 	@echo "make catalog   rewrite featcache/protocol/catalog.json after adding or editing a loss or backbone (what the listings read without torch on a fresh clone)"
@@ -56,6 +57,11 @@ test: install
 	$(BIN)/lint-imports
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q -n auto --dist loadfile
+
+# The quick loop while working: the tests not marked slow (pyproject.toml's `slow` marker:
+# fine-tuning a network, torchrun ranks, resume, interrupts, and any test over a few seconds).
+test-fast: install
+	$(BIN)/python -m pytest -q -n auto --dist loadfile -m "not slow"
 
 demo: install
 	test -f $(DEMO_DIR)/labels.h5 || $(FEATCACHE) prepare shapes

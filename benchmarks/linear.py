@@ -9,9 +9,7 @@
    metrics (AP per class with scikit-learn plus precision/recall@k loops) against the clean
    and the observed labels for train, val and test every epoch. It runs a few
    configuration-epochs (one per batch size by default) and is scaled to the search: mean
-   seconds per configuration-epoch of each batch size x 4 learning rates x 25 epochs. The
-   search also runs with each group evaluated where it trains (``evaluate_elsewhere=False``,
-   the scheme before evaluation went to whichever worker is free), side by side.
+   seconds per configuration-epoch of each batch size x 4 learning rates x 25 epochs.
    Then the whole command as a user runs it, ``featcache train-linear --loss LOSS`` in a fresh
    process from start to exit (results, best.pt, summary, curves.png): the median wall and CPU
    seconds of ``--command-repeat`` runs, and one run under cProfile split into phases (import,
@@ -339,13 +337,6 @@ def measure_speed(args, device, labels_path, features_path, table: Table) -> dic
           f"{work['floor_seconds']:.1f} s; the other {work['rest_seconds']:.1f} s are "
           f"{work['steps']:,} optimizer steps at {work['rest_cpu_us_per_step']:.0f} CPU-us each "
           "(loss, Adam over every weight, dispatch)", flush=True)
-    with Busy() as in_place_busy:  # the previous scheme: each group evaluates where it trains
-        in_place = run_search(data, SearchSpec(loss=args.loss), device=device, progress=False,
-                              jobs=args.jobs, evaluate_elsewhere=False).seconds
-    out.update(ours_in_place_seconds=in_place, ours_in_place_busy=in_place_busy.record())
-    table.add(f"featcache search, {args.loss}, each group evaluated where it trains", in_place,
-              in_place / 200, None, in_place_busy.others)
-    print(f"  ours, evaluation in place: {in_place:.2f} s; {in_place_busy.note()}", flush=True)
     if args.no_baseline:
         return out
     reference = "an" if args.loss == "an" else "an-ls"

@@ -136,8 +136,9 @@ def scoring_kernels(features: torch.Tensor, classes: int, repeats: int) -> list[
 
 def group_training(data, batch: int, loss: str = "an") -> list[dict]:
     """A whole group of the default search (``loss``'s 4 learning rates at ``batch``, 25
-    epochs) trained without its evaluation (``GroupTrainer.train_only``, as a search's worker
-    runs it), alone on one thread: the group's wall time, per training step."""
+    epochs) trained without its evaluation (each epoch's steps and end,
+    ``GroupTrainer.train_and_finish``), alone on one thread: the group's wall time, per
+    training step."""
     spec = SearchSpec(loss=loss)
     data = loss_class(loss).fit_data(data)
     spec = spec.resolved(data.facts)
@@ -145,7 +146,8 @@ def group_training(data, batch: int, loss: str = "an") -> list[dict]:
     trainer = GroupTrainer(data, [Member(loss, tuple(configs))], spec.epochs, spec.val_variant,
                            spec.early_stop, torch.device("cpu"))
     started = time.perf_counter()
-    trainer.train_only(progress=False, position=0)
+    for epoch in range(spec.epochs):
+        trainer.train_and_finish(epoch)
     seconds = time.perf_counter() - started
     steps = trainer.steps * spec.epochs
     return [_row(batch, f"group training, {len(configs)} heads x {spec.epochs} epochs",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Collection
+from dataclasses import dataclass
 from pathlib import Path
 
 from featcache.environment import CACHE
@@ -155,6 +156,27 @@ def features_files_in(root: Path, spatial: bool = False) -> list[Path]:
     return sorted(root.glob(feature_file_name("*", spatial)))
 
 
+@dataclass(frozen=True)
+class FeaturesFolder:
+    """A dataset folder's finished features files, listed once: the pooled and the spatial
+    ones, each by its tag (in the order of their names)."""
+
+    root: Path
+    pooled: dict[str, Path]
+    spatial: dict[str, Path]
+
+    def path(self, tag: str, spatial: bool = False) -> Path:
+        """Where the pooled (or spatial) file of ``tag`` is, or would be."""
+        return self.root / feature_file_name(tag, spatial)
+
+
+def features_folder(dataset: str, cache: str | os.PathLike | None = None) -> FeaturesFolder:
+    """The features files of ``dataset``'s folder."""
+    root = dataset_dir(dataset, cache)
+    return FeaturesFolder(root, {feature_file_tag(p): p for p in features_files_in(root)},
+                          {feature_file_tag(p): p for p in features_files_in(root, True)})
+
+
 def backbone_feature_files(dataset: str, backbone: str, spatial: bool = False,
                            cache: str | os.PathLike | None = None,
                            backbones: Collection[str] = ()) -> list[Path]:
@@ -172,30 +194,6 @@ def backbone_feature_files(dataset: str, backbone: str, spatial: bool = False,
             and not any(owns(feature_file_tag(p), other) for other in longer)]
 
 
-def find_features(dataset: str, backbone: str | None = None,
-                  cache: str | os.PathLike | None = None) -> Path:
-    """The finished features file of ``dataset``; with no ``backbone``, the only one there is."""
-    root = dataset_dir(dataset, cache)
-    if backbone is not None:
-        path = features_path(dataset, check_name(backbone, "--backbone"), cache)
-        if not path.exists():
-            raise InputError(
-                f"no features file {path}; run `featcache features --dataset {dataset} "
-                f"--backbone {backbone}` first"
-            )
-        return path
-    found = features_files_in(root)
-    if not found:
-        raise InputError(
-            f"no features file in {root}; run `featcache features --dataset {dataset}` "
-            f"(or `featcache prepare features --npz FILE --name {dataset}`) first"
-        )
-    if len(found) > 1:
-        names = ", ".join(feature_file_tag(p) for p in found)
-        raise InputError(f"{root} holds several features files ({names}); choose one with --backbone")
-    return found[0]
-
-
 def spatial_features_path(dataset: str, backbone: str,
                           cache: str | os.PathLike | None = None) -> Path:
     """The spatial features file (the trunk's last feature map per image) of ``backbone``.
@@ -209,18 +207,6 @@ def spatial_features_path(dataset: str, backbone: str,
 def pooled_twin(spatial_path: Path) -> Path:
     """The pooled features file written beside the spatial file ``spatial_path``."""
     return spatial_path.with_name(feature_file_name(feature_file_tag(spatial_path)))
-
-
-def find_spatial_features(dataset: str, backbone: str = "resnet50",
-                          cache: str | os.PathLike | None = None) -> Path:
-    """The finished spatial features file of ``dataset`` and ``backbone``."""
-    path = spatial_features_path(dataset, backbone, cache)
-    if not path.exists():
-        raise InputError(
-            f"no spatial features file {path}; BoostLU and IGNORE train on feature maps: run "
-            f"`featcache features --dataset {dataset} --backbone {backbone} --spatial` first"
-        )
-    return path
 
 
 def runs_root(dataset: str, cache: str | os.PathLike | None = None) -> Path:

@@ -94,6 +94,8 @@ class LogLines(Bar):
     and an end line with the rate when the bar closes (kept or not); a bar with nothing to do
     (total 0) prints nothing."""
 
+    disable: bool  # tqdm's, set by its __init__
+
     def __init__(self, *args, **kwargs):
         self._last_line = -float("inf")
         self._started = False

@@ -1,4 +1,5 @@
-"""Published test mAP (%) to compare against, from ``shared/PROTOCOL.md`` section 6.
+"""Published test mAP (%) to compare against: Cole et al. 2021 Tables 1 and 2 and the
+LinearInit rows, and the end-to-end results of later work (each source named beside it).
 
 Keys: (setting, loss) -> {dataset: value}; settings are ``linear`` (fixed features),
 ``finetune`` (end to end), ``linearinit`` (fine-tuned from the linear run) and ``recovery``

@@ -20,7 +20,7 @@ import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -29,6 +29,8 @@ from featcache.environment import LOCAL_RANK, LOCAL_WORLD_SIZE, OMP_THREADS, RAN
 from featcache.errors import FeatcacheError, OptionError, plural
 from featcache.interrupt import check_stop
 from featcache.notices import notice_cpu_fallback
+
+T = TypeVar("T")
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -285,6 +287,17 @@ class Ranks:
             raise FeatcacheError("another rank failed (see its message); run the same command "
                                  "again to resume")
         return result
+
+
+def on_main(job: Ranks | None, step: Callable[[], T]) -> T:
+    """Run ``step`` on rank 0 only and hand its result to every rank (errors stop all ranks):
+    what writes a file, or decides a name, once for the whole job."""
+    if job is None or job.world == 1:
+        return step()
+    result = job.together(lambda: step() if job.is_main else None)
+    shared = [result]
+    dist.broadcast_object_list(shared, src=0)
+    return shared[0]
 
 
 def single_process(device: torch.device) -> Ranks:

@@ -56,6 +56,7 @@ def test_every_loss_trains_on_the_towers_features(shapes, tag):
     assert document["features"]["dim"] == (64 if "vit" in tag else 32)
 
 
+@pytest.mark.slow  # fine-tunes a network
 @pytest.mark.parametrize("tag, loss", [("test-vit-random", "an-ls"), ("test-clip-random", "vlpl")])
 def test_one_epoch_of_fine_tuning_from_the_linear_run(shapes, tag, loss):
     trained = invoke("train-linear", "--dataset", "shapes", "--backbone", tag, "--loss", loss,

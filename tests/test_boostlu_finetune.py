@@ -26,6 +26,8 @@ from featcache.finetune.start import linear_features
 from featcache.heads import BoostLUHeads, HeadKind
 from featcache.protocol.handoff import load_head
 
+pytestmark = pytest.mark.slow  # fine-tunes a network (`make test-fast` leaves it out)
+
 
 @pytest.fixture
 def cache(tmp_path_factory, tmp_path):

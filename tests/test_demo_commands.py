@@ -9,6 +9,7 @@ import shlex
 import subprocess
 from pathlib import Path
 
+import pytest
 from dataset_fixtures import invoke
 
 REPO = Path(__file__).resolve().parents[1]
@@ -48,6 +49,7 @@ def test_every_demo_path_is_under_featcache_cache_and_the_last_line_names_folder
     assert len(named) == 5 and all(n.startswith(f"{cache}/shapes/") for n in named), named
 
 
+@pytest.mark.slow  # runs every command the demo prints
 def test_every_command_the_demo_suggests_works_as_printed(tmp_path, cache_dir):
     """The demo's stage-one and stage-two lines on a small shapes set; then each command their
     output suggests (the skipped BoostLU losses': the demo's --weights random and --image-size

@@ -116,6 +116,7 @@ def _fail_after(monkeypatch, module, budget: int, code: int = errno.ENOSPC, writ
     monkeypatch.setattr(module, "open", fake_open, raising=False)
 
 
+@pytest.mark.slow  # fine-tunes a network
 def test_a_checkpoint_that_hits_a_full_disk_keeps_the_previous_one_and_resume_continues(
         tmp_path_factory, tmp_path, monkeypatch):
     from helpers_finetune import NAME, copy_cache, finetune
@@ -231,6 +232,7 @@ def test_a_real_small_file_system_refuses_an_import_up_front_without_crashing(tm
     assert "labels.h5" not in done.stdout  # nothing written
 
 
+@pytest.mark.slow  # fills a disk, then resumes the extraction
 def test_a_disk_that_fills_during_extraction_keeps_the_chunks_and_the_run_resumes(tmp_path):
     make_dataset(tmp_path, num_train=24, num_test=8)
     slow = "from featcache.features.extract import Extraction\n_slow(Extraction, 'forward', 0.3)"

@@ -141,6 +141,7 @@ def test_a_new_users_day_on_imported_sets(tmp_path, cache_dir):
     assert f"{{shared}} is {shared})" in error and ".." not in error.split("the first: ")[1]
 
 
+@pytest.mark.slow  # a whole first day of commands on images
 def test_a_new_users_day_on_images(tmp_path):
     """finetune without --loss, the demo's vlpl hint and its CLIP command offline, predict on
     unreadable images (all, or some with --skip-bad) and on an image over PIL's pixel limit

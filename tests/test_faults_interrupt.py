@@ -15,6 +15,8 @@ from faults import LINEAR_AN_ROLE, SLOW_ROLE_STEPS, group_gone, interrupt, run, 
 from helpers_images import make_dataset
 from linear_fixtures import synthetic_dataset
 
+pytestmark = pytest.mark.slow  # stops running commands and checks what they kept (`make test-fast` leaves it out)
+
 #: seconds from Ctrl-C to the exit, generous for a loaded 2-core machine (a step here is ~0.5 s)
 STOP_BOUND = 15.0
 

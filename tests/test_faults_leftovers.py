@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 
+import pytest
 from faults import run, start, wait_for
 from linear_fixtures import synthetic_dataset
 
@@ -19,6 +20,7 @@ LINEAR = ["train-linear", "--dataset", "toy", "--loss", "an", "--epochs", "1", "
 HELD_BEFORE_RENAME = "import featcache.fileio as _fileio\n_slow(_fileio, '_fsync_file', 60.0, mark='fsync')"
 
 
+@pytest.mark.slow  # kills a run, then runs it again
 def test_temporary_files_of_a_killed_run_are_removed_by_the_next_run_of_its_id(tmp_path):
     cache = tmp_path / "cache"
     synthetic_dataset(cache, name="toy")

@@ -16,6 +16,8 @@ from faults import LINEAR_AN_ROLE, SLOW_ROLE_STEPS, group_gone, interrupt, run, 
 from helpers_images import make_dataset
 from linear_fixtures import synthetic_dataset
 
+pytestmark = pytest.mark.slow  # stops running commands and checks what they kept (`make test-fast` leaves it out)
+
 EXTRACT = ["features", "--dataset", "toy", "--backbone", "resnet18", "--weights", "random",
            "--image-size", "32", "--batch-size", "4", "--chunk-rows", "4", "--workers", "1",
            "--device", "cpu"]

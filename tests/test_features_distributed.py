@@ -13,6 +13,8 @@ from helpers_images import make_dataset
 
 from featcache.features.extract import ExtractOptions, extract_features
 
+pytestmark = pytest.mark.slow  # starts torchrun ranks (`make test-fast` leaves it out)
+
 
 def free_port() -> int:
     with socket.socket() as sock:

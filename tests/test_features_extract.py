@@ -115,6 +115,7 @@ def test_float16_storage(tmp_path):
     assert arrays["train/features"].dtype == np.float16 and attrs["dtype"] == "float16"
 
 
+@pytest.mark.slow  # interrupts an extraction, then resumes it
 def test_resume_after_an_interruption_gives_an_identical_file(tmp_path, monkeypatch):
     make_dataset(tmp_path, num_train=14, num_test=6)
     copy_labels(tmp_path / "cache", tmp_path / "b" / "cache")

@@ -132,6 +132,7 @@ def test_refuses_before_work_when_the_disk_cannot_hold_it(tmp_path, monkeypatch)
                     .glob("chunk-*"))
 
 
+@pytest.mark.slow  # kills an extraction, then resumes it
 def test_sigkill_mid_run_then_rerun_gives_the_same_file(tmp_path):
     make_dataset(tmp_path, num_train=20, num_test=8)
     final = tmp_path / "cache" / "toy" / "spatial-resnet50-random.h5"

@@ -97,6 +97,7 @@ def test_tiles_follow_aevlps_grid():
     assert np.array_equal(np.asarray(tiles[5]), array[2:4, 6:9])  # row 1, column 2
 
 
+@pytest.mark.slow  # interrupts an extraction, then resumes it
 def test_interrupted_run_with_crops_resumes_to_the_same_file(toy, monkeypatch):
     tmp_path, _ = toy
     shutil.copytree(tmp_path / "cache", tmp_path / "a")

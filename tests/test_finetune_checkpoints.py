@@ -19,6 +19,8 @@ from featcache.finetune.options import FinetuneOptions
 from featcache.finetune.start import resolve_start
 from featcache.runtime import single_process
 
+pytestmark = pytest.mark.slow  # fine-tunes a network (`make test-fast` leaves it out)
+
 GRID = ROLE_ONE_CONFIG
 CONFIG = "lr0.001-bs4"
 

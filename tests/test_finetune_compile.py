@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from helpers_finetune import NAME, SIZE, base_cache
 from torch._dynamo.utils import counters
@@ -14,6 +15,8 @@ from featcache.finetune.plan import FinetunePlan
 from featcache.finetune.start import resolve_start
 from featcache.protocol.grid import GridPoint
 from featcache.runtime import Ranks
+
+pytestmark = pytest.mark.slow  # fine-tunes a network (`make test-fast` leaves it out)
 
 CPU = Ranks(0, 1, 0, 1, torch.device("cpu"))
 

@@ -14,6 +14,8 @@ from featcache.finetune.data import EpochBatches, epoch_order
 from featcache.finetune.options import FinetuneOptions
 from featcache.finetune.run import run_finetune
 
+pytestmark = pytest.mark.slow  # starts torchrun ranks (`make test-fast` leaves it out)
+
 
 def _free_port() -> int:
     with socket.socket() as sock:

@@ -6,6 +6,7 @@ import json
 import shutil
 
 import numpy as np
+import pytest
 import torch
 from helpers_finetune import (
     NAME,
@@ -21,6 +22,8 @@ from featcache.data.featurefile import load_features
 from featcache.fileio import sha256_file
 from featcache.losses.terms import inverse_sigmoid_tensor
 from featcache.protocol.handoff import load_head
+
+pytestmark = pytest.mark.slow  # fine-tunes a network (`make test-fast` leaves it out)
 
 _trainer = config_trainer
 

@@ -16,6 +16,8 @@ from featcache.losses import MaskedPassLoss, loss_class, loss_names
 from featcache.protocol.grid import GridPoint
 from featcache.runtime import Ranks
 
+pytestmark = pytest.mark.slow  # fine-tunes a network (`make test-fast` leaves it out)
+
 CPU = Ranks(0, 1, 0, 1, torch.device("cpu"))
 #: parameters that make the state-changing losses act within two epochs
 ACTIVE = {"em-apl": {"warmup": 1.0}, "ll-cp": {"delta_rel": 50.0}, "opml-sp": {"correct_ratio": 0.2}}

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from helpers_finetune import NAME, SIZE, base_cache, copy_cache, finetune
+
+pytestmark = pytest.mark.slow  # fine-tunes a network (`make test-fast` leaves it out)
 
 
 def test_gr_fine_tunes_with_its_schedule_over_the_run(tmp_path_factory, tmp_path):

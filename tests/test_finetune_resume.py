@@ -11,6 +11,8 @@ from helpers_finetune import NAME, ROLE_TWO_CONFIGS, copy_cache, finetune, share
 
 from featcache.finetune import loop
 
+pytestmark = pytest.mark.slow  # fine-tunes, stops and resumes a network (`make test-fast` leaves it out)
+
 ARGS = ROLE_TWO_CONFIGS
 TIMING = ("seconds", "train_seconds", "eval_seconds", "images_per_second")
 

@@ -24,6 +24,8 @@ from featcache.losses import MaskedPassLoss, Targets, create_loss, loss_class, l
 from featcache.protocol.grid import GridPoint
 from featcache.runtime import Ranks
 
+pytestmark = pytest.mark.slow  # fine-tunes a network (`make test-fast` leaves it out)
+
 CPU = Ranks(0, 1, 0, 1, torch.device("cpu"))
 ACTIVE = {"em-apl": {"warmup": 1.0}, "ll-cp": {"delta_rel": 50.0}, "ll-r": {"delta_rel": 50.0},
           "ll-ct": {"delta_rel": 50.0}, "opml-sp": {"correct_ratio": 0.2}}

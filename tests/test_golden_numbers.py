@@ -84,6 +84,7 @@ def test_stage_two_gives_the_recorded_numbers(scene_cache, loss):
     assert document["machine"]["cpu_arithmetic"] == cpu_arithmetic()
 
 
+@pytest.mark.slow  # trains the same searches twice
 @pytest.mark.shared_data
 def test_the_same_settings_give_the_same_bits_on_one_machine(scene_cache):
     """Two runs of role (its per-example label estimates trained beside the heads) agree bit

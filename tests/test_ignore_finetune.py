@@ -30,6 +30,8 @@ from featcache.heads import HeadKind
 from featcache.losses import Targets
 from featcache.protocol.handoff import load_head
 
+pytestmark = pytest.mark.slow  # fine-tunes a network (`make test-fast` leaves it out)
+
 BIG = 64  # a 2 x 2 feature map: the mask has positions to choose between
 
 

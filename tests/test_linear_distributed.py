@@ -19,6 +19,8 @@ from test_features_distributed import free_port
 from featcache.linear.engine.workers import balance
 from featcache.protocol.runs import load_results
 
+pytestmark = pytest.mark.slow  # starts torchrun ranks (`make test-fast` leaves it out)
+
 ARGS = ("--dataset", "toy", "--loss", "role,an", "--epochs", "3", "--lr", "1e-2,1e-3",
         "--bsize", "8,16", "--seeds", "0,1", "--quiet", "--no-plots", "--device", "cpu")
 

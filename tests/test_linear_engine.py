@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import pickle
 
 import numpy as np
 import pytest
@@ -14,10 +13,9 @@ from sklearn.metrics import average_precision_score
 
 from featcache.heads import BoostLUHeads, LinearHeads, init_linear
 from featcache.linear.data import load_linear_data
-from featcache.linear.engine.member import Member
 from featcache.linear.engine.optimizer import StackedAdam
 from featcache.linear.engine.search import SearchSpec, run_search, run_searches
-from featcache.linear.engine.trainer import Evaluation, GroupTrainer, train_group
+from featcache.linear.engine.trainer import train_group
 from featcache.losses import loss_class
 from featcache.metrics import RankedScores, average_precision, mean_average_precision
 from featcache.protocol.grid import GridPoint
@@ -261,78 +259,24 @@ def _same_heads(ours, theirs) -> None:
         assert all(torch.equal(a.state[k], b.state[k]) for k in a.state)
 
 
-def test_a_group_trained_first_and_evaluated_afterwards_gives_the_same_results(toy):
-    grid = [GridPoint(lr, 8) for lr in (1e-2, 1e-3)]
-    in_place = GroupTrainer(toy, [Member("an-ls", tuple(grid))], 3, "clean", "none",
-                            torch.device("cpu"))
-    expected = in_place.run(progress=False, position=0)[0]
-    trainer = GroupTrainer(toy, [Member("an-ls", tuple(grid))], 3, "clean", "none",
-                            torch.device("cpu"))
-    assert trainer.can_defer
-    trained = trainer.train_only(progress=False, position=0)
-    assert [done.epoch for done in trained.epochs] == [0, 1, 2]
-    assert [[d.epoch for d in piece] for piece in trained.chunks(2)] == [[0, 1], [2]]
-    evaluation = Evaluation(toy)
-    # each epoch keeps its own heads: evaluating them in any order gives the same numbers
-    for done in reversed(trained.epochs):
-        evaluation.evaluate(trained.empty_heads, done)
-    _same_heads(trained.finish(trained.epochs)[0], expected)
-
-    # what each evaluation piece ships besides its epochs: the kind of heads, not their weights
-    assert trained.empty_heads.weight.numel() == 0 and len(pickle.dumps(trained.empty_heads)) < 2_000
-
-
-def test_epochs_evaluated_together_give_each_epochs_numbers_bit_for_bit(toy):
-    grid = [GridPoint(lr, 8) for lr in (1e-2, 1e-3, 1e-4)]
-    trainer = GroupTrainer(toy, [Member("an", tuple(grid))], 5, "clean", "none",
-                           torch.device("cpu"))
-    trained = trainer.train_only(progress=False, position=0)
-    alone = Evaluation(toy)
-    expected = [alone.evaluate(trained.empty_heads, copy.copy(done)) for done in trained.epochs]
-    together = Evaluation(toy)
-    for piece in (trained.epochs[:4], trained.epochs[:4], trained.epochs[4:]):  # 2nd: decided
-        found = together.evaluate_epochs(trained.empty_heads, [copy.copy(d) for d in piece])
-        for done, want in zip(found, expected[piece[0].epoch:], strict=False):
-            assert done.epoch == want.epoch
-            assert torch.equal(done.val_map, want.val_map)
-            assert torch.equal(done.val_map_observed, want.val_map_observed)
-            assert torch.equal(done.test_ap, want.test_ap)
-    # the stacked matmul was tried on 4 epochs x 3 heads and kept only where it was exact
-    assert set(together.val_rows.scorer.stacked) == set(together.test_rows.scorer.stacked) == {12}
-
-
-def test_the_kind_of_boostlu_heads_keeps_their_settings_and_scores_like_them():
+def test_frozen_boostlu_heads_keep_their_settings_and_score_like_them():
     heads = BoostLUHeads.create(6, 3, [torch.Generator().manual_seed(s) for s in (1, 2)],
                                 positions=4, params={"alpha": [1.0, 5.0]})
-    kind = heads.without_weights()
-    assert isinstance(kind, BoostLUHeads) and kind.weight.numel() == 0
-    assert (kind.positions, kind.params) == (4, {"alpha": [1.0, 5.0]})
+    again = heads.frozen(heads.weight.detach().clone(), heads.bias.detach().clone())
+    assert isinstance(again, BoostLUHeads)
+    assert (again.positions, again.params) == (4, {"alpha": [1.0, 5.0]})
     x = torch.randn(5, 4 * 6, generator=torch.Generator().manual_seed(3))
-    again = kind.frozen(heads.weight.detach(), heads.bias.detach())
     assert torch.equal(again.scores(x), heads.scores(x))
 
 
-@pytest.mark.parametrize(("loss", "early_stop"), [("role", "none"), ("an", "zhou")])
-def test_a_group_that_reads_its_evaluation_is_not_trained_apart_from_it(toy, loss, early_stop):
-    trainer = GroupTrainer(toy, [Member(loss, (GridPoint(1e-2, 8),))], 2, "clean", early_stop,
-                           torch.device("cpu"))
-    assert not trainer.can_defer
-    with pytest.raises(ValueError, match="reads its evaluation"):
-        trainer.train_only(progress=False, position=0)
-
-
-def test_the_search_gives_the_same_numbers_with_evaluation_on_other_workers(toy):
-    # jobs=2: groups of an and an-ls evaluate on whichever worker is free, role's in place;
-    # jobs=1, or evaluate_elsewhere=False: every group evaluates where it trains
+def test_the_search_gives_the_same_numbers_on_one_worker_and_on_two(toy):
     specs = [SearchSpec(loss=name, learning_rates=(1e-2, 1e-3), batch_sizes=(8, 16), epochs=3)
              for name in ("an", "role", "an-ls")]
     spread = run_searches(toy, specs, progress=False, jobs=2)
     alone = run_searches(toy, specs, progress=False, jobs=1)
-    in_place = run_searches(toy, specs, progress=False, jobs=2, evaluate_elsewhere=False)
-    for ours, theirs, kept in zip(spread, alone, in_place, strict=True):
-        assert ours.spec.loss == theirs.spec.loss == kept.spec.loss
+    for ours, theirs in zip(spread, alone, strict=True):
+        assert ours.spec.loss == theirs.spec.loss
         _same_heads(ours.seeds[0].heads, theirs.seeds[0].heads)
-        _same_heads(kept.seeds[0].heads, theirs.seeds[0].heads)
         assert ours.seconds > 0
 
 

@@ -18,7 +18,6 @@ from featcache.linear.engine.search import SearchSpec, run_search
 from featcache.linear.memory import (
     MIN_BLOCK_ROWS,
     PROCESS_BYTES,
-    WORKER_BYTES,
     GroupShape,
     SplitSizes,
     format_size,
@@ -63,37 +62,23 @@ def test_the_plan_keeps_what_fits_and_streams_train_then_val_then_test():
     assert forced.streamed == ("train",) and forced.forced and "as asked" in forced.describe()
 
 
-def test_the_plan_counts_kept_epochs_and_the_workers_that_only_evaluate():
-    sizes = SplitSizes(train=65_000, val=16_000, test=40_000, classes=80, dim=2048)
-    heads = 4 * 2048 * 80 * 4  # one copy of 4 heads' float32 weights
-    plain, kept = GroupShape(heads=4), GroupShape(heads=4, snapshots=25)
-    assert kept.heads_bytes(sizes) == heads
-    # the trainer's and the main process's copies of 25 epochs, and a piece being evaluated
-    assert kept.bytes(sizes) - plain.bytes(sizes) == 3 * 25 * heads
-    assert kept.evaluation_bytes(sizes) - plain.evaluation_bytes(sizes) == 25 * heads
-    alone = plan_placement(sizes, 4, 1024, kept, 2, 64 * GB, 400 << 20)
-    helped = plan_placement(sizes, 4, 1024, kept, 2, 64 * GB, 400 << 20, evaluators=6)
-    assert helped.estimate - alone.estimate == 6 * (kept.evaluation_bytes(sizes) + WORKER_BYTES)
-
-
 def test_one_configuration_of_a_2_gb_file_plans_under_256_mb():
-    # 250,000 x 2,048 float32 (2 GB; 80 % train of which 20 % val): one head, one group, one
-    # evaluating worker asked for; nothing held yet beyond the interpreter. (The labels and
+    # 250,000 x 2,048 float32 (2 GB; 80 % train of which 20 % val): one head, one group;
+    # nothing held yet beyond the interpreter. (The labels and
     # predictions grow with the rows: 1M rows need about 330 MB even so.)
     for rows in (250_000,):
         train = int(rows * 0.8)
         sizes = SplitSizes(train=train * 4 // 5, val=train // 5, test=rows - train, classes=20,
                            dim=2048)
-        plan = plan_placement(sizes, 4, 1024, GroupShape(heads=1, snapshots=1), 1, 256 << 20, 0,
-                              evaluators=1)
-        assert plan.jobs == 1  # no worker: a forked worker alone would take half the budget
+        plan = plan_placement(sizes, 4, 1024, GroupShape(heads=1), 1, 256 << 20, 0)
+        assert plan.jobs == 0  # as asked: one process, no worker
         assert plan.streamed and plan.estimate <= 256 * (1 << 20) * 0.9
         assert plan.block_rows * plan.window_blocks >= 1024  # a window of several blocks remains
 
 
 def test_the_default_grid_plans_under_1_gb_on_a_million_rows():
     sizes = SplitSizes(train=640_000, val=160_000, test=200_000, classes=20, dim=2048)
-    plan = plan_placement(sizes, 2, 512, GroupShape(heads=4, snapshots=25), 2, 1 * GB, 0)
+    plan = plan_placement(sizes, 2, 512, GroupShape(heads=4), 2, 1 * GB, 0)
     assert plan.streamed and plan.estimate <= 1 * GB * 0.9
     assert plan.record()["window_rows"] == min(plan.block_rows * plan.window_blocks, 640_000)
 

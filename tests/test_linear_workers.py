@@ -1,15 +1,13 @@
-"""Who runs which task locally (:mod:`featcache.linear.engine.workers`): groups and the follow-ups a
-finished group brings (its evaluation, in pieces), at most ``jobs`` at a time, follow-ups first."""
+"""Who runs which group (:mod:`featcache.linear.engine.workers`): worker processes, at most
+``jobs`` at a time, or this process where forking is unsafe; the numbers the same either way."""
 
 from __future__ import annotations
 
 import os
-from types import SimpleNamespace
 
 import pytest
 import torch
 
-from featcache.linear.engine.schedule import workers_evaluate_elsewhere
 from featcache.linear.engine.workers import map_groups
 
 CPU = torch.device("cpu")
@@ -21,35 +19,15 @@ def _square(task):
 
 
 @pytest.mark.parametrize("jobs", [1, 2])
-def test_follow_ups_run_before_the_groups_still_waiting_and_only_groups_are_returned(jobs):
+def test_every_group_runs_once_and_the_results_come_back_in_the_groups_order(jobs):
     seen = []
-
-    def on_result(index, task, result):
-        seen.append((index, task))
-        kind, value = task
-        return [("follow-up", value + 10), ("follow-up", value + 20)] if kind == "group" else []
-
     groups = [("group", v) for v in range(4)]
-    results = map_groups(_square, groups, [1.0] * 4, CPU, jobs, on_result=on_result)
+    results = map_groups(_square, groups, [1.0] * 4, CPU, jobs,
+                         on_result=lambda index, task, result: seen.append((index, task)))
     assert [(kind, value) for kind, value, _ in results] == [("group", v * v) for v in range(4)]
-    assert sorted(task for index, task in seen if index is None) == sorted(
-        ("follow-up", v + d) for v in range(4) for d in (10, 20))
-    assert sorted(index for index, _ in seen if index is not None) == [0, 1, 2, 3]
-    # a free worker takes a follow-up before the next group: group 0's follow-ups are done
-    # before the last group's result arrives
-    order = [task for _, task in seen]
-    assert order.index(("follow-up", 10)) < order.index(("group", 3))
+    assert sorted(seen) == list(enumerate(groups))
     if jobs == 2:  # in worker processes, not in this one
         assert {pid for _, _, pid in results} - {os.getpid()} == {pid for _, _, pid in results}
-
-
-def test_evaluation_leaves_a_worker_only_for_other_local_cpu_workers():
-    # the search's rule, which the memory plan (kept epochs) reads too
-    assert workers_evaluate_elsewhere(CPU, 2, None)
-    assert workers_evaluate_elsewhere(CPU, 2, SimpleNamespace(world=1))
-    assert not workers_evaluate_elsewhere(CPU, 1, None)
-    assert not workers_evaluate_elsewhere(CPU, 2, SimpleNamespace(world=2))  # torchrun ranks
-    assert not workers_evaluate_elsewhere(torch.device("cuda"), 2, None)
 
 
 def test_more_jobs_than_cores_are_capped_and_said(tmp_path, cache_dir):
@@ -111,7 +89,6 @@ def test_where_forking_is_unsafe_the_groups_train_here_with_the_same_numbers(mon
     monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", no_pool)
     monkeypatch.setattr(workers, "ProcessPoolExecutor", no_pool)
     here = run_searches(data, specs, CPU, progress=False, jobs=2)
-    assert not schedule.workers_evaluate_elsewhere(CPU, 2, None)
     for a, b in zip(forked, here, strict=True):
         assert a.selected.config == b.selected.config
         assert [h.epochs for s in a.seeds for h in s.heads] == [

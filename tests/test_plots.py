@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from featcache.protocol.plots import series_figure
 
 
@@ -26,6 +28,7 @@ def test_without_a_start_the_curves_begin_at_epoch_1():
     assert list(fig.axes[0].lines[0].get_xdata()) == [1, 2]
 
 
+@pytest.mark.slow  # fine-tunes a network
 def test_a_one_epoch_fine_tuning_draws_its_linearinit_start(tmp_path, monkeypatch):
     """Issue 36, item 15: `finetune --epochs 1` drew a lone star and dot: the run's outputs
     stopped handing the LinearInit start to the figure (the test above only covered the

@@ -107,30 +107,6 @@ def test_stage_two_groups_report_progress_as_lines_in_a_log(log, tmp_path):
     assert "\r" not in text and "\x1b" not in text
 
 
-def test_stage_two_evaluation_on_other_workers_reports_progress_too(log, tmp_path, monkeypatch):
-    """Groups trained first hand their epochs to other workers: the main process counts them."""
-    from linear_fixtures import synthetic_dataset
-
-    import featcache.linear.engine.schedule as schedule_module
-    from featcache.linear.data import load_linear_data
-    from featcache.linear.engine.search import SearchSpec, run_search
-
-    bars = []
-
-    def kept(*args, **kwargs):
-        bars.append(progress(*args, **kwargs))
-        return bars[-1]
-
-    monkeypatch.setattr(schedule_module, "progress_bar", kept)
-    capsys, _ = log
-    data = load_linear_data(*synthetic_dataset(tmp_path))
-    run_search(data, SearchSpec("an", learning_rates=(1e-2,), batch_sizes=(8, 16), epochs=2),
-               progress=True, jobs=2)
-    assert "evaluating trained groups:" in capsys.readouterr().err
-    (bar,) = bars
-    assert (bar.n, bar.total) == (4, 4)  # 2 groups x 2 epochs, all evaluated elsewhere
-
-
 def test_no_status_line_just_before_the_last_step(log):
     """Issue 36, item 15: the features bar of 450 images in batches of 64 said "448/450"
     (its last status line, 30 s after the one before), then "done, 450 img"."""

@@ -69,6 +69,7 @@ def test_stage_two_records_every_resolved_parameter_once(cache_dir, loss, given,
         assert document["grid"]["params_source"]["k"] == source
 
 
+@pytest.mark.slow  # fine-tunes a network
 def test_stage_three_takes_the_parameters_from_the_linear_run(tmp_path_factory, tmp_path):
     cache = copy_cache(tmp_path_factory.getbasetemp(), tmp_path / "cache")
     linear = load_head(linear_run(cache))
@@ -83,6 +84,7 @@ def test_stage_three_takes_the_parameters_from_the_linear_run(tmp_path_factory, 
     assert json.loads((run / "run.json").read_text())["fingerprint"] == document["fingerprint"]
 
 
+@pytest.mark.slow  # fine-tunes a network
 def test_stage_three_uses_a_given_value_of_the_linear_run_for_its_loss(tmp_path_factory, tmp_path):
     cache = copy_cache(tmp_path_factory.getbasetemp(), tmp_path / "cache")
     made = invoke("train-linear", "--dataset", NAME, "--loss", "an-ls", "--eps-pos", "0", "--lr",

@@ -45,6 +45,7 @@ def test_backend_flags_are_set_for_the_block_and_restored(monkeypatch):
     assert torch.get_num_threads() == threads
 
 
+@pytest.mark.slow  # fine-tunes a network
 def test_finetuning_leaves_no_flag_behind(tmp_path_factory, tmp_path):
     from helpers_finetune import copy_cache, finetune
 

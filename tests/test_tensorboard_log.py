@@ -96,6 +96,7 @@ def test_a_parameter_axis_names_the_configurations(tmp_path, monkeypatch):
     check_logged(folder, load_results(cache / "toy" / "runs" / "an-ls" / "p"))
 
 
+@pytest.mark.slow  # fine-tunes a network
 def test_finetune_logs_its_configurations(tmp_path_factory):
     # ``finetune --init best --loss role`` (two configurations) with ``--tensorboard``, trained once
     # per session: test_finetune_resume compares a resumed run with the same run

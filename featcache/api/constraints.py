@@ -38,7 +38,7 @@ class SpatialShape(Options):
 
     def is_satisfied_by(self, val):
         return (isinstance(val, (tuple, list)) and len(val) == 3
-                and all(isinstance(v, Integral) and not isinstance(v, bool) and v >= 1
+                and all(isinstance(v, Integral) and not isinstance(v, bool) and int(v) >= 1
                         for v in val))
 
     def __str__(self):

@@ -144,7 +144,7 @@ def command(ctx, dataset, loss_names, learning_rates, batch_sizes, epochs, param
     with safe_points():  # stage two stops at its next step, keeping finished losses
         outcome = run_linear(options, say=lambda line: click.echo(line, err=True),
                              on_run=lambda run: click.echo(run.line()))
-    if outcome.table is not None:
+    if outcome.table is not None and outcome.table_path is not None:
         click.echo("")
         click.echo(outcome.table.markdown())
         click.echo(f"table written to {outcome.table_path.with_suffix('')}.md / .csv / .json")

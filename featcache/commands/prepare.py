@@ -285,8 +285,8 @@ def features(ctx, npz_file, name, backbone, cache, overwrite, **observation):
         npz_file, name, labels_path(name, cache), features_path(name, backbone, cache),
         backbone, options, _command_record(ctx), _notify)
     _summarize(result)
-    click.echo(f"wrote {written} ({result.labels.train.images.size} + "
-               f"{plural(result.labels.test.images.size, 'row')})")
+    click.echo(f"wrote {written} ({len(result.labels.train.images)} + "
+               f"{plural(len(result.labels.test.images), 'row')})")
     click.echo(f"next: featcache train-linear --dataset {name}", err=True)
 
 

@@ -31,10 +31,12 @@ import itertools
 import math
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
+from torch import Tensor
 from torch.utils.data import DataLoader
 
 from featcache.backbones import Uint8Normalize, backbone_spec, resolve_preprocess
@@ -125,7 +127,7 @@ class Budget:
         return ". This is long on a CPU; to shorten it: " + "; ".join(parts)
 
 
-def tensor_bytes(tensors) -> int:
+def tensor_bytes(tensors: Iterable[Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
@@ -149,7 +151,7 @@ def plan_budget(start: StartPoint, data: FinetuneData, loss_name: str, params: d
     return Budget(configs, epochs, keep, checkpoint, best)
 
 
-def check_disk(budget: Budget, run_dir, say) -> None:
+def check_disk(budget: Budget, run_dir: Path, say: Callable[[str], None]) -> None:
     """Say the budget, and refuse now when the disk cannot hold the run's checkpoints."""
     free = free_bytes(run_dir)
     say(budget.line(free))

@@ -16,6 +16,7 @@ dropped (as the reference's training loader does); evaluation uses every example
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -235,7 +236,7 @@ class EpochBatches(Sampler):
         part = self.batch_size // self.world
         return order[:, self.rank * part:(self.rank + 1) * part]
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[list[tuple[int, bool] | tuple[int, bool, int]]]:
         flips = (epoch_flips(self.num_rows, self.seed, self.epoch) if self.flip
                  else torch.zeros(self.num_rows, dtype=torch.bool))
         if self.strong:
@@ -269,7 +270,8 @@ class SplitImages(ImageRows):
         super().__init__(data.root, data.relpaths, image_size, rows=split.rows,
                          preprocess=preprocess)
 
-    def __getitem__(self, item):
+    def __getitem__(self, item: int | tuple[int, bool] | tuple[int, bool, int]
+                    ) -> tuple[Tensor, int, bool] | tuple[Tensor, Tensor, int, bool]:
         position, flip, *strong = item if isinstance(item, tuple) else (item, False)
         image, _, ok = super().__getitem__(position)
         plain = image.flip(-1) if flip else image
@@ -278,7 +280,8 @@ class SplitImages(ImageRows):
         return plain, position, ok
 
 
-def make_loader(data: FinetuneData, split: ImageSplit, image_size: int, batch_sampler,
+def make_loader(data: FinetuneData, split: ImageSplit, image_size: int,
+                batch_sampler: Iterable[list],
                 workers: int, device: torch.device, batch_size: int, persistent: bool = False,
                 ranks_here: int = 1, preprocess: Preprocess = PROTOCOL,
                 prefetch: int = 4) -> DataLoader:

@@ -103,23 +103,6 @@ def check_same(tensors: dict[str, Tensor], job: Ranks) -> None:
                                  "drifted apart (please report this)")
 
 
-def broadcast_object(obj, job: Ranks):
-    """Rank 0's ``obj`` on every rank (picklable objects)."""
-    if job.world == 1:
-        return obj
-    box = [obj]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
-
-
-def on_main(job: Ranks | None, step: Callable[[], object]):
-    """Run ``step`` on rank 0 only and hand its result to every rank (errors stop all ranks)."""
-    if job is None or job.world == 1:
-        return step()
-    result = job.together(lambda: step() if job.is_main else None)
-    return broadcast_object(result, job)
-
-
 #: how long a rank that has finished its own configurations waits for the others
 PATIENCE = _dt.timedelta(days=7)
 

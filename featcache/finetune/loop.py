@@ -17,11 +17,13 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import cast
 
 import torch
 from torch import Tensor, nn
+from tqdm import tqdm
 
 from featcache.backbones import Uint8Normalize, backbone_spec, resolve_preprocess
 from featcache.errors import FeatcacheError, Interrupted, OptionError, plural
@@ -166,7 +168,7 @@ class ConfigTrainer:
         return torch.optim.Adam(groups, lr=config.lr, fused=fused_adam(self.device))
 
     # ------------------------------------------------------------------ steps
-    def autocast(self):
+    def autocast(self) -> AbstractContextManager:
         return autocast(self.device, self.settings.precision)
 
     def to_input(self, images: Tensor) -> Tensor:
@@ -332,7 +334,7 @@ class ConfigTrainer:
         if not bool(ok.all()):
             raise bad_image_error(self.data, split, int(positions[~ok][0]))
 
-    def _bar(self, total: int, desc: str):
+    def _bar(self, total: int, desc: str) -> tqdm:
         return progress(total=total, unit="img", desc=desc, leave=False, mininterval=1.0,
                         disable=not (self.settings.progress and self.settings.bars
                                      and self.job.is_main))

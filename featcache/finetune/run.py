@@ -21,7 +21,6 @@ from featcache.finetune.budget import (
 )
 from featcache.finetune.checkpoint import HISTORY
 from featcache.finetune.data import FinetuneData, load_finetune_data
-from featcache.finetune.distributed import on_main
 from featcache.finetune.options import FinetuneOptions
 from featcache.finetune.outputs import keep_best_scores, results_document, write_outputs
 from featcache.finetune.plan import FinetunePlan, resolve_plan
@@ -37,7 +36,7 @@ from featcache.protocol.handoff import LinearPhase
 from featcache.protocol.runs import RunFolder, latest_unfinished, new_run_id
 from featcache.protocol.selection import resolve_val_variant
 from featcache.protocol.tensorboard_log import log_run, require_tensorboard
-from featcache.runtime import Ranks, backend_flags, ranks, training_threads
+from featcache.runtime import Ranks, backend_flags, on_main, ranks, training_threads
 
 
 def run_finetune(options: FinetuneOptions, linear_phase: LinearPhase | None = None) -> str | None:

@@ -145,7 +145,8 @@ def _train_alone(configs: list[GridPoint], plan: FinetunePlan, start: StartPoint
         for config in mine:
             config_dir = _config_dir(run_dir, config)
 
-            def on_best(trainer: ConfigTrainer, result: ConfigResult, config_dir=config_dir):
+            def on_best(trainer: ConfigTrainer, result: ConfigResult,
+                        config_dir: Path = config_dir) -> None:
                 write_best(config_dir / BEST, trainer, result, about)
 
             done[config.name()] = train_config(config, quiet, start, data, alone, config_dir,

@@ -40,7 +40,6 @@ from featcache.data.featurefile import read_feature_attrs
 from featcache.errors import InputError, OptionError, plural
 from featcache.fileio import sha256_file
 from featcache.finetune.data import FinetuneData
-from featcache.finetune.distributed import on_main
 from featcache.finetune.options import FinetuneOptions
 from featcache.losses import loss_class
 from featcache.paths import runs_dir
@@ -51,7 +50,7 @@ from featcache.protocol.linear_phase_source import linear_phase_source
 from featcache.protocol.loss_choice import needs_spatial
 from featcache.protocol.runs import RunFolder, best_run
 from featcache.protocol.search_modes import recorded_search_mode
-from featcache.runtime import Ranks
+from featcache.runtime import Ranks, on_main
 
 
 @dataclass
@@ -91,7 +90,7 @@ def resolve_start(options: FinetuneOptions, data: FinetuneData, job: Ranks | Non
     if options.init == "best":
         run_dir = on_main(job, lambda: best_linear_run(options, data))
         ran = run_dir is None
-        if ran:
+        if run_dir is None:
             lr, batch_size = linearinit_hparams(options.loss, data.dataset, options.linear_lr,
                                                 options.linear_batch_size)
             if linear_phase is None:

@@ -163,27 +163,14 @@ class LinearHeads:
         return type(self)(weight, bias, positions=self.positions, params=self.params,
                           blocks=self.blocks if weight.shape[0] == self.num_heads else None)
 
-    def repeated(self, weight: Tensor, bias: Tensor, times: int) -> Self:
-        """Heads of this kind holding ``times`` copies of these heads' settings one after the
-        other (several epochs of one group, scored at once), each copy keeping the blocks."""
-        params = {key: values * times for key, values in self.params.items()}
-        return type(self)(weight, bias, positions=self.positions, params=params,
-                          blocks=self.blocks * times)
-
     def part(self, heads: slice) -> Self:
-        """The heads ``heads`` (one loss of a stacked group, one epoch of several) as heads of
-        their own (views), with the blocks they cover."""
+        """The heads ``heads`` (one loss of a stacked group) as heads of their own (views),
+        with the blocks they cover."""
         start, stop, _ = heads.indices(self.num_heads)
         blocks = [min(b.stop, stop) - max(b.start, start) for b in self.block_slices()]
         params = {key: values[heads] for key, values in self.params.items()}
         return type(self)(self.weight[heads], self.bias[heads], positions=self.positions,
                           params=params, blocks=[size for size in blocks if size > 0])
-
-    def without_weights(self) -> Self:
-        """These heads without their weights (empty tensors): all :meth:`frozen` needs,
-        and nothing to copy when it is sent to another process."""
-        empty = self.weight.detach().new_empty((self.num_heads, 0, 0))
-        return self.frozen(empty, empty)
 
     def per_head(self, key: str, like: Tensor, shape: Sequence[int]) -> float | Tensor:
         """Loss parameter ``key``: one float for every head, or a per-head tensor of ``shape``."""

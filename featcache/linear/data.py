@@ -227,7 +227,7 @@ class LinearData(SplitsMixin):
                     classes: list[str] | None = None, k: float | None = None,
                     dataset: str = "arrays", source: str = "the arrays given",
                     attrs: dict | None = None, device: torch.device | str = "cpu",
-                    pseudo=None) -> LinearData:
+                    pseudo: np.ndarray | Tensor | None = None) -> LinearData:
         """Stage-two data from in-memory arrays (the Python API's estimator).
 
         Each split is ``(features (n, D), observed (n, L), clean (n, L) or None)``: observed
@@ -319,7 +319,7 @@ class SplitRows:
             return matrix
         return matrix[self.rows]
 
-    def label_tensors(self, device) -> tuple[Tensor, Tensor | None]:
+    def label_tensors(self, device: torch.device | str) -> tuple[Tensor, Tensor | None]:
         """Observed (int8: 1, 0, -1) and full (uint8: 0/1) labels of the split's rows, as the
         labels file stores them: a quarter of float32's memory for sets of millions of rows
         (the trainer makes each batch's labels float)."""

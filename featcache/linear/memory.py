@@ -19,7 +19,7 @@ import os
 import re
 import resource
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
@@ -120,7 +120,6 @@ class GroupShape:
     train_scores: float = 0  # the loss asks for predictions on the whole training split
     train_map: bool = True  # predictions kept for the training-set mAP
     scoring_work: int = 0  # bytes a scoring pass needs beyond the scores (BoostLU's blocks)
-    snapshots: int = 0  # epochs of heads kept for evaluation elsewhere (deferred evaluation)
 
     @classmethod
     def stacked(cls, shapes: Sequence[GroupShape], pieces: int = 1) -> GroupShape:
@@ -138,8 +137,7 @@ class GroupShape:
                    learned_state=share(lambda s: s.learned_state),
                    train_scores=share(lambda s: float(s.train_scores)),
                    train_map=any(shape.train_map for shape in shapes),
-                   scoring_work=max(shape.scoring_work for shape in shapes),
-                   snapshots=max(shape.snapshots for shape in shapes))
+                   scoring_work=max(shape.scoring_work for shape in shapes))
 
     def heads_bytes(self, sizes: SplitSizes) -> int:
         """One copy of the heads' weights."""
@@ -153,28 +151,16 @@ class GroupShape:
         predictions = int(per_row * (int(self.train_map) + self.train_scores))
         if self.train_map:  # the rows' positives in training order, bools (ranking: evaluation's)
             predictions += n * classes
-        # kept epochs: the trainer's, then the main process's while others evaluate them
-        kept = 2 * self.snapshots * self.heads_bytes(sizes)
-        return head + state + predictions + kept + self.evaluation_bytes(sizes)
+        return head + state + predictions + self.evaluation_bytes(sizes)
 
     def evaluation_bytes(self, sizes: SplitSizes) -> int:
         """What scoring the validation and test splits takes (scores and AP work, BoostLU's
-        blocks), and a piece of kept epochs, in whichever worker evaluates."""
+        blocks)."""
         elements = self.heads * max(sizes.val, sizes.test) * sizes.classes
         # ranking a block of columns, for these scores or the training mAP's (not at once)
         scores = elements * FLOAT32 + ranking_bytes(max(elements, self.heads * sizes.train
                                                         * sizes.classes * self.train_map))
-        stacked = STACKED_WORK * STACKED_SCORES_BYTES if self.snapshots else 0
-        return (max(scores, stacked) + self.scoring_work
-                + self.snapshots * self.heads_bytes(sizes))
-
-
-#: the most float32 scores an evaluation piece's epochs are scored with at once (stacked heads,
-#: :meth:`featcache.linear.engine.trainer.Evaluation.evaluate_epochs`); larger pieces go one
-#: epoch at a time
-STACKED_SCORES_BYTES = 8 << 20
-#: what scoring takes per byte of scores (the scores, the sort keys, the ranked copies)
-STACKED_WORK = 4
+        return scores + self.scoring_work
 
 
 def ranking_bytes(elements: int) -> int:
@@ -310,30 +296,29 @@ class Placement:
 
 def plan_placement(sizes: SplitSizes, itemsize: int, chunk_rows: int, group: GroupShape,
                    concurrency: int, budget: int, resident: int,
-                   force_stream: bool = False, evaluators: int = 0) -> Placement:
+                   force_stream: bool = False) -> Placement:
     """Keep every split in memory when the search fits ``budget``; else stream the training
     split with the largest shuffle window that fits, and validation (then test) too when
     keeping them would leave that window under :data:`MIN_WINDOW_BLOCKS` blocks.
 
-    ``concurrency`` groups train at once; ``evaluators`` more workers only evaluate;
-    ``resident`` is what the process already holds beyond the interpreter. When the budget
-    cannot hold that many processes, fewer are planned (``Placement.jobs``: the evaluators
-    first, then the concurrent groups, down to one process, which forks no worker and keeps
-    no epochs for others to evaluate), the in-memory path before streaming. When not even one
+    ``concurrency`` groups train at once; ``resident`` is what the process already holds
+    beyond the interpreter. When the budget cannot hold that many processes, fewer are planned
+    (``Placement.jobs``, down to one process, which forks no worker), the in-memory path
+    before streaming. When not even one
     process has room for a window of :data:`BLOCK_BYTES` blocks, the blocks get smaller (down
     to :data:`MIN_BLOCK_ROWS` rows): the floor is the state of one group plus one block.
     """
     usable = int(budget * (1 - HEADROOM))
-    layouts = _layouts(concurrency, evaluators, group)
+    layouts = _layouts(concurrency)
     everything = sum(sizes.features(s) for s in ("train", "val", "test"))
     # loading reads one official split whole at the file's dtype beside the float32 tensors
     loading = max(sizes.train + sizes.val, sizes.test) * sizes.dim * itemsize
     if not force_stream:
-        for conc, evals, shape in layouts:
-            estimate = _fixed(sizes, shape, conc, evals, resident) + everything + loading
+        for conc in layouts:
+            estimate = _fixed(sizes, group, conc, resident) + everything + loading
             if estimate <= usable:
                 return Placement(budget=budget, estimate=estimate, train_rows=sizes.train,
-                                 jobs=_fewer(conc + evals, concurrency + evaluators))
+                                 jobs=_fewer(conc, concurrency))
     # blocks of BLOCK_BYTES or smaller ones of whole chunks, whichever leaves the widest window
     # (in rows: smaller blocks hold less memory in flight); the most processes whose widest
     # window shuffles MIN_WINDOW_BLOCKS standard blocks (or the whole split), else the widest
@@ -349,14 +334,14 @@ def plan_placement(sizes: SplitSizes, itemsize: int, chunk_rows: int, group: Gro
     wide_enough = min(MIN_WINDOW_BLOCKS * standard, sizes.train)
     for block_sizes in (whole_chunks, part_chunks):
         widest = None
-        for conc, evals, shape in layouts:
-            fixed = _fixed(sizes, shape, conc, evals, resident)
+        for conc in layouts:
+            fixed = _fixed(sizes, group, conc, resident)
             for block_rows in block_sizes:
-                plan = _streamed(sizes, itemsize, block_rows, shape, conc, usable, fixed)
+                plan = _streamed(sizes, itemsize, block_rows, group, conc, usable, fixed)
                 if plan is None:
                     continue
                 placement = Placement(plan[0], block_rows, plan[1], budget, plan[2], force_stream,
-                                      _fewer(conc + evals, concurrency + evaluators), sizes.train,
+                                      _fewer(conc, concurrency), sizes.train,
                                       block_rows * sizes.dim * itemsize)
                 if widest is None or placement.window_rows > widest.window_rows:
                     widest = placement
@@ -365,31 +350,23 @@ def plan_placement(sizes: SplitSizes, itemsize: int, chunk_rows: int, group: Gro
         if widest is not None:
             return widest
     block = MIN_BLOCK_ROWS * sizes.dim * itemsize
-    raise_budget(budget, fixed + _per_group(sizes, itemsize, MIN_BLOCK_ROWS, shape) + 3 * block)
+    raise_budget(budget, fixed + _per_group(sizes, itemsize, MIN_BLOCK_ROWS, group) + 3 * block)
 
 
-def _layouts(concurrency: int, evaluators: int, group: GroupShape) -> list[tuple[int, int, GroupShape]]:
-    """(concurrent groups, evaluating workers, group shape) from as asked down to one process."""
-    out = [(concurrency, evaluators, group)]
-    out += [(concurrency, e, group) for e in range(evaluators - 1, -1, -1)]
-    out += [(c, 0, group) for c in range(concurrency - 1, 0, -1)]
-    alone = replace(group, snapshots=0)  # one process evaluates where it trains
-    if out[-1] != (1, 0, alone):
-        out.append((1, 0, alone))
-    return out
+def _layouts(concurrency: int) -> list[int]:
+    """Concurrent groups, from as asked down to one process."""
+    return list(range(max(1, concurrency), 0, -1))
 
 
 def _fewer(planned: int, asked: int) -> int:
     return planned if planned < asked else 0
 
 
-def _fixed(sizes: SplitSizes, group: GroupShape, concurrency: int, evaluators: int,
-           resident: int) -> int:
+def _fixed(sizes: SplitSizes, group: GroupShape, concurrency: int, resident: int) -> int:
     """What the search holds whatever the placement: labels, each group's state, workers."""
-    processes = concurrency + evaluators
-    workers = WORKER_BYTES * (processes if processes > 1 else 0)
+    workers = WORKER_BYTES * (concurrency if concurrency > 1 else 0)
     return (resident + PROCESS_BYTES + labels_bytes(sizes) + concurrency * group.bytes(sizes)
-            + evaluators * group.evaluation_bytes(sizes) + workers)
+            + workers)
 
 
 def _per_group(sizes: SplitSizes, itemsize: int, block_rows: int, group: GroupShape) -> int:

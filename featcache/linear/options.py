@@ -44,11 +44,13 @@ class LinearOptions:
     tensorboard: str | None = None  # log every run's curves there (protocol.tensorboard_log)
 
     def validate(self) -> None:
-        """OptionError naming the first option that cannot be used (the grid, --early-stop,
-        --search and --weight-decay); what needs the data (losses, parameters) is checked once
-        the labels are read."""
+        """OptionError naming the first option that cannot be used (--run-id and --backbone as
+        names, the grid, --early-stop, --search and --weight-decay); what needs the data
+        (losses, parameters) is checked once the labels are read."""
         if self.run_id is not None:
             check_name(self.run_id, "--run-id")
+        if self.backbone is not None:
+            check_name(self.backbone, "--backbone")
         if len(set(self.seeds)) != len(self.seeds):
             raise OptionError(f"--seeds {','.join(map(str, self.seeds))} repeats a seed; give "
                               "each seed once")

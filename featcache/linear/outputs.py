@@ -6,28 +6,43 @@ mAP's bootstrap interval), ``best.pt`` (the selected head and the loss's hand-of
 ``featcache finetune --init best`` starts from, :mod:`featcache.protocol.handoff`),
 ``test-scores.h5`` (each seed's selected head's test scores), ``summary.md`` and ``curves.png``.
 ``results.json`` is written last, atomically: a folder without it is an unfinished run.
+
+Each selected head (at its selected epoch) is scored again on the test rows by the kernel the
+search's evaluation ran on them (the split's rows, one frozen head of the loss's kind), so the
+kept test scores are the ones its recorded test AP came from; a run whose scores give another
+AP (another BLAS path) says so in its notes (:func:`keep_selected_scores`). The selected head
+of ``best.pt``, scored the same way on the validation rows, gives the scores its label sets are
+calibrated on (``val-scores.h5``, :mod:`featcache.protocol.label_sets`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 import torch
+from torch import Tensor
 
 from featcache.fileio import write_json_atomic, write_text_atomic
 from featcache.linear.data import TrainingSplits
 from featcache.linear.engine.evaluation import HeadResult
+from featcache.linear.engine.member import create_heads
 from featcache.linear.engine.search import SearchResult, SearchSpec
-from featcache.linear.selected_scores import keep_selected_scores
-from featcache.losses import loss_class
-from featcache.protocol.coverage import evaluation_coverage, evaluation_notes
+from featcache.linear.engine.trainer import feature_rows
+from featcache.losses import create_loss, loss_class
+from featcache.metrics import average_precision
+from featcache.protocol.coverage import ClassCoverage, evaluation_coverage, evaluation_notes
 from featcache.protocol.handoff import HEAD_FILE, save_head
+from featcache.protocol.label_sets import Calibration, keep_label_sets
+from featcache.protocol.plots import plot_series
 from featcache.protocol.records import document_header, machine_record
 from featcache.protocol.runs import RESULTS, fingerprint
+from featcache.protocol.uncertainty import keep_test_scores
 from featcache.published import published
 
 
-def run_settings(result_spec, data: TrainingSplits) -> dict:
+def run_settings(result_spec: SearchSpec, data: TrainingSplits) -> dict:
     """The settings that decide whether a finished run can be reused (its fingerprint).
 
     A streamed run adds how it read the features (its shuffle differs from the protocol's);
@@ -43,7 +58,7 @@ def run_settings(result_spec, data: TrainingSplits) -> dict:
     return settings
 
 
-def _per_class(classes, test_ap) -> dict[str, float]:
+def _per_class(classes: Sequence[str], test_ap: Tensor) -> dict[str, float]:
     return {c: float(a) * 100 for c, a in zip(classes, test_ap.tolist(), strict=True)}
 
 
@@ -65,8 +80,8 @@ def _config_record(head: HeadResult, probe: bool = False) -> dict:
     }
 
 
-def _selection_record(selected, classes: list[str], val_cover, test_cover, val_key: str,
-                      probe: bool = False) -> dict:
+def _selection_record(selected: HeadResult, classes: list[str], val_cover: ClassCoverage,
+                      test_cover: ClassCoverage, val_key: str, probe: bool = False) -> dict:
     """The selected configuration of a search (``selection`` of results.json; ``probe``: with
     its weight decay, ``--search probe``)."""
     return {
@@ -212,8 +227,71 @@ def write_run(run_dir: Path, result: SearchResult, data: TrainingSplits, device:
     save_head(run_dir / HEAD_FILE, head_payload(result, data))
     write_text_atomic(run_dir / "summary.md", summary_md)
     if plot:
-        from featcache.linear.plots import plot_curves
-
         plot_curves(result, run_dir / "curves.png", title=f"{data.dataset} / {result.spec.loss}")
     write_json_atomic(run_dir / RESULTS, document)
     return document
+
+
+#: recomputed and recorded per-class test AP (fractions) agree within this
+AGREEMENT = 1e-9
+
+
+def test_targets(data: TrainingSplits) -> torch.Tensor:
+    """The labels the test AP is computed against: full labels, else observed positives."""
+    test = data.test
+    return test.clean if test.clean is not None else (test.observed == 1).float()
+
+
+def head_test_scores(data: TrainingSplits, loss: str, head: HeadResult,
+                     split: str = "test") -> torch.Tensor:
+    """One selected head's probabilities (N, L) on the test (or validation) rows, as its
+    evaluation made them."""
+    device = data.test.observed.device
+    params = {name: [value] for name, value in head.config.param_dict.items()}
+    kind = create_heads(create_loss(loss, data.num_classes, 1, params=params, facts=data.facts),
+                        data.feature_dim, data.spatial_shape, data.num_classes,
+                        [torch.Generator()], device=device)
+    frozen = kind.frozen(head.weight.t().contiguous()[None].to(device),
+                         head.bias.reshape(1, 1, -1).to(device))
+    return feature_rows(getattr(data, split)).scores(frozen)[0]
+
+
+def keep_selected_scores(run_dir: Path, result: SearchResult, data: TrainingSplits,
+                         document: dict) -> None:
+    """Write ``test-scores.h5`` of every seed's selected head and the run's interval."""
+    targets = test_targets(data)
+    scores, selected = [], 0
+    for number, seed in enumerate(result.seeds):
+        found = head_test_scores(data, result.spec.loss, seed.selected)
+        selected = number if seed.selected is result.selected else selected
+        ap = average_precision(found, targets.to(found.device)).cpu()
+        if not torch.allclose(ap, seed.selected.test_ap.double(), rtol=0, atol=AGREEMENT):
+            document["notes"].append(
+                f"seed {seed.seed}: its test scores in test-scores.h5 give test mAP "
+                f"{float(ap.mean()) * 100:.4f}, the search recorded "
+                f"{float(seed.selected.test_ap.mean()) * 100:.4f} (another BLAS path)")
+        scores.append(found.float().cpu().numpy())
+    keep_test_scores(run_dir, np.stack(scores), [s.seed for s in result.seeds],
+                     targets.cpu().numpy(), np.asarray(data.test.rows), data.classes, document,
+                     document["summary"]["test_map_mean"])
+    val = head_test_scores(data, result.spec.loss, result.selected, "val")
+    calibration = Calibration(val.float().cpu().numpy(), data.val.observed.cpu().numpy(),
+                              np.asarray(data.val.rows), list(data.classes))
+    clean = data.test.clean
+    keep_label_sets(run_dir, calibration, scores[selected],
+                    None if clean is None else clean.cpu().numpy(), document)
+
+
+def plot_curves(result: SearchResult, path: Path, title: str = "") -> Path:
+    """Save validation (solid) and test (dotted) mAP per epoch of every configuration of seed 0."""
+    curves = []
+    for head in result.seeds[0].heads:
+        label = f"lr={head.config.lr:g} bs={head.config.batch_size}"
+        varied = [k for k, values in result.spec.resolved_params.values.items() if len(values) > 1]
+        if varied:
+            label += " " + " ".join(f"{k}={head.config.param_dict[k]:g}" for k in varied)
+        curves.append((label, [r.epoch + 1 for r in head.epochs],
+                       [r.val_map if r.val_map is not None else r.val_map_observed for r in head.epochs],
+                       [r.test_map for r in head.epochs]))
+    best = result.selected
+    return plot_series(curves, (best.best_epoch + 1, best.best_val), path, title)

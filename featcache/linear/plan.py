@@ -14,14 +14,14 @@ from featcache.data.featurefile import features_command
 from featcache.data.labelfile import LabelSet, load_labels
 from featcache.linear.data import SplitRows, split_rows
 from featcache.linear.engine.search import SearchSpec
-from featcache.linear.engine.workers import on_main
-from featcache.linear.featurefiles import FeatureFiles, feature_files, requested_losses
 from featcache.linear.options import LinearOptions
 from featcache.linear.search_modes import LinearSearchMode, linear_search_mode
-from featcache.linear.zeroshot_choice import split_zero_shot, zero_shot_wanted
+from featcache.linear.zeroshot import split_zero_shot, zero_shot_wanted
 from featcache.paths import existing_labels
+from featcache.protocol.feature_source import FeatureFiles, open_feature_files
 from featcache.protocol.loss_choice import (
     choose_losses,
+    requested_losses,
     resolve_params,
     split_params,
     training_facts,
@@ -29,7 +29,7 @@ from featcache.protocol.loss_choice import (
 from featcache.protocol.runs import new_run_id
 from featcache.protocol.search_modes import search_mode
 from featcache.protocol.selection import resolve_val_variant
-from featcache.runtime import Ranks, worker_processes
+from featcache.runtime import Ranks, on_main, worker_processes
 
 #: each features file's rows of every split, and the notes on the rows dropped
 SplitRowsOf = tuple[dict[str, SplitRows], list[str]]
@@ -77,7 +77,8 @@ def plan_linear(options: LinearOptions, budget: int, job: Ranks,
     backbone's file, the validation variant, skipped losses) go to ``say``."""
     labels = load_labels(existing_labels(options.dataset, options.cache), image_names=False)
     zero_shot_asked, losses = split_zero_shot(options.losses)
-    files = feature_files(options.dataset, options.backbone, options.cache, losses, labels, say)
+    files = open_feature_files(options.dataset, options.backbone, options.cache, losses, labels,
+                               say)
     first_rows = split_rows(labels, files.first)
     mode = linear_search_mode(search_mode(options.search))
     variant, specs, skipped, zero_shot = _search_specs(options, losses, mode, labels, files,

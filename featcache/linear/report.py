@@ -135,6 +135,6 @@ def losses_table(dataset: str, documents: dict[str, dict]) -> Table:
     return table
 
 
-def _choice(value, spec: str = "") -> str:
+def _choice(value: object, spec: str = "") -> str:
     """One selected setting, ``-`` where there is none (the zero-shot row)."""
     return "-" if value is None else format(value, spec)

@@ -23,10 +23,7 @@ from featcache.errors import FeatcacheWarning, Interrupted, plural
 from featcache.fileio import write_text_if_changed
 from featcache.heads import CAM_BLOCK, CAM_BLOCK_TENSORS
 from featcache.linear.data import TrainingSplits, read_linear_data, split_rows
-from featcache.linear.engine.member import evaluation_can_move
-from featcache.linear.engine.schedule import workers_evaluate_elsewhere
 from featcache.linear.engine.search import SearchResult, SearchSpec, run_search, run_searches
-from featcache.linear.engine.workers import on_main
 from featcache.linear.lossrun import LinearOutcome, LossRun
 from featcache.linear.memory import (
     FLOAT32,
@@ -45,8 +42,7 @@ from featcache.linear.outputs import run_settings, write_run
 from featcache.linear.plan import LinearPlan, RunOutputs, SplitRowsOf, plan_linear
 from featcache.linear.report import losses_table, run_summary
 from featcache.linear.stream import load_streamed_data
-from featcache.linear.zeroshot import ZERO_SHOT
-from featcache.linear.zeroshot_choice import score_zero_shot
+from featcache.linear.zeroshot import ZERO_SHOT, score_zero_shot
 from featcache.losses import SPATIAL_FEATURES, SPMLLoss, loss_class
 from featcache.paths import labels_path, runs_dir, runs_root
 from featcache.protocol.coverage import evaluation_coverage, evaluation_notes
@@ -58,6 +54,7 @@ from featcache.protocol.tensorboard_log import log_run, require_tensorboard
 from featcache.runtime import (
     Ranks,
     describe_device,
+    on_main,
     pick_device,
     ranks,
     usable_cpus,
@@ -129,7 +126,6 @@ def _train_searches(plan: LinearPlan, these: Sequence[SearchSpec], spatial: bool
         plan.labels, features, job.device, plan.budget, plan.stream,
         [(spec.loss, len(spec.configs(0)) // len(spec.batch_sizes)) for spec in these],
         groups=plan.groups, jobs=plan.jobs, say=say, pseudo_choice=plan.pseudo_labels,
-        epochs=plan.epochs, early_stop=plan.early_stop, job=job,
         known_rows=plan.first_rows if features is plan.files.first else None)
     data = plan.mode.data(data)
     if job.is_main and these[0] is plan.specs[0]:
@@ -203,17 +199,13 @@ def interrupted_detail(specs: Sequence[SearchSpec], done: Mapping[str, LossRun],
 def load_training_data(labels: LabelSet, features: FeatureFile, device: torch.device,
                        budget: int, stream: bool, losses: Sequence[tuple[str, int]], groups: int,
                        jobs: int | None, say: Callable[[str], None] = _stderr,
-                       pseudo_choice: str | None = None, epochs: int = LINEAR_EPOCHS,
-                       early_stop: str = "none", job: Ranks | None = None,
+                       pseudo_choice: str | None = None,
                        known_rows: SplitRowsOf | None = None) -> TrainingSplits:
     """The search's data, in memory when it fits ``budget`` (the protocol's exact path), else
     with the training features streamed from the file (:mod:`featcache.linear.stream`).
 
     ``losses`` lists (loss, heads per group); ``groups`` counts the (seed, batch size) groups,
-    of which ``jobs`` (default: one per core) train at once on the CPU, the other workers
-    evaluating the groups that train without reading their evaluation
-    (:mod:`featcache.linear.engine.search`; they keep ``epochs`` epochs of heads for it; not under
-    ``torchrun``, ``job`` with several ranks, where every group evaluates where it trains).
+    of which ``jobs`` (default: one per core) train at once on the CPU.
     ``known_rows``: :func:`~featcache.linear.data.split_rows` of ``features`` when the caller
     has it (it is computed once per features file).
     """
@@ -222,12 +214,8 @@ def load_training_data(labels: LabelSet, features: FeatureFile, device: torch.de
     sizes = SplitSizes(len(parts["train"].rows), len(parts["val"].rows), len(parts["test"].rows),
                        labels.num_classes, features.dim)
     workers = 1 if device.type != "cpu" else max(1, jobs or usable_cpus())
-    elsewhere = workers_evaluate_elsewhere(device, workers, job)
-    shapes = []
-    for name, heads in losses:
-        loss = loss_class(name)
-        kept = epochs if elsewhere and evaluation_can_move(loss, early_stop) else 0
-        shapes.append(group_shape(loss, heads, labels.train.clean is not None, kept))
+    shapes = [group_shape(loss_class(name), heads, labels.train.clean is not None)
+              for name, heads in losses]
     placement = _placement(sizes, features, shapes, workers, groups, budget, stream)
     if placement.in_memory:
         if placement.jobs:
@@ -249,10 +237,8 @@ def _placement(sizes: SplitSizes, features: FeatureFile, shapes: Sequence[GroupS
     concurrency = min(workers, groups)
 
     def plan(group: GroupShape) -> Placement:
-        evaluators = workers - concurrency if group.snapshots else 0
         return plan_placement(sizes, features.dtype.itemsize, features.chunk_rows, group,
-                              concurrency, budget, allocated_memory(), force_stream=stream,
-                              evaluators=evaluators)
+                              concurrency, budget, allocated_memory(), force_stream=stream)
 
     if len(shapes) > 1 and not stream:
         stacked = plan(GroupShape.stacked(shapes, pieces=concurrency))
@@ -268,17 +254,14 @@ def planned_jobs(data: TrainingSplits, jobs: int) -> int:
     return placement.jobs if placement is not None and placement.jobs else jobs
 
 
-def group_shape(loss: type[SPMLLoss], heads: int, train_map: bool,
-                epochs_kept: int = 0) -> GroupShape:
-    """What one group of ``loss`` keeps per training row, from what the loss declares, and
-    ``epochs_kept`` epochs of its heads (kept for evaluation elsewhere)."""
+def group_shape(loss: type[SPMLLoss], heads: int, train_map: bool) -> GroupShape:
+    """What one group of ``loss`` keeps per training row, from what the loss declares."""
     keeps_state = loss.init_state is not SPMLLoss.init_state
     scoring = CAM_BLOCK_TENSORS * CAM_BLOCK * FLOAT32 if SPATIAL_FEATURES in loss.needs else 0
     return GroupShape(heads=heads, per_example_state=2 * keeps_state + len(loss.learned_state),
                       learned_state=len(loss.learned_state),
                       train_scores=loss.end_epoch is not SPMLLoss.end_epoch, train_map=train_map,
-                      scoring_work=scoring,
-                      snapshots=epochs_kept)
+                      scoring_work=scoring)
 
 
 def train_loss(data: TrainingSplits, spec: SearchSpec, run_dir: Path, outputs: RunOutputs,

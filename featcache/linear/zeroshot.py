@@ -5,13 +5,14 @@ the cosine between its cached image embedding and the class-prompt embedding (Ra
 2021; the baseline label-free SPML papers report). ``train-linear --loss all`` (or ``--loss
 zero-shot``) writes it as a run, ``runs/zero-shot/<run-id>/results.json``, shaped like a
 loss's so the losses table, ``featcache table`` and reports show it beside the losses: val and
-test mAP by the protocol's metric, and (with full labels) the training images' mAP.
+test mAP by the protocol's metric, and (with full labels) the training images' mAP. Whether a
+call scores it (:func:`split_zero_shot`, :func:`zero_shot_wanted`) is decided with the plan.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,14 +22,18 @@ from torch import Tensor
 
 from featcache.data.featurefile import FeatureFile, read_text_embeddings
 from featcache.data.labelfile import LabelSet
-from featcache.errors import InputError, plural
+from featcache.errors import InputError, OptionError, plural
 from featcache.fileio import write_json_atomic, write_text_atomic
 from featcache.linear.data import SPLITS, split_rows
+from featcache.linear.lossrun import LossRun
 from featcache.metrics import average_precision
 from featcache.protocol.coverage import ClassCoverage, coverage, evaluation_notes
+from featcache.protocol.feature_source import FeatureFiles
+from featcache.protocol.loss_choice import requested_losses
 from featcache.protocol.records import document_header, machine_record
 from featcache.protocol.runs import RESULTS, fingerprint, open_finished_or_new
 from featcache.protocol.uncertainty import keep_test_scores
+from featcache.runtime import Ranks, describe_device, on_main
 
 ZERO_SHOT = "zero-shot"
 REFERENCE = ("Radford et al., ICML 2021 (CLIP): zero-shot scores, the cosine between the image "
@@ -221,3 +226,45 @@ def zero_shot_run(labels: LabelSet, features: FeatureFile, run_dir: Path, val_va
     write_text_atomic(run_dir / "summary.md", summary_markdown(document))
     write_json_atomic(run_dir / RESULTS, document)
     return document, False
+
+
+def split_zero_shot(losses: str | Sequence[str]) -> tuple[str | None, str | Sequence[str]]:
+    """Whether ``--loss`` (``losses``) asks for the zero-shot row (``"named"``, or ``"all"``
+    when the features file may have it), and the losses to train."""
+    names = requested_losses(losses)
+    if names == ["all"]:
+        return "all", losses
+    if ZERO_SHOT not in names:
+        return None, losses
+    return "named", [name for name in names if name != ZERO_SHOT]
+
+
+def zero_shot_wanted(mode: str | None, files: FeatureFiles,
+                     skipped: list[tuple[str, str]]) -> bool:
+    """Whether this run scores the zero-shot row: named, or ``--loss all`` on a pooled
+    features file with class-prompt embeddings (else it is skipped, with the reason)."""
+    if mode is None:
+        return False
+    if mode == "named" and files.pooled is None:
+        raise OptionError("--loss zero-shot scores the pooled features file, which the other "
+                          "losses named do not read (they train on feature maps): score it in a "
+                          "run of its own (--loss zero-shot)")
+    # the root attribute `featcache features --text` writes beside the embeddings
+    if mode == "named" or (files.pooled is not None and files.pooled.attrs.get("text")):
+        return True
+    skipped.append((ZERO_SHOT, "needs class-prompt text embeddings in the features file (a "
+                    "vision-language backbone's file made with the --text option of featcache "
+                    "features)"))
+    return False
+
+
+def score_zero_shot(labels: LabelSet, features: FeatureFile, run_dir: Path, val_variant: str,
+                    overwrite: bool, device: torch.device, say: Callable[[str], None],
+                    job: Ranks) -> LossRun:
+    """The zero-shot row's run (:mod:`featcache.linear.zeroshot`), or the finished one
+    (``overwrite``: a finished one with other settings is replaced)."""
+    document, reused = on_main(job, lambda: zero_shot_run(
+        labels, features, run_dir, val_variant, describe_device(device), overwrite, say))
+    if reused:
+        say(f"{ZERO_SHOT}: run {run_dir.name} already finished with these settings; reusing it")
+    return LossRun(ZERO_SHOT, run_dir, document, reused, document["timings"]["seconds"])

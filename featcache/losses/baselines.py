@@ -9,10 +9,12 @@ choices (``docs/losses.md``), overridable with ``--param``.
 from __future__ import annotations
 
 import torch
+from torch import Tensor
 
 from featcache.losses.base import SPMLLoss
 from featcache.losses.params import Param, non_negative
 from featcache.losses.registry import register_loss
+from featcache.losses.targets import Targets
 from featcache.losses.terms import assume_negative, matrix_mean, neglog, where_mask
 
 #: where these losses stand in ``featcache losses`` and ``--loss all`` (featcache.losses.registry)
@@ -34,7 +36,8 @@ class Focal(SPMLLoss):
     year = 2017
     params = {"gamma": non_negative(2.0, "focusing exponent")}
 
-    def forward(self, logits, targets, state, epoch):
+    def forward(self, logits: Tensor, targets: Targets, state: dict[str, Tensor],
+                epoch: int) -> Tensor:
         f = torch.sigmoid(logits)
         gamma = self.value("gamma", logits)
         positive = targets.observed == 1
@@ -61,7 +64,8 @@ class Asymmetric(SPMLLoss):
               "clip": Param(0.05, "probability margin m: negatives use max(f - m, 0)", low=0.0,
                             high=1.0, high_open=True)}
 
-    def forward(self, logits, targets, state, epoch):
+    def forward(self, logits: Tensor, targets: Targets, state: dict[str, Tensor],
+                epoch: int) -> Tensor:
         f = torch.sigmoid(logits)
         shifted = (f - self.value("clip", logits)).clamp(min=0)
         positive = targets.observed == 1
@@ -81,7 +85,8 @@ class DownWeighted(SPMLLoss):
     year = 2022
     params = {"weight": non_negative(0.1, "weight of the assumed-negative terms")}
 
-    def forward(self, logits, targets, state, epoch):
+    def forward(self, logits: Tensor, targets: Targets, state: dict[str, Tensor],
+                epoch: int) -> Tensor:
         f = torch.sigmoid(logits)
         return matrix_mean(assume_negative(f, targets.observed, self.value("weight", logits)))
 
@@ -91,7 +96,8 @@ class RegularizedAssumeNegative(SPMLLoss):
 
     power = 1
 
-    def forward(self, logits, targets, state, epoch):
+    def forward(self, logits: Tensor, targets: Targets, state: dict[str, Tensor],
+                epoch: int) -> Tensor:
         f = torch.sigmoid(logits)
         penalty = where_mask(targets.observed == 0, self.value("lam", logits) * f**self.power)
         return matrix_mean(assume_negative(f, targets.observed) + penalty)

@@ -46,10 +46,12 @@ from featcache.losses.large_loss import (
     LargeLossCorrectPermanent,
     LargeLossCorrectTemporary,
     LargeLossReject,
+    RelativeLargeLoss,
 )
 from featcache.losses.needs import SPATIAL_FEATURES
 from featcache.losses.params import Param
 from featcache.losses.registry import register_loss
+from featcache.losses.targets import Targets
 from featcache.losses.terms import matrix_mean
 
 #: where these losses stand in ``featcache losses`` and ``--loss all`` (featcache.losses.registry)
@@ -89,7 +91,8 @@ class AssumeNegativeBoostLU(BoostLULoss):
     summary = "AN (BCE with logits, the authors' loss_an) on a BoostLU head (spatial features)."
     params = {"alpha": ALPHA}
 
-    def forward(self, logits, targets, state, epoch):
+    def forward(self, logits: Tensor, targets: Targets, state: dict[str, Tensor],
+                epoch: int) -> Tensor:
         return matrix_mean(_bce_an(logits, targets.observed))
 
 
@@ -102,7 +105,7 @@ def reference_rate(epoch: int, delta_rel: float) -> float:
     return 1.0 - clean_rate
 
 
-class ReferenceLargeLoss:
+class ReferenceLargeLoss(RelativeLargeLoss):
     """The authors' LL arithmetic (mixed into featcache's LL classes): k from the repeatedly
     decremented ``clean_rate`` (LL-R, LL-Ct) or ``ceil(B L delta_rel / 100)`` (LL-Cp), no
     change while ``clean_rate == 1``, and LL-Cp's flip of the entries >= the k-th largest."""
@@ -118,7 +121,7 @@ class ReferenceLargeLoss:
         rate = delta_rel / 100.0 if self.permanent else reference_rate(epoch, delta_rel)
         return min(math.ceil(entries * rate), entries)
 
-    def select(self, loss, unobserved, epoch):
+    def select(self, loss: Tensor, unobserved: Tensor, epoch: int) -> tuple[Tensor, Tensor]:
         large, flip = super().select(loss, unobserved, epoch)
         return large, (large if self.flip_ties == "ge" else flip)
 

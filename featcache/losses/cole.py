@@ -70,11 +70,13 @@ class FullBCE(SPMLLoss):
     year = 2021
     needs = (FULL_LABELS,)
 
-    def forward(self, logits, targets, state, epoch):
+    def forward(self, logits: Tensor, targets: Targets, state: dict[str, Tensor],
+                epoch: int) -> Tensor:
         f = torch.sigmoid(logits)
         return matrix_mean(torch.where(clean_labels(targets, self.name) == 1, neglog(f), neglog(1.0 - f)))
 
-    def loss_and_grad(self, logits, targets, state, epoch):
+    def loss_and_grad(self, logits: Tensor, targets: Targets, state: dict[str, Tensor],
+                      epoch: int) -> tuple[Tensor, Tensor] | None:
         return masked_bce_with_grad(logits, clean_labels(targets, self.name) == 1)
 
 
@@ -94,7 +96,8 @@ class FullBCESmoothed(SPMLLoss):
     needs = (FULL_LABELS,)
     params = {"eps": unit_interval(0.1, "smoothing: positives target 1-eps, negatives eps")}
 
-    def forward(self, logits, targets, state, epoch):
+    def forward(self, logits: Tensor, targets: Targets, state: dict[str, Tensor],
+                epoch: int) -> Tensor:
         return matrix_mean(soft_bce(torch.sigmoid(logits), self.target(targets, logits)))
 
     def target(self, targets: Targets, logits: Tensor) -> Tensor:
@@ -103,7 +106,8 @@ class FullBCESmoothed(SPMLLoss):
         eps = self.value("eps", logits)
         return clean * (1.0 - eps) + (1.0 - clean) * eps
 
-    def loss_and_grad(self, logits, targets, state, epoch):
+    def loss_and_grad(self, logits: Tensor, targets: Targets, state: dict[str, Tensor],
+                      epoch: int) -> tuple[Tensor, Tensor] | None:
         return soft_bce_with_grad(logits, self.target(targets, logits))
 
 
@@ -122,13 +126,15 @@ class IgnoreUnobservedTrueNegatives(SPMLLoss):
     year = 2021
     needs = (FULL_LABELS,)
 
-    def forward(self, logits, targets, state, epoch):
+    def forward(self, logits: Tensor, targets: Targets, state: dict[str, Tensor],
+                epoch: int) -> Tensor:
         clean = clean_labels(targets, self.name)
         f = torch.sigmoid(logits)
         negative = where_mask(clean == 0, neglog(1.0 - f))
         return matrix_mean(torch.where(targets.observed == 1, neglog(f), negative))
 
-    def loss_and_grad(self, logits, targets, state, epoch):
+    def loss_and_grad(self, logits: Tensor, targets: Targets, state: dict[str, Tensor],
+                      epoch: int) -> tuple[Tensor, Tensor] | None:
         clean = clean_labels(targets, self.name)
         return masked_bce_with_grad(logits, targets.observed == 1, negative=clean == 0)
 
@@ -144,12 +150,14 @@ class IgnoreUnobserved(SPMLLoss):
     year = 2021
     needs = (OBSERVED_NEGATIVES,)
 
-    def forward(self, logits, targets, state, epoch):
+    def forward(self, logits: Tensor, targets: Targets, state: dict[str, Tensor],
+                epoch: int) -> Tensor:
         f = torch.sigmoid(logits)
         z = targets.observed
         return matrix_mean(torch.where(z == 1, neglog(f), where_mask(z == -1, neglog(1.0 - f))))
 
-    def loss_and_grad(self, logits, targets, state, epoch):
+    def loss_and_grad(self, logits: Tensor, targets: Targets, state: dict[str, Tensor],
+                      epoch: int) -> tuple[Tensor, Tensor] | None:
         z = targets.observed
         return masked_bce_with_grad(logits, z == 1, negative=z == -1)
 
@@ -164,10 +172,12 @@ class AssumeNegative(SPMLLoss):
     paper = COLE_PAPER
     year = 2021
 
-    def forward(self, logits, targets, state, epoch):
+    def forward(self, logits: Tensor, targets: Targets, state: dict[str, Tensor],
+                epoch: int) -> Tensor:
         return matrix_mean(assume_negative(torch.sigmoid(logits), targets.observed))
 
-    def loss_and_grad(self, logits, targets, state, epoch):
+    def loss_and_grad(self, logits: Tensor, targets: Targets, state: dict[str, Tensor],
+                      epoch: int) -> tuple[Tensor, Tensor] | None:
         return masked_bce_with_grad(logits, targets.observed == 1)
 
 
@@ -188,7 +198,8 @@ class AssumeNegativeSmoothed(SPMLLoss):
     params = {"eps_pos": unit_interval(0.1, "smoothing of observed positives (target 1-eps_pos)"),
               "eps_neg": unit_interval(0.1, "smoothing of assumed negatives (target eps_neg)")}
 
-    def forward(self, logits, targets, state, epoch):
+    def forward(self, logits: Tensor, targets: Targets, state: dict[str, Tensor],
+                epoch: int) -> Tensor:
         return matrix_mean(soft_bce(torch.sigmoid(logits), self.target(targets, logits)))
 
     def target(self, targets: Targets, logits: Tensor) -> Tensor:
@@ -196,7 +207,8 @@ class AssumeNegativeSmoothed(SPMLLoss):
         positive = targets.observed == 1
         return positive * (1.0 - self.value("eps_pos", logits)) + ~positive * self.value("eps_neg", logits)
 
-    def loss_and_grad(self, logits, targets, state, epoch):
+    def loss_and_grad(self, logits: Tensor, targets: Targets, state: dict[str, Tensor],
+                      epoch: int) -> tuple[Tensor, Tensor] | None:
         return soft_bce_with_grad(logits, self.target(targets, logits))
 
 
@@ -220,7 +232,8 @@ class WeightedAssumeNegative(SPMLLoss):
     paper = COLE_PAPER
     year = 2021
 
-    def forward(self, logits, targets, state, epoch):
+    def forward(self, logits: Tensor, targets: Targets, state: dict[str, Tensor],
+                epoch: int) -> Tensor:
         return matrix_mean(assume_negative(torch.sigmoid(logits), targets.observed,
                                            self.neg_weight(logits)))
 
@@ -230,7 +243,8 @@ class WeightedAssumeNegative(SPMLLoss):
         classes = logits.shape[-1]
         return 1.0 / (classes - 1) if classes > 1 else 1.0
 
-    def loss_and_grad(self, logits, targets, state, epoch):
+    def loss_and_grad(self, logits: Tensor, targets: Targets, state: dict[str, Tensor],
+                      epoch: int) -> tuple[Tensor, Tensor] | None:
         return masked_bce_with_grad(logits, targets.observed == 1,
                                     neg_weight=self.neg_weight(logits))
 
@@ -246,7 +260,8 @@ class ExpectedPositiveRegularized(SPMLLoss):
     year = 2021
     params = {"k": K_PARAM}
 
-    def forward(self, logits, targets, state, epoch):
+    def forward(self, logits: Tensor, targets: Targets, state: dict[str, Tensor],
+                epoch: int) -> Tensor:
         f = torch.sigmoid(logits)
         matrix = where_mask(targets.observed == 1, neglog(f))
         return matrix_mean(matrix) + expected_positive_regularizer(f, self.value("k", logits))
@@ -297,7 +312,8 @@ class RegularizedOnlineLabelEstimation(SPMLLoss):
         phi = phi.unsqueeze(0).expand(self.num_heads, -1, -1).clone()
         return {"phi": phi.requires_grad_(True)}
 
-    def forward(self, logits, targets, state, epoch):
+    def forward(self, logits: Tensor, targets: Targets, state: dict[str, Tensor],
+                epoch: int) -> Tensor:
         phi = self.state_tensor(state, "phi")
         f = torch.sigmoid(logits)
         estimate = torch.sigmoid(phi[:, targets.index])
@@ -325,7 +341,8 @@ class PairwiseRanking(SPMLLoss):
     paper = COLE_PAPER
     year = 2021
 
-    def forward(self, logits, targets, state, epoch):
+    def forward(self, logits: Tensor, targets: Targets, state: dict[str, Tensor],
+                epoch: int) -> Tensor:
         f = torch.sigmoid(logits)
         positive = targets.observed == 1
         # margins[h, b, i, j] = max(0, 1 - f_i + f_j), kept for unobserved j only

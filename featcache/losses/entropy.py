@@ -15,6 +15,7 @@ from torch import Tensor
 from featcache.losses.base import SPMLLoss
 from featcache.losses.params import epoch_count, non_negative, unit_interval
 from featcache.losses.registry import register_loss
+from featcache.losses.targets import Targets
 from featcache.losses.terms import (
     binary_entropy,
     matrix_mean,
@@ -63,7 +64,8 @@ class EntropyMaximization(SPMLLoss):
     params = {"alpha": ALPHA}
     dataset_defaults = {name: {"alpha": alpha} for name, alpha in EM_ALPHA.items()}
 
-    def forward(self, logits, targets, state, epoch):
+    def forward(self, logits: Tensor, targets: Targets, state: dict[str, Tensor],
+                epoch: int) -> Tensor:
         f = torch.sigmoid(logits)
         return matrix_mean(entropy_matrix(f, targets.observed, -self.value("alpha", logits)))
 
@@ -106,7 +108,8 @@ class EntropyMaximizationAPL(SPMLLoss):
         pseudo = torch.full(unobserved.shape, float("nan"), device=observed.device)
         return {"pseudo": pseudo, "unobserved": unobserved}
 
-    def forward(self, logits, targets, state, epoch):
+    def forward(self, logits: Tensor, targets: Targets, state: dict[str, Tensor],
+                epoch: int) -> Tensor:
         pseudo = self.state_tensor(state, "pseudo")[:, targets.index]
         f = torch.sigmoid(logits)
         labelled = ~torch.isnan(pseudo) & (targets.observed == 0)
@@ -152,6 +155,7 @@ class EntropyMinimization(SPMLLoss):
     year = 2022
     params = {"alpha": ALPHA}
 
-    def forward(self, logits, targets, state, epoch):
+    def forward(self, logits: Tensor, targets: Targets, state: dict[str, Tensor],
+                epoch: int) -> Tensor:
         f = torch.sigmoid(logits)
         return matrix_mean(entropy_matrix(f, targets.observed, self.value("alpha", logits)))

@@ -22,7 +22,10 @@ loss = the matrix's mean over B * L + ``reg`` times the expected-positive regula
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
+from torch import Tensor
 
 from featcache.errors import OptionError
 from featcache.losses.gr import (
@@ -36,6 +39,7 @@ from featcache.losses.gr import (
 from featcache.losses.needs import pseudo_labels
 from featcache.losses.params import K_PARAM, non_negative, unit_interval
 from featcache.losses.registry import register_loss
+from featcache.losses.targets import Targets
 from featcache.losses.terms import expected_positive_regularizer, matrix_mean, require_pseudo
 
 #: where these losses stand in ``featcache losses`` and ``--loss all`` (featcache.losses.registry)
@@ -79,7 +83,7 @@ class GeneralizedPseudoLabelRobust(GeneralizedRobust):
     dataset_defaults = GPR_DATASET_DEFAULTS
     needs = (pseudo_labels("aevlp"),)
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         for head, (upper, lower) in enumerate(zip(self.param_values["lambda1"], self.param_values["lambda2"],
                                                   strict=True)):
@@ -87,13 +91,14 @@ class GeneralizedPseudoLabelRobust(GeneralizedRobust):
                 raise OptionError(f"loss 'gpr': lambda2={lower:g} > lambda1={upper:g} (head "
                                   f"{head}); the pseudo-positive weights lie in [lambda2, lambda1]")
 
-    def forward(self, logits, targets, state, epoch):
+    def forward(self, logits: Tensor, targets: Targets, state: dict[str, Tensor],
+                epoch: int) -> Tensor:
         probs = torch.sigmoid(logits)
         detached = probs.detach()
         s = self.schedule(epoch, logits)
         k = soft_pseudo_label(detached, s.w, s.b)
         v = gaussian_weight(detached, s.mu, s.sigma)
-        observed, pseudo = targets.observed, require_pseudo(self, targets)
+        observed, pseudo = targets.observed, require_pseudo(self.name, targets)
         final = torch.where(observed == 0, pseudo, observed)
         unknown = gr_unobserved_term(logits, k, v, self.value("q2", logits),
                                      self.value("q3", logits))

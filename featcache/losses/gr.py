@@ -36,6 +36,7 @@ from featcache.errors import LossStateError
 from featcache.losses.base import SPMLLoss
 from featcache.losses.params import Param, epoch_count, positive
 from featcache.losses.registry import register_loss
+from featcache.losses.targets import Targets
 from featcache.losses.terms import head_floats, matrix_mean
 
 #: where these losses stand in ``featcache losses`` and ``--loss all`` (featcache.losses.registry)
@@ -163,7 +164,7 @@ class GeneralizedRobust(SPMLLoss):
     #: the run's number of epochs, set by :meth:`begin_epoch`
     run_epochs: int | None = None
 
-    def begin_epoch(self, epoch, num_epochs, state):
+    def begin_epoch(self, epoch: int, num_epochs: int, state: dict[str, Tensor]) -> None:
         self.run_epochs = int(num_epochs)
 
     def schedule_length(self) -> list[int]:
@@ -185,7 +186,8 @@ class GeneralizedRobust(SPMLLoss):
         """w, b, mu, sigma of ``epoch`` for every head."""
         return gr_schedule(self.param_values, epoch, self.schedule_length(), like)
 
-    def forward(self, logits, targets, state, epoch):
+    def forward(self, logits: Tensor, targets: Targets, state: dict[str, Tensor],
+                epoch: int) -> Tensor:
         probs = torch.sigmoid(logits)
         detached = probs.detach()
         s = self.schedule(epoch, logits)

@@ -24,6 +24,7 @@ from torch import Tensor
 from featcache.losses.base import SPMLLoss
 from featcache.losses.params import epoch_count, non_negative, switch, unit_interval
 from featcache.losses.registry import register_loss
+from featcache.losses.targets import Targets
 from featcache.losses.terms import head_floats, matrix_mean
 
 #: where these losses stand in ``featcache losses`` and ``--loss all`` (featcache.losses.registry)
@@ -71,7 +72,8 @@ class Hill(SPMLLoss):
                                        "in the paper)"),
               "margin": MARGIN, "gamma": GAMMA, "sum": SUM}
 
-    def forward(self, logits, targets, state, epoch):
+    def forward(self, logits: Tensor, targets: Targets, state: dict[str, Tensor],
+                epoch: int) -> Tensor:
         p = torch.sigmoid(logits)
         negative = (self.value("lam", logits) - p) * p**2
         positive = focal_margin_positive(logits, self.value("margin", logits),
@@ -99,7 +101,8 @@ class SelfPacedCorrection(SPMLLoss):
               "change_epoch": epoch_count(1, "first epoch (0-based) with the correction"),
               "margin": MARGIN, "gamma": GAMMA, "sum": SUM}
 
-    def forward(self, logits, targets, state, epoch):
+    def forward(self, logits: Tensor, targets: Targets, state: dict[str, Tensor],
+                epoch: int) -> Tensor:
         observed = targets.observed
         positive = observed == 1
         shifted = torch.where(positive, logits - self.value("margin", logits), logits)

@@ -36,6 +36,7 @@ only unobserved entries can be rejected, as in the authors' ``(pseudo - label).c
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import ClassVar
 
 import torch
@@ -47,6 +48,7 @@ from featcache.losses.base import MaskedPassLoss
 from featcache.losses.needs import SPATIAL_FEATURES
 from featcache.losses.params import Param, epoch_count, non_negative, switch, unit_interval
 from featcache.losses.registry import register_loss
+from featcache.losses.targets import Targets
 from featcache.losses.terms import neglog
 
 #: where these losses stand in ``featcache losses`` and ``--loss all`` (featcache.losses.registry)
@@ -150,7 +152,9 @@ class Ignore(MaskedPassLoss):
     #: published run, so the authors' config.py defaults apply
     dataset_defaults: ClassVar = {"voc": {"spbc_weight": 0.1}}
 
-    def init_state(self, observed, clean=None, generator=None, initial=None):
+    def init_state(self, observed: Tensor, clean: Tensor | None = None,
+                   generator: torch.Generator | None = None,
+                   initial: Mapping[str, Tensor] | None = None) -> dict[str, Tensor]:
         dtype = observed.dtype if observed.is_floating_point() else torch.float32
         heads, classes = self.num_heads, observed.shape[-1]
         return {"gap_threshold": torch.zeros(heads, 1, 1, dtype=dtype, device=observed.device),
@@ -198,7 +202,8 @@ class Ignore(MaskedPassLoss):
             return candidate & (epoch + 1 > warm)
         return candidate if epoch + 1 > warm else torch.zeros_like(candidate)
 
-    def forward(self, logits, targets, state, epoch):
+    def forward(self, logits: Tensor, targets: Targets, state: dict[str, Tensor],
+                epoch: int) -> Tensor:
         if targets.masked is None:
             raise LossStateError(f"loss {self.name!r} compares the logits with those of a second "
                                  "forward pass on the masked input: pass them as Targets.masked")
@@ -215,8 +220,10 @@ class Ignore(MaskedPassLoss):
         consistency = ((strong - logits) ** 2).mean(dim=(-2, -1))
         weights = [self.value(name, logits) for name in ("spbc_weight", "ignore_weight",
                                                           "reg_weight")]
-        return sum(_per_head(w) * term for w, term in zip(weights, (spbc, rejection, consistency),
-                                                           strict=True))
+        spbc_term, rejection_term, consistency_term = (
+            _per_head(w) * term for w, term in zip(weights, (spbc, rejection, consistency),
+                                                   strict=True))
+        return spbc_term + rejection_term + consistency_term
 
 
 def _per_head(weight: float | Tensor) -> float | Tensor:

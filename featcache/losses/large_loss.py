@@ -27,6 +27,7 @@ from torch import Tensor
 from featcache.losses.base import SPMLLoss
 from featcache.losses.params import Param, non_negative
 from featcache.losses.registry import register_loss
+from featcache.losses.targets import Targets
 from featcache.losses.terms import (
     batch_labels,
     device_constant,
@@ -69,7 +70,8 @@ class LargeLoss(SPMLLoss):
                    initial: Mapping[str, Tensor] | None = None) -> dict[str, Tensor]:
         return {"observed": per_head_labels(observed, self.num_heads)}
 
-    def forward(self, logits, targets, state, epoch):
+    def forward(self, logits: Tensor, targets: Targets, state: dict[str, Tensor],
+                epoch: int) -> Tensor:
         labels = batch_labels(targets, state)
         if self.permanent:
             self.state_tensor(state, "observed")
@@ -109,7 +111,7 @@ class RelativeLargeLoss(LargeLoss):
         rate = delta_rel / 100.0 if self.permanent else epoch * delta_rel / 100.0
         return min(ceil_count(entries * rate), entries)
 
-    def select(self, loss, unobserved, epoch):
+    def select(self, loss: Tensor, unobserved: Tensor, epoch: int) -> tuple[Tensor, Tensor]:
         heads = loss.shape[0]
         masked = torch.where(unobserved, loss, torch.zeros_like(loss)).reshape(heads, -1)
         ks = [self.num_large(masked.shape[1], epoch, d) for d in self.param_values["delta_rel"]]
@@ -137,7 +139,7 @@ class AbsoluteLargeLoss(LargeLoss):
     year = 2022
     params = ABSOLUTE_PARAMS
 
-    def select(self, loss, unobserved, epoch):
+    def select(self, loss: Tensor, unobserved: Tensor, epoch: int) -> tuple[Tensor, Tensor]:
         r0 = head_floats(self.param_values["r0"], loss)
         delta = head_floats(self.param_values["delta_abs"], loss)
         large = unobserved & (loss > r0 - epoch * delta)

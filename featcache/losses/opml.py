@@ -21,6 +21,7 @@ from torch import Tensor
 from featcache.losses.base import SPMLLoss
 from featcache.losses.params import epoch_count, non_negative, positive, switch, unit_interval
 from featcache.losses.registry import register_loss
+from featcache.losses.targets import Targets
 from featcache.losses.terms import (
     LOG_EPSILON,
     batch_labels,
@@ -61,7 +62,8 @@ class PairLoss(SPMLLoss):
         b = head_floats(self.param_values.get("b", [1.0] * self.num_heads), logits)
         return a, b
 
-    def forward(self, logits, targets, state, epoch):
+    def forward(self, logits: Tensor, targets: Targets, state: dict[str, Tensor],
+                epoch: int) -> Tensor:
         labels = batch_labels(targets, state).expand_as(logits)
         positive = (labels == 1).to(logits.dtype)
         a, b = self.constants(logits)
@@ -136,7 +138,8 @@ class OPMLSinglePositive(PairLoss):
             "train_ap": torch.zeros(self.num_heads, 1, observed.shape[1], device=observed.device),
         }
 
-    def forward(self, logits, targets, state, epoch):
+    def forward(self, logits: Tensor, targets: Targets, state: dict[str, Tensor],
+                epoch: int) -> Tensor:
         labels = batch_labels(targets, state).expand_as(logits)
         f = torch.sigmoid(logits)
         positive = (labels == 1).to(logits.dtype)

@@ -17,7 +17,8 @@ class Targets:
     ``pseudo``: (B, L) float pseudo-labels (1 positive, -1 negative, 0 none), for the losses
     that declare the :func:`~featcache.losses.needs.pseudo_labels` need; None otherwise.
     ``masked``: (H, B, L) logits of the second forward pass on the input masked to the single
-    positive's class activation map, for losses with ``SPMLLoss.masked_pass`` (IGNORE).
+    positive's class activation map, for the losses that declare the masked pass
+    (:class:`~featcache.losses.base.MaskedPassLoss`: IGNORE).
     ``strong``: (H, B, L) logits of a strongly augmented view of the batch (differentiable;
     IGNORE in stage three); None where the stage has no such view (cached features).
     """

@@ -176,9 +176,9 @@ def select_per_class(scores: Tensor, available: Tensor, counts: list[int], large
     return available & (rank < limit)
 
 
-def require_pseudo(loss, targets: Targets) -> Tensor:
+def require_pseudo(loss: str, targets: Targets) -> Tensor:
     """``targets.pseudo``, or a clear error when the caller did not attach pseudo-labels."""
     if targets.pseudo is None:
-        raise LossStateError(f"loss {loss.name!r} trains on pseudo-labels: pass Targets(pseudo=...) "
+        raise LossStateError(f"loss {loss!r} trains on pseudo-labels: pass Targets(pseudo=...) "
                              "(the stages attach the set made by `featcache pseudo-label`)")
     return targets.pseudo

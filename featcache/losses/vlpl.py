@@ -23,12 +23,14 @@ image; frozen CLIP makes them a function of the image (and flip), which featcach
 from __future__ import annotations
 
 import torch
+from torch import Tensor
 
 from featcache.losses.base import SPMLLoss
 from featcache.losses.entropy import ALPHA, EM_ALPHA, entropy_matrix
 from featcache.losses.needs import pseudo_labels
 from featcache.losses.params import epoch_count, non_negative, unit_interval
 from featcache.losses.registry import register_loss
+from featcache.losses.targets import Targets
 from featcache.losses.terms import device_constant, matrix_mean, require_pseudo, soft_bce
 
 #: where these losses stand in ``featcache losses`` and ``--loss all`` (featcache.losses.registry)
@@ -57,9 +59,10 @@ class VisionLanguagePseudoLabels(SPMLLoss):
     dataset_defaults = {name: {"alpha": alpha} for name, alpha in EM_ALPHA.items()}
     needs = (pseudo_labels("vlpl"),)
 
-    def forward(self, logits, targets, state, epoch):
+    def forward(self, logits: Tensor, targets: Targets, state: dict[str, Tensor],
+                epoch: int) -> Tensor:
         f = torch.sigmoid(logits)
-        z, pseudo = targets.observed, require_pseudo(self, targets)
+        z, pseudo = targets.observed, require_pseudo(self.name, targets)
         matrix = entropy_matrix(f, z, -self.value("alpha", logits))
         active = [float(epoch + 1 > w) for w in self.param_values["warmup"]]
         if not any(active):

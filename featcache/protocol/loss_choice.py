@@ -47,6 +47,12 @@ def training_facts(labels: LabelSet, observed: np.ndarray, has_clean: bool,
     )
 
 
+def requested_losses(spec: str | Sequence[str]) -> list[str]:
+    """The names ``--loss`` gives (``["all"]`` for all)."""
+    names = [n.strip() for n in spec.split(",")] if isinstance(spec, str) else list(spec)
+    return [n for n in names if n]
+
+
 def choose_losses(spec: str | Sequence[str], facts: DataFacts,
                   given: Collection[str] = ()) -> tuple[list[str], list[tuple[str, str]]]:
     """The losses named by ``--loss`` (a name, a comma-separated list or ``all``); ``given``
@@ -56,8 +62,7 @@ def choose_losses(spec: str | Sequence[str], facts: DataFacts,
     Named losses are returned as given; an unknown name is refused with the closest names, a
     loss the data cannot serve with what the data lacks.
     """
-    names = [n.strip() for n in spec.split(",")] if isinstance(spec, str) else list(spec)
-    names = [n for n in names if n]
+    names = requested_losses(spec)
     if names == ["all"]:
         chosen, skipped = [], []
         for name in loss_names():

@@ -1,26 +1,22 @@
 """What a group's trained epochs become: their evaluation on the validation and test splits
-(:class:`Evaluation`, all heads of an epoch, or several epochs, scored at once), the per-head
+(:class:`Evaluation`, all heads of an epoch scored at once), the per-head
 record of every epoch with the best-epoch selection and early stopping (:class:`GroupRecord`),
 and each configuration's result (:class:`HeadResult`).
-
-Evaluation need not run where the heads train
-(:meth:`featcache.linear.engine.trainer.GroupTrainer.train_only` keeps each epoch's heads, :class:`TrainedGroup`): the same operations on the same weights give
-the same numbers wherever they run.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from featcache.heads import LinearHeads
-from featcache.linear.data import TrainingSplits
+from featcache.linear.data import SplitData, SplitTensors, TrainingSplits
 from featcache.linear.engine.rows import FeatureRows, MemoryRows
-from featcache.linear.memory import FLOAT32, STACKED_SCORES_BYTES
+from featcache.linear.stream import StreamedSplit
 from featcache.metrics import RankedScores, average_precision
 from featcache.protocol.grid import GridPoint
 from featcache.protocol.records import EpochRecord
@@ -60,8 +56,8 @@ class Evaluation:
 
     @torch.no_grad()
     def evaluate(self, heads: LinearHeads, done: EpochState) -> EpochState:
-        """Validation and test mAP of heads like ``heads`` (a group's heads, or the same
-        :meth:`~LinearHeads.without_weights`) with ``done``'s weights, the epoch ``done.epoch``."""
+        """Validation and test mAP of heads like ``heads`` (of their kind and settings) with
+        ``done``'s weights, the epoch ``done.epoch``."""
         head = heads.frozen(done.weight, done.bias)
         observed, clean, done.test_ap = self._aps(self.val_rows.scores(head),
                                                   lambda: self.test_rows.scores(head))
@@ -70,7 +66,8 @@ class Evaluation:
             done.val_map = _map(clean)
         return done
 
-    def _aps(self, val_scores: Tensor, test_scores) -> tuple[Tensor, Tensor | None, Tensor]:
+    def _aps(self, val_scores: Tensor, test_scores: Callable[[], Tensor]
+             ) -> tuple[Tensor, Tensor | None, Tensor]:
         """Per-class AP (..., L) of validation scores against the observed and (when known) the
         full labels, and of the test scores (``test_scores()``, made once the validation split
         is ranked) against the test labels."""
@@ -79,34 +76,6 @@ class Evaluation:
         clean = (val.average_precision(self.data.val.clean)
                  if self.data.val.clean is not None else None)
         return observed, clean, average_precision(test_scores(), self.test_targets)
-
-    @torch.no_grad()
-    def evaluate_epochs(self, heads: LinearHeads, epochs: Sequence[EpochState],
-                        ) -> list[EpochState]:
-        """:meth:`evaluate` of several epochs of one group: their heads scored together (one
-        matmul per split, where that gives each epoch's numbers exactly) and ranked together
-        (each (head, class) column's AP is computed alone either way), when they are plain
-        linear heads on rows held in memory and the scores stay under
-        :data:`STACKED_SCORES_BYTES`; else one epoch at a time."""
-        rows = max(len(self.val_rows), len(self.test_rows))
-        width = len(epochs) * heads.num_heads * self.data.num_classes
-        if (type(heads) is not LinearHeads or len(epochs) < 2
-                or not isinstance(self.val_rows, MemoryRows)
-                or not isinstance(self.test_rows, MemoryRows)
-                or rows * width * FLOAT32 > STACKED_SCORES_BYTES):
-            return [self.evaluate(heads, done) for done in epochs]
-        stacked = heads.repeated(torch.cat([done.weight for done in epochs]),
-                                 torch.cat([done.bias for done in epochs]), len(epochs))
-        per_epoch = (len(epochs), -1, self.data.num_classes)
-        observed, clean, test = self._aps(
-            self.val_rows.scores_of_epochs(stacked, len(epochs)),
-            lambda: self.test_rows.scores_of_epochs(stacked, len(epochs)))
-        for index, done in enumerate(epochs):
-            done.val_map_observed = _map(observed.view(per_epoch)[index])
-            if clean is not None:
-                done.val_map = _map(clean.view(per_epoch)[index])
-            done.test_ap = test.view(per_epoch)[index].clone()
-        return list(epochs)
 
 
 class GroupRecord:
@@ -174,33 +143,6 @@ class GroupRecord:
             state={name: value[h].cpu() for name, value in self.best_state.items()},
             test_ap=self.best_test_ap[h], stopped_at=self.stopped_at[h], seconds=seconds / heads,
         ) for h, config in enumerate(self.configs)]
-
-
-@dataclass
-class TrainedGroup:
-    """A group trained without its evaluation (:meth:`GroupTrainer.train_only`): each epoch's
-    heads, to evaluate anywhere (:class:`Evaluation`), then :meth:`finish` in order."""
-
-    empty_heads: LinearHeads  # the group's heads without weights, which evaluation scores with
-    epochs: list[EpochState]
-    books: list[tuple[int, GroupRecord]]  # each loss's number of heads and its record
-    seconds: float
-
-    def chunks(self, size: int) -> list[list[EpochState]]:
-        """The epochs in consecutive runs of ``size`` (the units handed to evaluators)."""
-        return [self.epochs[i:i + size] for i in range(0, len(self.epochs), max(1, size))]
-
-    def finish(self, evaluated: Sequence[EpochState], seconds: float = 0.0
-               ) -> list[list[HeadResult]]:
-        """Each loss's heads' results from every epoch evaluated (in order), ``seconds`` of
-        evaluation added to the training's (shared out by heads)."""
-        sizes = [heads for heads, _ in self.books]
-        for done in evaluated:
-            for (_, book), part in zip(self.books, done.parts(sizes), strict=True):
-                book.record(part)
-        total = sum(sizes)
-        return [book.results((self.seconds + seconds) * heads / total)
-                for heads, book in self.books]
 
 
 @dataclass
@@ -298,10 +240,13 @@ def positives_in_order(clean: Tensor, index: Tensor) -> Tensor:
     return rows.view(torch.bool) if rows.dtype == torch.uint8 else rows > 0
 
 
-def feature_rows(split) -> FeatureRows:
+def feature_rows(split: SplitData) -> FeatureRows:
     """The feature rows of a split: its tensor, or the streamed source it carries."""
-    rows = getattr(split, "feature_rows", None)
-    return rows if rows is not None else MemoryRows(split.features)
+    if isinstance(split, StreamedSplit):
+        return split.feature_rows
+    if isinstance(split, SplitTensors):
+        return MemoryRows(split.features)
+    raise TypeError(f"a split holds its features or streams them, not {type(split).__name__}")
 
 
 def _map(ap: Tensor) -> Tensor:

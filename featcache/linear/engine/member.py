@@ -49,13 +49,6 @@ def float_labels(loss: SPMLLoss, observed: Tensor, clean: Tensor | None
     return observed.float(), None if clean is None else clean.float()
 
 
-def evaluation_can_move(loss: type[SPMLLoss], early_stop: str) -> bool:
-    """Whether groups of ``loss`` train without ever reading their evaluation (no early
-    stopping, no state trained beside the heads), so that others may evaluate their epochs
-    (:meth:`~featcache.linear.engine.trainer.GroupTrainer.train_only`)."""
-    return early_stop == "none" and not loss.learned_state
-
-
 class LossMember:
     """One loss of a group: heads ``block`` of the group's heads."""
 
@@ -103,9 +96,6 @@ class LossMember:
         lrs = [c.lr for c in self.member.configs]
         return [[lr * m for lr, m in zip(lrs, self.learned[name], strict=True)]
                 for name in self.learned]
-
-    def can_defer(self, early_stop: str) -> bool:
-        return evaluation_can_move(type(self.loss), early_stop)
 
     def step(self, heads: LinearHeads, x: Tensor, logits: Tensor, targets: Targets,
              epoch: int) -> tuple[Tensor, Tensor, Sequence[Tensor]]:

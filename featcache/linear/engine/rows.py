@@ -60,12 +60,6 @@ class MemoryRows:
     def scores(self, head: LinearHeads) -> Tensor:
         return self.scorer(head)
 
-    def scores_of_epochs(self, heads: LinearHeads, epochs: int) -> Tensor:
-        """:meth:`scores` of ``heads`` holding ``epochs`` epochs' heads one after the other,
-        (epochs x H, N, L): one matmul for all of them where that gives exactly the numbers of
-        scoring each epoch's heads alone (:class:`SplitScorer`)."""
-        return self.scorer.of_epochs(heads, epochs)
-
 
 class SplitScorer:
     """Scores one split's features for every head, by the faster all-heads matmul wherever it
@@ -80,8 +74,6 @@ class SplitScorer:
     def __init__(self, features: Tensor):
         self.features = features
         self.wide: bool | None = None
-        #: per number of stacked heads, whether one matmul gives each epoch's numbers
-        self.stacked: dict[int, bool] = {}
 
     def __call__(self, head: LinearHeads) -> Tensor:
         if self.wide:
@@ -90,17 +82,3 @@ class SplitScorer:
         if self.wide is None:
             self.wide = torch.equal(exact, head.scores_wide(self.features))
         return exact
-
-    def of_epochs(self, heads: LinearHeads, epochs: int) -> Tensor:
-        """Scores of ``heads``, ``epochs`` epochs' heads stacked (E x H heads): one (N, D) x
-        (D, E H L) matmul where its first result equals scoring each epoch alone (checked per
-        stack size, as :meth:`__call__` checks its own), else one epoch at a time."""
-        size = heads.num_heads
-        if self.stacked.get(size):
-            return heads.scores_wide(self.features)
-        each = size // epochs
-        per_epoch = torch.cat([self(heads.part(slice(e * each, (e + 1) * each)))
-                               for e in range(epochs)])
-        if size not in self.stacked:
-            self.stacked[size] = torch.equal(per_epoch, heads.scores_wide(self.features))
-        return per_epoch

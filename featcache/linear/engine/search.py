@@ -1,11 +1,8 @@
 """The protocol's hyperparameter search for one loss: every grid point, every seed, one selection.
 
 Grid points that share a seed and a batch size train together as stacked heads
-(:class:`featcache.linear.engine.trainer.GroupTrainer`). With several CPU workers, a group whose
-training does not read its evaluation trains first and hands each epoch's heads back; its
-evaluation then runs in pieces on whichever worker is free (the same numbers: the same
-operations on the same weights), so a worker done with a fast group evaluates the slow one's
-epochs instead of waiting. Selection follows the reference code
+(:class:`featcache.linear.engine.trainer.GroupTrainer`), each group on one worker. Selection
+follows the reference code
 (:mod:`featcache.protocol.selection`): per configuration the best epoch by validation mAP, then
 the configuration with the best validation mAP (ties go to the earlier grid point: batch sizes
 outer, learning rates inner).
@@ -138,17 +135,16 @@ class SearchResult:
 
 def run_search(data: TrainingSplits, spec: SearchSpec, device: torch.device | str = "cpu",
                progress: bool = True, jobs: int | None = None,
-               job: Ranks | None = None, evaluate_elsewhere: bool = True) -> SearchResult:
+               job: Ranks | None = None) -> SearchResult:
     """Train and select every configuration of ``spec`` on ``data``.
 
     Groups (one per seed and batch size) train independently
     (:mod:`featcache.linear.engine.workers`): on the CPU ``jobs`` of them at once in worker
-    processes (default: one per core), each with one intra-op thread; under ``torchrun`` (``job``) spread over the ranks. The numbers never
-    depend on ``jobs`` or on the number of ranks, nor on ``evaluate_elsewhere`` (False: every
-    group evaluates where it trains; see :func:`run_searches`).
+    processes (default: one per core), each with one intra-op thread; under ``torchrun``
+    (``job``) spread over the ranks. The numbers never depend on ``jobs`` or on the number of
+    ranks.
     """
-    return run_searches(data, [spec], device, progress, jobs, job,
-                        evaluate_elsewhere=evaluate_elsewhere)[0]
+    return run_searches(data, [spec], device, progress, jobs, job)[0]
 
 
 @dataclass
@@ -178,20 +174,16 @@ class _Search:
 def run_searches(data: TrainingSplits, specs: Sequence[SearchSpec],
                  device: torch.device | str = "cpu", progress: bool = True,
                  jobs: int | None = None, job: Ranks | None = None,
-                 on_done: Callable[[SearchResult], None] | None = None,
-                 evaluate_elsewhere: bool = True) -> list[SearchResult]:
-    """Several searches on the same data (``--loss all``) in one pass: the losses that share
-    their data, kind of head, seed and batch size train as one stacked group
+                 on_done: Callable[[SearchResult], None] | None = None) -> list[SearchResult]:
+    """Several searches on the same data (``--loss all``) in one pass: the losses that share their
+    data, kind of head, seed and batch size train as one stacked group
     (:mod:`featcache.linear.engine.stacking`; each loss's numbers are the ones it gets alone), and
-    the groups share the workers (:mod:`featcache.linear.engine.schedule`). ``on_done`` sees
-    each search as soon as all its groups are trained (in the order they finish; under ``torchrun`` once
+    the groups share the workers (:mod:`featcache.linear.engine.schedule`). ``on_done`` sees each
+    search as soon as all its groups are trained (in the order they finish; under ``torchrun`` once
     every rank is done, in the order of the groups). A search's ``seconds`` run from its first
     group's start to its last group's end; with several searches, each gets its share of the
     wall time they took together (:mod:`featcache.linear.engine.timeshare`, recorded in
     :attr:`SearchResult.shared`), so that their seconds add up to at most that time.
-    ``evaluate_elsewhere`` (the default) lets local CPU workers evaluate the groups that train
-    without reading their evaluation; False keeps each group's evaluation in its own worker
-    (the same numbers; ``benchmarks.linear`` times both).
     """
     device = torch.device(device)
     searches, groups = _planned(data, specs)
@@ -227,8 +219,7 @@ def run_searches(data: TrainingSplits, specs: Sequence[SearchSpec],
                 finish(index)
 
     outcomes = Outcomes(keep)
-    SharedWorkers(groups, device, progress, max(1, jobs or usable_cpus()), job, outcomes,
-                  evaluate_elsewhere).run()
+    SharedWorkers(groups, device, progress, max(1, jobs or usable_cpus()), job, outcomes).run()
     for index in complete:
         finish(index)
     done = [result for result in results if result is not None]

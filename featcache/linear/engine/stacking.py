@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 
 from featcache.heads import HeadKind
 from featcache.linear.data import TrainingSplits
-from featcache.linear.engine.member import Member, evaluation_can_move
+from featcache.linear.engine.member import Member
 from featcache.losses import SPMLLoss
 
 
@@ -45,7 +45,6 @@ class StackedGroup:
     epochs: int
     val_variant: str
     early_stop: str
-    can_defer: bool
     members: tuple[tuple[int, Member], ...]
 
     @property
@@ -77,24 +76,23 @@ def stacked_groups(searches: Sequence[Stackable],
                    configs: Sequence[Sequence[Member]]) -> list[StackedGroup]:
     """The groups of a run's searches: for each search, ``configs[i]`` holds one
     :class:`Member` per (seed, batch size) of its grid. Losses join a group when they share
-    its data (the same object: fitted alike), kind of head, seed, batch size, settings and
-    whether their evaluation may leave the worker; groups keep the order of first appearance,
+    its data (the same object: fitted alike), kind of head, seed, batch size and settings;
+    groups keep the order of first appearance,
     members the order of the searches."""
     groups: dict[tuple, list[tuple[int, Member]]] = {}
     data_of: dict[tuple, TrainingSplits] = {}
     for index, (search, members) in enumerate(zip(searches, configs, strict=True)):
-        defer = evaluation_can_move(search.loss, search.early_stop)
         for member in members:
             seed, batch_size = member.configs[0].seed, member.configs[0].batch_size
             key = (id(search.data), search.loss.head, seed, batch_size, search.epochs,
-                   search.val_variant, search.early_stop, defer)
+                   search.val_variant, search.early_stop)
             groups.setdefault(key, []).append((index, member))
             data_of[key] = search.data
     out = []
     for key, shares in groups.items():
-        _, kind, seed, batch_size, epochs, val_variant, early_stop, defer = key
+        _, kind, seed, batch_size, epochs, val_variant, early_stop = key
         out.append(StackedGroup(data_of[key], kind, seed, batch_size, epochs, val_variant,
-                                early_stop, defer, tuple(shares)))
+                                early_stop, tuple(shares)))
     return out
 
 

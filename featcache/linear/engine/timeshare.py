@@ -3,8 +3,8 @@ really cost.
 
 The losses of a run train as stacked groups on shared workers, so a group's wall time is
 shared by its losses, and the groups running at the same moment share that moment. Each
-instant is split equally among the tasks running then (a group training, a piece of its
-evaluation); :func:`~featcache.linear.engine.search.run_searches` splits a task's share among
+instant is split equally among the tasks running then (each group training and evaluating its
+epochs); :func:`~featcache.linear.engine.search.run_searches` splits a task's share among
 its group's losses by their heads (every head of a group takes the same steps). The shares add
 up to the time some worker was busy: never more than the run's wall time.
 

@@ -11,13 +11,6 @@ last partial batch there; we evaluate every example). Per-head selection follows
 the best epoch is the first one with the highest validation mAP
 (:mod:`featcache.protocol.selection`).
 
-Evaluation need not run where the heads train: without early stopping and without state
-trained beside the heads, a group's training does not depend on its evaluation, so
-:meth:`GroupTrainer.train_only` keeps each epoch's heads (:class:`TrainedGroup`) and other
-workers evaluate them (:class:`Evaluation`, :meth:`TrainedGroup.finish`): the same operations
-on the same weights, so the same numbers, with no core left idle while the slowest group
-evaluates (:mod:`featcache.linear.engine.search`).
-
 A stop request (Ctrl-C, :mod:`featcache.interrupt`) is honoured at the next training step or
 before the next evaluation: the group is abandoned (it has no partial output) and
 :class:`~featcache.errors.Interrupted` rises to the search, which keeps the losses whose groups
@@ -33,6 +26,7 @@ from collections.abc import Iterator, Sequence
 
 import torch
 from torch import Tensor
+from tqdm import tqdm
 
 from featcache.errors import OptionError, plural
 from featcache.heads import LinearHeads
@@ -42,7 +36,6 @@ from featcache.linear.engine.evaluation import (
     EpochState,
     Evaluation,
     HeadResult,
-    TrainedGroup,
     TrainingPredictions,
     feature_rows,
 )
@@ -119,12 +112,6 @@ class GroupTrainer:
         """Each loss's number of heads, in the group's order."""
         return [m.member.heads for m in self.members]
 
-    @property
-    def can_defer(self) -> bool:
-        """Whether the training never reads its evaluation (no early stopping, no state trained
-        beside the heads): then :meth:`train_only` may leave the evaluation to others."""
-        return all(m.can_defer(self.early_stop) for m in self.members)
-
     def run(self, progress: bool, position: int) -> list[list[HeadResult]]:
         """Train and evaluate every epoch here; each loss's heads' results."""
         started = time.perf_counter()
@@ -147,25 +134,7 @@ class GroupTrainer:
         return [m.record().results(seconds * m.member.heads / self.head.num_heads)
                 for m in self.members]
 
-    def train_only(self, progress: bool, position: int) -> TrainedGroup:
-        """Train every epoch and keep each epoch's heads for evaluation elsewhere (only where
-        :attr:`can_defer`)."""
-        if not self.can_defer:
-            raise ValueError("this group's training reads its evaluation; use run()")
-        started = time.perf_counter()
-        bar = self.progress_bar(progress, position)
-        epochs = []
-        for epoch in range(self.epochs):
-            done = self.train_and_finish(epoch)
-            done.weight, done.bias = done.weight.clone(), done.bias.clone()
-            epochs.append(done)
-            bar.update(self.steps)
-        bar.close()
-        return TrainedGroup(self.head.without_weights(), epochs,
-                            [(m.member.heads, m.record()) for m in self.members],
-                            time.perf_counter() - started)
-
-    def progress_bar(self, progress: bool, position: int):
+    def progress_bar(self, progress: bool, position: int) -> tqdm:
         names = ",".join(m.member.loss for m in self.members)
         if len(names) > 24:
             names = plural(len(self.members), "loss", "losses")

@@ -16,11 +16,6 @@ from the group, and no reduction crosses groups. So the groups can go anywhere:
   "Unable to handle autograd's threading in combination with fork-based multiprocessing"), so
   there the groups train in the process itself, one after the other (:func:`fork_is_safe`).
 
-A finished task may bring follow-up tasks (``on_result`` returns them: a trained group's
-evaluation, in pieces). Locally at most ``jobs`` tasks are in flight, follow-ups first, so
-a worker done with its group helps evaluate another's instead of sitting idle, and a group's
-kept epochs wait for the next free worker, not behind every group still to train.
-
 Ctrl-C (:mod:`featcache.interrupt`): forked workers inherit the command's signal handler, so
 each stops at its next step (the signal reaches them from the terminal, or is passed on by the
 main process) and its :class:`~featcache.errors.Interrupted` comes back through its future; the
@@ -32,10 +27,10 @@ exchanging results (:meth:`Ranks.together`), so no rank waits for one that stopp
 from __future__ import annotations
 
 import multiprocessing
-from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import (
     FIRST_COMPLETED,
+    Executor,
     Future,
     ProcessPoolExecutor,
     ThreadPoolExecutor,
@@ -72,20 +67,16 @@ def balance(costs: Sequence[float], workers: int) -> list[list[int]]:
 
 def map_groups(run: Callable[[G], R], groups: Sequence[G], costs: Sequence[float],
                device: torch.device, jobs: int, job: Ranks | None = None,
-               on_result: Callable[[int | None, G, R], Sequence[G] | None] | None = None,
+               on_result: Callable[[int, G, R], None] | None = None,
                on_start: Callable[[G], None] | None = None) -> list[R]:
     """``run(group)`` for every group wherever it runs; the results in the order of
     ``groups``, and each passed to ``on_result(index, group, result)`` as soon as it is known.
 
-    ``on_result`` may return follow-up tasks: they run like groups (locally only, ``index``
-    None when their results arrive) and are not part of the returned list. Locally ``jobs``
-    workers (at most; started as tasks need them) take the groups in their order, a free
-    worker taking a follow-up first.
-    Under ``torchrun`` (``job.world > 1``) this rank trains its share, balanced by ``costs``,
-    and every rank receives every result once all ranks are done (``on_result`` is then called
-    in the order of ``groups`` on every rank, and may not return follow-ups).
-    ``on_start(task)`` is told, locally, as each task (a group or a follow-up) is handed to a
-    worker (not under ``torchrun``, where every result arrives once all ranks are done).
+    Locally ``jobs`` workers (at most; started as groups need them) take the groups in their
+    order, ``on_start(group)`` told as each is handed to a worker. Under ``torchrun``
+    (``job.world > 1``) this rank trains its share, balanced by ``costs``, and every rank
+    receives every result once all ranks are done (``on_result`` is then called in the order
+    of ``groups`` on every rank; ``on_start`` is not).
     """
     if job is not None and job.world > 1:
         mine = balance(costs, job.world)[job.rank]
@@ -97,31 +88,29 @@ def map_groups(run: Callable[[G], R], groups: Sequence[G], costs: Sequence[float
         merged = {index: result for part in everyone for index, result in (part or {}).items()}
         results = [merged[i] for i in range(len(groups))]
         for index, result in enumerate(results):
-            if on_result is not None and on_result(index, groups[index], result):
-                raise ValueError("follow-up tasks are not supported under torchrun")
+            if on_result is not None:
+                on_result(index, groups[index], result)
         return results
     return _run_local(run, groups, device, jobs, on_result, on_start)
 
 
 def _run_local(run: Callable[[G], R], groups: Sequence[G], device: torch.device, jobs: int,
-               on_result: Callable[[int | None, G, R], Sequence[G] | None] | None = None,
+               on_result: Callable[[int, G, R], None] | None = None,
                on_start: Callable[[G], None] | None = None) -> list[R]:
     results: dict[int, R] = {}
     started = on_start or (lambda task: None)
 
-    def keep(index: int | None, task: G, result: R) -> Sequence[G]:
-        if index is not None:
-            results[index] = result
-        return (on_result(index, task, result) if on_result is not None else None) or ()
+    def keep(index: int, task: G, result: R) -> None:
+        results[index] = result
+        if on_result is not None:
+            on_result(index, task, result)
 
     jobs = max(1, jobs) if device.type == "cpu" and fork_is_safe() else 1
     with intraop_threads(1) if device.type == "cpu" else nullcontext():
         if jobs == 1:
-            waiting: deque[tuple[int | None, G]] = deque(enumerate(groups))
-            while waiting:
-                index, task = waiting.popleft()
+            for index, task in enumerate(groups):
                 started(task)
-                waiting.extendleft((None, t) for t in reversed(keep(index, task, run(task))))
+                keep(index, task, run(task))
         elif "fork" not in multiprocessing.get_all_start_methods():  # pragma: no cover - Windows
             with ThreadPoolExecutor(max_workers=jobs) as threads:
                 _schedule(threads, lambda task: threads.submit(run, task), groups, jobs, keep,
@@ -139,25 +128,23 @@ def _run_local(run: Callable[[G], R], groups: Sequence[G], device: torch.device,
     return [results[index] for index in range(len(groups))]
 
 
-def _schedule(pool, submit: Callable[[G], Future], groups: Sequence[G], jobs: int,
-              keep: Callable[[int | None, G, R], Sequence[G]],
-              started: Callable[[G], None]) -> None:
-    """Run ``groups`` and their follow-ups on ``pool``, at most ``jobs`` at a time, follow-ups
-    first (``started`` told as each is submitted); each result to ``keep``. The first failure
-    cancels the rest."""
-    waiting: deque[tuple[int | None, G]] = deque(enumerate(groups))
-    follow_ups: deque[tuple[int | None, G]] = deque()
-    running: dict[Future, tuple[int | None, G]] = {}
+def _schedule(pool: Executor, submit: Callable[[G], Future], groups: Sequence[G], jobs: int,
+              keep: Callable[[int, G, R], None], started: Callable[[G], None]) -> None:
+    """Run ``groups`` on ``pool`` in their order, at most ``jobs`` at a time (so that a failure
+    leaves the rest unstarted; ``started`` told as each is submitted); each result to ``keep``.
+    The first failure cancels the rest."""
+    waiting = list(enumerate(groups))[::-1]
+    running: dict[Future, tuple[int, G]] = {}
     try:
-        while waiting or follow_ups or running:
-            while len(running) < jobs and (follow_ups or waiting):
-                index, task = (follow_ups or waiting).popleft()
+        while waiting or running:
+            while len(running) < jobs and waiting:
+                index, task = waiting.pop()
                 started(task)
                 running[submit(task)] = (index, task)
             finished, _ = wait(running, return_when=FIRST_COMPLETED)
             for future in finished:
                 index, task = running.pop(future)
-                follow_ups.extend((None, t) for t in keep(index, task, future.result()))
+                keep(index, task, future.result())
     except BrokenProcessPool:
         check_stop()  # a worker ended by a signal meant for the command: a stop, not a failure
         raise
@@ -182,15 +169,5 @@ def _start_worker() -> None:
     die_with_parent()  # a main process killed with kill -9 leaves no worker behind
 
 
-def _run_task(key: int, group):
+def _run_task(key: int, group: object) -> object:
     return _TASKS[key](group)
-
-
-def on_main(job: Ranks | None, step: Callable[[], R]) -> R:
-    """Run ``step`` on rank 0 only and hand its result to every rank (errors stop all ranks)."""
-    if job is None or job.world == 1:
-        return step()
-    result = job.together(lambda: step() if job.is_main else None)
-    shared = [result]
-    dist.broadcast_object_list(shared, src=0)
-    return shared[0]

@@ -33,6 +33,7 @@ from dataclasses import replace
 
 import numpy as np
 import torch
+from torch import Tensor
 
 from featcache.errors import InputError, OptionError
 from featcache.linear.data import LinearData, SplitTensors, TrainingSplits
@@ -94,7 +95,7 @@ def train_and_val(data: LinearData) -> LinearData:
     validation and test splits stay as they are."""
     train, val = data.train, data.val
 
-    def joined(a, b):
+    def joined(a: Tensor | None, b: Tensor | None) -> Tensor | None:
         return None if a is None or b is None else torch.cat([a, b])
 
     merged = SplitTensors(features=torch.cat([train.features, val.features]),
@@ -104,7 +105,8 @@ def train_and_val(data: LinearData) -> LinearData:
     return replace(data, train=merged, pseudo_labels=None)
 
 
-def refit(data: LinearData, result: SearchResult, device, progress: bool = False) -> SearchResult:
+def refit(data: LinearData, result: SearchResult, device: torch.device | str,
+          progress: bool = False) -> SearchResult:
     """Each seed's selected configuration trained again on train + validation for its selected
     number of epochs (``data``: the search's data before any loss fitted it); the result with
     those heads selected and the probe record (:attr:`SearchResult.probe`)."""
