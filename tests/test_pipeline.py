@@ -327,7 +327,7 @@ def test_the_readme_real_feature_table_has_every_loss_the_pipeline_trains():
     header, _, *rows = [line for line in section.splitlines() if line.startswith("|")]
     assert [c.strip() for c in header.strip("|").split("|")] == ["loss", *recipe.report["datasets"]]
     imported = DataFacts(dataset="scene", num_classes=6, has_clean_train=True, mean_positives=1.07,
-                         backbone="imported")
+                         positives_histogram=((1, 1124), (2, 86), (3, 1)), backbone="imported")
     trained, _ = choose_losses("all", imported)
     listed = [row.strip("|").split("|")[0].strip() for row in rows]
     assert listed == [name for name in trained if name in listed]  # the pipeline's order

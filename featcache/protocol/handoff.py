@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from featcache.errors import InputError
+from featcache.errors import InputError, plural
 from featcache.fileio import save_torch_atomic
 from featcache.protocol.runs import RunFolder, rerun_advice
 from featcache.schema import (
@@ -93,8 +93,9 @@ def load_head(run_dir: Path) -> dict:
     try:
         HEAD_SCHEMA.check(head)
         if head["weight"].shape[0] != head["bias"].shape[0]:
-            raise Mismatch("bias", f"holds {head['bias'].shape[0]} values, but weight has "
-                                   f"{head['weight'].shape[0]} rows (one per class)")
+            raise Mismatch("bias", f"holds {plural(head['bias'].shape[0], 'value')}, but "
+                                   f"weight has {plural(head['weight'].shape[0], 'row')} (one "
+                                   "per class)")
     except Mismatch as exc:
         raise InputError(f"{path} is not a valid featcache linear head: {exc}; "
                          f"{rerun_advice(run_dir)}") from None
