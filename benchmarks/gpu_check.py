@@ -133,6 +133,7 @@ class GpuCheck:
         self.cache = out / "cache"
         self.say = say
         self.results: list[Result] = []
+        self.kept: dict = {}
         self.started = time.perf_counter()
         self.env = dict(os.environ, PYTHONPATH=os.pathsep.join(
             [str(REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]),
@@ -156,19 +157,29 @@ class GpuCheck:
         else:
             self.say(f"[{time.perf_counter() - self.started:6.1f} s] {name} ...")
             started = time.perf_counter()
+            self.kept = {}
             try:
                 detail, numbers = check()
                 result = Result(name, "pass", detail, numbers)
             except CheckFailed as exc:
-                result = Result(name, "fail", str(exc))
+                result = Result(name, "fail", str(exc), self.kept)
             except Exception as exc:  # an unexpected error is a failed check, with its trace
                 trace = traceback.format_exc(limit=6)
-                result = Result(name, "fail", f"{type(exc).__name__}: {exc}", {"trace": trace})
+                result = Result(name, "fail", f"{type(exc).__name__}: {exc}",
+                                {**self.kept, "trace": trace})
             result.seconds = time.perf_counter() - started
             self.results.append(result)
         last = self.results[-1]
         self.say(f"    {last.status.upper()}: {last.detail}")
         self.on_result()  # the report so far is on disk: a killed check loses nothing else
+
+    def remaining(self) -> float:
+        """Seconds of the budget left."""
+        return self.budget - (time.perf_counter() - self.started)
+
+    def keep_numbers(self, numbers: dict) -> None:
+        """What the running check measured: kept in its result even if it then fails."""
+        self.kept = dict(numbers)
 
     def passed(self, name: str) -> bool:
         return any(r.name == name and r.status == "pass" for r in self.results)
@@ -614,7 +625,7 @@ class GpuCheck:
                  needs=("benchmark: extraction 224 px",))
         self.run("benchmark: fine-tuning", self.bench_finetune, needs_cuda=True, takes=80)
         self.run("benchmark: stage two", lambda: linear_checks.timing_rows(self), needs_cuda=True,
-                 takes=150)
+                 takes=linear_checks.TIMING_LEAST)
 
     def report(self) -> dict:
         from benchmarks._common import machine

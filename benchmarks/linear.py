@@ -46,6 +46,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -71,6 +72,7 @@ from benchmarks.reference_code import authors_config_epochs, write_reference_lay
 from featcache.data.featurewrite import write_features
 from featcache.data.labelfile import LabelSet, SplitLabels, load_labels, write_labels
 from featcache.data.sampling import observe_uniform, split_train_val
+from featcache.fileio import write_json_atomic
 from featcache.linear.data import load_linear_data
 from featcache.linear.engine.search import SearchSpec, run_search
 from featcache.linear.memory import parse_size
@@ -320,8 +322,10 @@ def big_dataset(rows: int, dtype: str = "float16", root: Path = BENCH_DIR / "dat
 
 
 # ---------------------------------------------------------------------------- measurements
-def measure_speed(args, device, labels_path, features_path, table: Table) -> dict:
-    """Ours and the reference loop, side by side in one run."""
+def measure_speed(args, device, labels_path, features_path, table: Table,
+                  keep=lambda out: None) -> dict:
+    """Ours and the reference loop, side by side in one run (``keep(out)`` sees the figures
+    so far after each one)."""
     data = load_linear_data(labels_path, features_path, device=device)
     run_search(data, SearchSpec(loss=args.loss, epochs=2), device=device, progress=False,
                jobs=args.jobs)  # warm-up: allocator, worker start-up
@@ -337,6 +341,7 @@ def measure_speed(args, device, labels_path, features_path, table: Table) -> dic
     table.add(f"featcache search, {args.loss} (8 configs x 25 epochs)", ours, ours / 200, None,
               ours_busy.others)
     print(f"  ours: {ours:.2f} s; {ours_busy.note()}", flush=True)
+    keep(out)
     out["arithmetic"] = arithmetic(out["sizes"], ours, out["jobs"])
     work = out["arithmetic"]
     print(f"  arithmetic: {work['gflop']:.0f} GFLOP of matmuls (training {work['training_gflop']:.0f},"
@@ -345,8 +350,11 @@ def measure_speed(args, device, labels_path, features_path, table: Table) -> dic
           f"{work['floor_seconds']:.1f} s; the other {work['rest_seconds']:.1f} s are "
           f"{work['steps']:,} optimizer steps at {work['rest_cpu_us_per_step']:.0f} CPU-us each "
           "(loss, Adam over every weight, dispatch)", flush=True)
-    if device.type == "cuda":
-        out["cuda_variants"] = cuda_variants(args, data, device, table)
+    if device.type == "cuda" and not args.no_variants:
+        keep(out)
+        out["cuda_variants"] = cuda_variants(args, data, device, table,
+                                             lambda done: keep({**out, "cuda_variants": done}))
+    keep(out)
     if args.no_baseline:
         return out
     reference = "an" if args.loss == "an" else "an-ls"
@@ -369,10 +377,10 @@ def measure_speed(args, device, labels_path, features_path, table: Table) -> dic
     return out
 
 
-def cuda_variants(args, data, device, table: Table) -> dict:
+def cuda_variants(args, data, device, table: Table, keep=lambda out: None) -> dict:
     """The same search on CUDA without graphs (``FEATCACHE_CUDA_GRAPHS=0``) and with one group
     at a time (``FEATCACHE_CUDA_GROUPS=1``): what the graphs and the groups trained at once
-    each bring."""
+    each bring (``keep(out)`` sees each as it is measured)."""
     from featcache.linear.engine.graphs import GRAPHS_ENV
     from featcache.linear.engine.workers import CUDA_GROUPS_ENV
 
@@ -386,6 +394,7 @@ def cuda_variants(args, data, device, table: Table) -> dict:
         table.add(f"featcache search, {args.loss}, {label}", seconds, seconds / 200, None,
                   busy.others)
         print(f"  ours, {label}: {seconds:.2f} s; {busy.note()}", flush=True)
+        keep(out)
     return out
 
 
@@ -450,7 +459,7 @@ print("PHASES " + json.dumps({"phases": phases, "main_cpu": after.user - before.
 """
 
 
-def measure_command(args, labels_path: Path, table: Table) -> dict:
+def measure_command(args, labels_path: Path, table: Table, keep=lambda out: None) -> dict:
     """The whole ``featcache train-linear --loss LOSS`` as a user runs it, from process start to
     exit (results, best.pt, summary and curves.png written): wall and CPU seconds of plain runs,
     then one run under cProfile split into phases; with ``--command-baseline REF`` the code at
@@ -479,6 +488,7 @@ def measure_command(args, labels_path: Path, table: Table) -> dict:
                                       "cpu": after.children_user - before.children_user
                                       + after.children_system - before.children_system,
                                       "others_cpu": busy.others})
+                keep({**out, "runs": runs})
         for version, path in versions.items():
             done = subprocess.run([sys.executable, "-c", PHASES, *argv], cwd=path, check=True,
                                   capture_output=True, text=True,
@@ -518,7 +528,8 @@ def measure_all_losses(args, device, labels_path, table: Table, loss: str = "all
     """``featcache train-linear --loss all`` (or ``--loss LOSS``) as a user runs it: a fresh
     process from start to exit (every loss's results, best.pt, summary and curves.png, the
     losses table); with ``--command-baseline REF`` the code at git revision REF runs it too,
-    after this checkout."""
+    after this checkout. With ``--all-losses-timeout S`` a run still going after S seconds is
+    stopped (its whole process group) and recorded as timed out, with the losses it finished."""
     from benchmarks.commands import export_revision
 
     cache = labels_path.parent.parent.resolve()
@@ -533,30 +544,50 @@ def measure_all_losses(args, device, labels_path, table: Table, loss: str = "all
             versions[f"at {args.command_baseline}"] = str(
                 export_revision(args.command_baseline, Path(tmp)))
         for version, path in versions.items():
-            before = os.times()
+            before, began = os.times(), time.time()
             with Busy() as busy:
-                subprocess.run([sys.executable, "-m", "featcache", *argv], cwd=path, check=True,
-                               capture_output=True, env={**os.environ, "PYTHONPATH": path})
+                timed_out = run_until([sys.executable, "-m", "featcache", *argv], path,
+                                      getattr(args, "all_losses_timeout", None))
             after = os.times()
-            runs = sorted((cache / labels_path.parent.name / "runs").glob(f"*/{run_id}/results.json"))
+            runs = sorted(p for p in (cache / labels_path.parent.name / "runs").glob(
+                f"*/{run_id}/results.json") if p.stat().st_mtime >= began)
             per_loss = {p.parent.parent.name: json.loads(p.read_text())["timings"]["seconds"]
                         for p in runs}
             cpu = (after.children_user - before.children_user + after.children_system
                    - before.children_system)
             out["versions"][version] = {"seconds": busy.seconds, "cpu_seconds": cpu,
                                         "losses": len(per_loss), "per_loss_seconds": per_loss,
-                                        "busy": busy.record()}
+                                        "busy": busy.record(), "timed_out": timed_out}
+            stopped = "; stopped: out of time" if timed_out else ""
             table.add(f"train-linear --loss {loss}, whole command ({len(per_loss)} losses, 8 x "
-                      f"25 each; {version}, {cpu:.0f} CPU-s)", busy.seconds, None, None,
-                      busy.others)
-            print(f"  --loss {loss} ({version}): {busy.seconds:.0f} s, {cpu:.0f} CPU-s; "
-                  f"{busy.note()}", flush=True)
-    ours = out["versions"]["this checkout"]["seconds"]
-    out["all_losses_seconds"] = ours
+                      f"25 each; {version}, {cpu:.0f} CPU-s{stopped})", busy.seconds, None,
+                      None, busy.others)
+            print(f"  --loss {loss} ({version}): {busy.seconds:.0f} s, {cpu:.0f} CPU-s"
+                  f"{stopped} ({len(per_loss)} losses done); {busy.note()}", flush=True)
+    ours = out["versions"]["this checkout"]
+    out["all_losses_seconds"] = None if ours["timed_out"] else ours["seconds"]
     for version, found in out["versions"].items():
-        if version != "this checkout":
-            found["speedup"] = found["seconds"] / ours
+        if version != "this checkout" and not (found["timed_out"] or ours["timed_out"]):
+            found["speedup"] = found["seconds"] / ours["seconds"]
     return out
+
+
+def run_until(argv: list[str], cwd: str, timeout: float | None) -> bool:
+    """Run ``argv`` (featcache at ``cwd`` first on the path) to its end, or stop it and every
+    process it started after ``timeout`` seconds: whether it was stopped. A failure raises,
+    with the end of its error output."""
+    process = subprocess.Popen(argv, cwd=cwd, env={**os.environ, "PYTHONPATH": cwd},
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)
+    try:
+        _, error = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
+        return True
+    if process.returncode != 0:
+        raise subprocess.CalledProcessError(process.returncode, argv, stderr=error[-2000:])
+    return False
 
 
 MEMORY_FIELDS = ("Rss", "Pss", "Pss_Anon")
@@ -708,6 +739,17 @@ def main(argv: list[str] | None = None) -> dict:
                         help="also run the whole command with featcache at this git revision, "
                              "alternating with this checkout")
     parser.add_argument("--all-losses", action="store_true", help="also time --loss all")
+    parser.add_argument("--all-losses-timeout", type=float, default=None, metavar="SECONDS",
+                        help="stop --loss all after this many seconds and record the losses it "
+                             "finished (default: no limit)")
+    parser.add_argument("--no-search", action="store_true",
+                        help="leave out the search in the process (figure 1's first rows)")
+    parser.add_argument("--no-variants", action="store_true",
+                        help="on CUDA, leave out the search without graphs and with one group "
+                             "at a time")
+    parser.add_argument("--partial", metavar="PATH", default=None,
+                        help="also write the figures measured so far to PATH after each one "
+                             "(what a caller that has to stop this run reads)")
     parser.add_argument("--out-of-core", action="store_true", help="also the big streamed file")
     parser.add_argument("--big-rows", type=int, default=1_000_000)
     parser.add_argument("--big-epochs", type=int, default=1)
@@ -733,15 +775,29 @@ def main(argv: list[str] | None = None) -> dict:
                 "size": args.size, "labels": source, "machine": info}
     table = results_table()
     print(f"machine: {describe(info)}; data: {args.size}-sized ({source})", flush=True)
-    document["speed"] = measure_speed(args, device, labels_path, features_path, table)
+
+    def keep(key: str):
+        def kept(figures: dict) -> None:
+            document[key] = figures
+            if args.partial:
+                write_json_atomic(Path(args.partial), document)
+        return kept
+
+    keep("table")([])
+    if not args.no_search:
+        document["speed"] = measure_speed(args, device, labels_path, features_path, table,
+                                          keep("speed"))
+        keep("speed")(document["speed"])
     if not args.no_command:
-        document["command"] = measure_command(args, labels_path, table)
-        authors = document["speed"].get("authors_code")
+        document["command"] = measure_command(args, labels_path, table, keep("command"))
+        keep("command")(document["command"])
+        authors = document.get("speed", {}).get("authors_code")
         if authors:  # the whole command against the authors' train.py scaled to 8 x 25
             whole = document["command"]["versions"]["this checkout"]["median"]["seconds"]
             document["command"]["speedup_vs_authors"] = authors["seconds_estimated"] / whole
     if args.all_losses:
         document["all_losses"] = measure_all_losses(args, device, labels_path, table)
+        keep("all_losses")(document["all_losses"])
     if args.out_of_core:
         one = ["--lr", "1e-3", "--batch-size", "16"]
         document["out_of_core"] = [
@@ -759,6 +815,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.stream_check:
         print(fidelity.markdown())
     document["table"] = table.records()
+    keep("table")(document["table"])
     path = save(f"linear-{args.size}-{device.type}", document)
     print(f"figures written to {path}")
     return document

@@ -5,21 +5,29 @@ so every step of an epoch must launch the same operators on the same persistent 
 none may read a value on the host. A ``TorchDispatchMode`` sees every operator of the step the
 trainer captures (forward, the losses' terms and their backward, the optimizer), for every
 shipped loss alone and for the largest stacked group; the graph path itself runs here with a
-stand-in for the CUDA backend and gives the plain loop's numbers bit for bit.
+stand-in for the CUDA backend that replays what it recorded, as a CUDA graph does
+(:class:`~featcache.linear.engine.replay.RecordedGraphs`), and gives the plain loop's numbers
+bit for bit, for every loss, the largest group, and groups trained at once in threads while
+one of them fails its capture.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 
 import pytest
 import torch
 from linear_fixtures import every_kind_of_data
+from torch.utils._python_dispatch import TorchDispatchMode
 
+import featcache.linear.engine.graphs as graphs_module
+import featcache.linear.engine.replay as replay_module
 import featcache.linear.engine.trainer as trainer_module
-from featcache.linear.engine.graphs import GRAPHS_ENV, STEPS_ENV, RerunGraphs, graphs_enabled
+from featcache.linear.engine.graphs import GRAPHS_ENV, STEPS_ENV, graphs_enabled
 from featcache.linear.engine.member import Member
+from featcache.linear.engine.replay import RecordedGraphs, Recorder
 from featcache.linear.engine.search import SearchSpec
 from featcache.linear.engine.stacking import Stackable, fit_all, stacked_groups
 from featcache.linear.engine.steptrace import HostCopies, StepTrace
@@ -39,10 +47,10 @@ def data(tmp_path_factory):
 def graphed(monkeypatch):
     """The trainer's graph path on the CPU: steps that read their batch on the device, and a
     backend whose graphs run their steps again; returns the backends it made."""
-    made: list[RerunGraphs] = []
+    made: list[RecordedGraphs] = []
 
-    def backend(device, refuse=False):
-        made.append(RerunGraphs(refuse=refuse))
+    def backend(device, joined=()):
+        made.append(RecordedGraphs())
         return made[-1]
 
     monkeypatch.setattr(trainer_module, "graphs_enabled", lambda device: True)
@@ -136,6 +144,92 @@ def test_the_largest_stacked_group_on_cuda_steps_alike_and_reads_nothing_on_the_
     assert len(set(by_epoch)) == 1  # one graph serves every epoch
 
 
+class Touched(TorchDispatchMode):
+    """The memory one branch of a step reads and writes, as (storage, first byte, end byte),
+    leaving out what the branch allocated itself (its temporaries)."""
+
+    def __init__(self):
+        super().__init__()
+        self.reads: list[tuple] = []
+        self.writes: list[tuple] = []
+        self._own: set[int] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        written = {id(t) for t in replay_module._written(func, args, kwargs)}
+        for value in replay_module._leaves((args, kwargs)):
+            if isinstance(value, torch.Tensor) and value.numel() and not func.is_view:
+                extent = _extent(value)  # a view reads nothing; what reads it is seen
+                if extent[0] not in self._own:
+                    (self.writes if id(value) in written else self.reads).append(extent)
+        out = func(*args, **kwargs)
+        inputs = {_extent(v)[0] for v in replay_module._leaves((args, kwargs))
+                  if isinstance(v, torch.Tensor) and v.numel()}
+        for value in replay_module._leaves(out):
+            if isinstance(value, torch.Tensor) and value.numel():
+                storage = _extent(value)[0]
+                if storage not in inputs:
+                    self._own.add(storage)
+        return out
+
+
+def _extent(tensor: torch.Tensor) -> tuple[int, int, int]:
+    size = tensor.element_size()
+    span = sum((n - 1) * abs(st) for n, st in zip(tensor.shape, tensor.stride(), strict=True))
+    start = tensor.storage_offset() * size
+    return tensor.untyped_storage().data_ptr(), start, start + (span + 1) * size
+
+
+def _overlap(a: tuple, b: tuple) -> bool:
+    return a[0] == b[0] and a[1] < b[2] and b[1] < a[2]
+
+
+def _touched_by_branches(trainer: GroupTrainer) -> list[Touched]:
+    """What each branch of the second step of the second epoch touches (after a first epoch
+    and the epoch's first step, as a captured step)."""
+    _traced_epoch(trainer, 0)
+    for member in trainer.members:
+        member.loss.begin_epoch(1, trainer.epochs, member.state)
+    order = trainer.train_rows.order(trainer.order, trainer.batch_size)
+    trainer.batches.begin(order)
+    trainer.labels.fill(order)
+    trainer.device_step(1)  # the epoch's first step may make its constants
+    branches: list[Touched] = []
+    original = trainer.branches.run
+
+    def watched(part):
+        def run():
+            branches.append(Touched())
+            with branches[-1]:
+                return part()
+        return run
+
+    trainer.branches.run = lambda parts: original([watched(part) for part in parts])
+    trainer.device_step(1)
+    return branches
+
+
+def test_a_steps_branches_write_nothing_another_branch_touches(data, graphed):
+    """On CUDA each loss's share of a step runs on a branch of its own, concurrently with the
+    others: for every group a GPU makes of the pooled losses, a captured step's branches
+    write no memory another branch reads or writes (on the CPU they run in turn, so a race
+    there would not show in the numbers)."""
+    for group in _stacked(data, graphs=True):
+        if len(group.members) < 2:
+            continue
+        trainer = GroupTrainer(group.data, [m for _, m in group.members], EPOCHS, "clean",
+                               "none", CPU)
+        branches = _touched_by_branches(trainer)
+        assert len(branches) == len(group.members)
+        assert all(branch.writes for branch in branches)  # its training predictions at least
+        for i, mine in enumerate(branches):
+            for j, theirs in enumerate(branches):
+                if i != j:
+                    clash = [(w, t) for w in mine.writes for t in theirs.reads + theirs.writes
+                             if _overlap(w, t)]
+                    assert not clash, (group.members[i][1].loss, group.members[j][1].loss)
+
+
 def test_on_cuda_losses_that_cannot_be_captured_or_follow_a_schedule_stack_apart(data):
     def group_of(groups):
         return {m.loss: i for i, g in enumerate(groups) for _, m in g.members}
@@ -147,9 +241,16 @@ def test_on_cuda_losses_that_cannot_be_captured_or_follow_a_schedule_stack_apart
     assert on_cuda["an"] == on_cuda["bce"] == on_cuda["opml"]
 
 
-def _results(name: str, data, lrs=(1e-2, 1e-3)):
+#: the graph path's runs: three epochs (a schedule's graphs captured again, then reused) of
+#: four steps (two-step graphs and one-step remainders, replayed in every epoch)
+REPLAY_EPOCHS, REPLAY_BATCH = 3, 16
+
+
+def _results(name: str, data, lrs=(1e-2, 1e-3), epochs=EPOCHS, batch_size=16):
     fitted = _fitted(name, data)
-    trainer = GroupTrainer(fitted, [_member(name, fitted, lrs)], EPOCHS, "clean", "none", CPU)
+    spec = SearchSpec(loss=name, learning_rates=lrs, batch_sizes=(batch_size,), epochs=epochs)
+    member = Member(name, tuple(spec.resolved(fitted.facts).configs(0)))
+    trainer = GroupTrainer(fitted, [member], epochs, "clean", "none", CPU)
     return trainer, trainer.run(progress=False, position=0)[0]
 
 
@@ -163,37 +264,80 @@ def _same(ours, theirs, name: str) -> None:
             assert torch.equal(a.state[key], b.state[key]), (name, key)
 
 
-@pytest.mark.parametrize("name", ["role", "gr", "opml-sp", "ignore"])
-def test_graphed_steps_give_the_plain_loops_numbers(name, data, monkeypatch, caplog):
-    """Many steps per graph, the batch chosen on the device: the plain loop's numbers, bit for
-    bit; a graph captured once serves every epoch, again each epoch for a schedule; a step
-    that reads the host trains without graphs and says so once."""
-    _, plain = _results(name, data)
+def _on_graphs(monkeypatch, backend=lambda device, joined=(): RecordedGraphs()) -> None:
+    """The trainer's graph path on the CPU, its graphs made by ``backend``."""
     monkeypatch.setattr(trainer_module, "graphs_enabled", lambda device: True)
-    monkeypatch.setattr(trainer_module, "graph_backend", lambda device: RerunGraphs())
+    monkeypatch.setattr(trainer_module, "graph_backend", backend)
     monkeypatch.setenv(STEPS_ENV, "2")
+
+
+@pytest.mark.parametrize("name", loss_names())
+def test_replayed_graphs_give_the_plain_loops_numbers_for_every_loss(name, data, monkeypatch,
+                                                                     caplog):
+    """Many steps per graph, the batch chosen on the device, each graph replaying the
+    operators it recorded with the recorded scalars on the recorded tensors (not the Python
+    step again): the plain loop's numbers, bit for bit; a graph captured once serves every
+    epoch, again each epoch for a schedule; a step that reads the host trains without graphs
+    and says so once."""
+    run = functools.partial(_results, name, data, epochs=REPLAY_EPOCHS,
+                            batch_size=REPLAY_BATCH)
+    _, plain = run()
+    _on_graphs(monkeypatch)
     with caplog.at_level(logging.WARNING):
-        trainer, graphed = _results(name, data)
+        trainer, graphed = run()
     _same(graphed, plain, name)
     stats = trainer.graphs.stats()
-    assert trainer.adam.step_count == EPOCHS * trainer.steps
+    assert trainer.adam.step_count == REPLAY_EPOCHS * trainer.steps
     warned = [r for r in caplog.records if "without CUDA graphs" in r.getMessage()]
     if not loss_class(name).capturable:
         assert "_linalg_svd" in stats["failed"] and stats["captures"] == 0
         assert len(warned) == 1
         return
-    assert not warned and stats["failed"] is None and stats["replays"] > 0
-    if loss_class(name).scheduled:
-        assert stats["captures"] >= EPOCHS - 1
-    else:
+    assert not warned and stats["failed"] is None
+    assert stats["replays"] >= REPLAY_EPOCHS  # every epoch replays graphs
+    if not loss_class(name).scheduled:
         assert stats["captures"] <= 2  # one graph per number of steps a replay takes
+
+
+def test_the_largest_stacked_group_replayed_gives_the_plain_loops_numbers(data, monkeypatch):
+    groups = _stacked(data, graphs=True)
+    largest = max(groups, key=lambda g: g.heads)
+
+    def run():
+        trainer = GroupTrainer(largest.data, [m for _, m in largest.members], REPLAY_EPOCHS,
+                               "clean", "none", CPU)
+        return trainer, trainer.run(progress=False, position=0)
+
+    _, plain = run()
+    _on_graphs(monkeypatch)
+    trainer, graphed = run()
+    for (_, member), ours, theirs in zip(largest.members, graphed, plain, strict=True):
+        _same(ours, theirs, member.loss)
+    assert trainer.graphs.stats()["replays"] > 0 and trainer.graphs.stats()["failed"] is None
+
+
+def test_the_stand_in_replays_what_was_recorded_not_the_python_step(data, monkeypatch):
+    """What a CUDA graph gets wrong, the stand-in gets wrong too: with the check that
+    captures a scheduled step again switched off, the epoch's scalars stay those baked into
+    the first capture, and the numbers move (gr's K and V follow the epoch)."""
+    _, plain = _results("gr", data, epochs=REPLAY_EPOCHS, batch_size=REPLAY_BATCH)
+    _on_graphs(monkeypatch)
+    original = graphs_module.GraphedSteps._traced
+
+    def same_signature(self, step, judged):
+        original(self, step, judged)
+        return ("one step for every epoch",)
+
+    monkeypatch.setattr(graphs_module.GraphedSteps, "_traced", same_signature)
+    trainer, stale = _results("gr", data, epochs=REPLAY_EPOCHS, batch_size=REPLAY_BATCH)
+    assert trainer.graphs.stats()["captures"] <= 2
+    assert any(a.epochs != b.epochs for a, b in zip(stale, plain, strict=True))
 
 
 def test_a_group_whose_capture_fails_trains_without_graphs_and_says_so_once(data, monkeypatch,
                                                                             caplog):
     _, plain = _results("role", data)
-    monkeypatch.setattr(trainer_module, "graphs_enabled", lambda device: True)
-    monkeypatch.setattr(trainer_module, "graph_backend", lambda device: RerunGraphs(refuse=True))
+    _on_graphs(monkeypatch, lambda device, joined=(): RecordedGraphs(refuse=True))
     with caplog.at_level(logging.WARNING):
         trainer, graphed = _results("role", data)
     _same(graphed, plain, "role")
@@ -201,6 +345,77 @@ def test_a_group_whose_capture_fails_trains_without_graphs_and_says_so_once(data
     assert stats["failed"].startswith("its capture failed: RuntimeError: operation not permitted")
     assert stats["captures"] == 0 and stats["replays"] == 0
     assert len([r for r in caplog.records if "without CUDA graphs" in r.getMessage()]) == 1
+
+
+class FailingMidCapture(RecordedGraphs):
+    """A capture that fails in its second step, after the first has run its operators (a CUDA
+    error inside a capture): what they wrote must be undone for the plain steps after it."""
+
+    def recorder(self):
+        class Failing(Recorder):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                if any(op[0] is torch.ops.aten._fused_adam_.default for op in self.ops):
+                    raise RuntimeError("CUDA error: operation not permitted when stream is "
+                                       "capturing")
+                return super().__torch_dispatch__(func, types, args, kwargs)
+
+        return Failing()
+
+
+class FailingReplay(RecordedGraphs):
+    """Graphs whose second replay raises what a broken capture of another group's makes
+    (the H200's error of 2026-11-28): an error the capture's fallback cannot contain."""
+
+    def capture(self, record):
+        graph = super().capture(record)
+        replay = graph.replay
+
+        def failing():
+            if self.replayed >= 1:
+                raise RuntimeError("CUDA error: dependency created on uncaptured work in "
+                                   "another stream")
+            replay()
+
+        graph.replay = failing
+        return graph
+
+
+def test_groups_at_once_stay_exact_while_one_capture_fails_and_one_error_escapes(
+        data, monkeypatch, caplog):
+    """What a GPU does with several groups, each in a thread of its own, run on the CPU with
+    replayed graphs: one group's capture fails midway (the fallback undoes what it wrote and
+    trains step by step), another's error escapes its capture (it trains again from the start
+    without graphs); neither ends the search, and every group has its numbers."""
+    import featcache.linear.engine.search as search_module
+    from featcache.linear.engine import workers
+    from featcache.linear.engine.search import run_searches
+
+    pooled, _ = data
+    specs = [SearchSpec(loss=name, learning_rates=(1e-2, 1e-3), batch_sizes=(8, 16),
+                        epochs=REPLAY_EPOCHS) for name in ("an", "role", "ll-cp")]
+    monkeypatch.setattr(search_module, "usable_cpus", lambda: 1)
+    monkeypatch.setattr(search_module, "captures_apart", lambda device: True)
+    alone = run_searches(pooled, specs, CPU, progress=False)
+
+    made = []
+
+    def backend(device, joined=()):
+        kinds = {1: FailingMidCapture, 2: FailingReplay}
+        made.append(kinds.get(len(made), RecordedGraphs)())
+        return made[-1]
+
+    _on_graphs(monkeypatch, backend)
+    monkeypatch.setattr(workers, "groups_at_once", lambda device: 3)
+    with caplog.at_level(logging.WARNING):
+        together = run_searches(pooled, specs, CPU, progress=False)
+    for a, b in zip(together, alone, strict=True):
+        for seed_a, seed_b in zip(a.seeds, b.seeds, strict=True):
+            _same(seed_a.heads, seed_b.heads, a.spec.loss)
+    messages = [r.getMessage() for r in caplog.records]
+    assert len([m for m in messages if "its capture failed: RuntimeError: CUDA error" in m]) == 1
+    assert len([m for m in messages if "trained again from the start without CUDA graphs"
+                in m and "dependency created on uncaptured work" in m]) == 1
+    assert len(made) == 4 and sum(g.replayed for g in made) > 0  # the retried group: none
 
 
 def test_graphs_are_for_cuda_only_and_can_be_switched_off(monkeypatch):
@@ -211,47 +426,27 @@ def test_graphs_are_for_cuda_only_and_can_be_switched_off(monkeypatch):
 
 
 def test_the_gpu_checks_of_stage_two_pass_on_the_cpu_with_the_stand_in(data, monkeypatch):
-    """``make gpu-check``'s graph checks, run here on the CPU with graphs that run their steps
-    again: the code the first GPU runs, exercised before it does."""
+    """``make gpu-check``'s graph checks, run here on the CPU with replayed graphs: the code
+    the first GPU runs, exercised before it does."""
     import featcache.linear.engine.search as search_module
     from benchmarks import gpu_check_linear as checks
 
     pooled, _ = data
-    for module in (trainer_module, search_module):
-        monkeypatch.setattr(module, "graphs_enabled", lambda device: True)
-    monkeypatch.setattr(trainer_module, "graph_backend", lambda device: RerunGraphs())
+    _on_graphs(monkeypatch)
+    monkeypatch.setattr(search_module, "captures_apart", lambda device: True)
     monkeypatch.setattr(checks, "EPOCHS", 2)
-    monkeypatch.setattr(checks, "LOSSES", ("an", "role", "gr", "opml-sp"))
+    monkeypatch.setattr(checks, "LOSSES", ("an", "role", "gr", "ll-cp", "opml-sp"))
     monkeypatch.setattr(search_module, "usable_cpus", lambda: 1)  # in this process, as on a GPU
-    monkeypatch.setenv(STEPS_ENV, "2")
     _, numbers = checks.graphs_vs_eager(None, data=pooled)
-    assert numbers["largest_difference"] == 0.0
+    assert numbers["largest_difference"] == 0.0 and numbers["differing"] == []
     assert {g["failed"] is not None for g in numbers["groups"]} == {True, False}
 
     @contextlib.contextmanager
     def refused():
         with monkeypatch.context() as patch:
-            patch.setattr(trainer_module, "graph_backend", lambda device: RerunGraphs(refuse=True))
+            patch.setattr(trainer_module, "graph_backend",
+                          lambda device, joined=(): RecordedGraphs(refuse=True))
             yield
 
     _, numbers = checks.capture_failure_and_device(None, data=pooled, provoke=refused)
     assert numbers["largest_difference"] == 0.0 and numbers["next_group"]["captures"] > 0
-
-
-def test_groups_trained_at_once_in_threads_give_each_groups_numbers(data, monkeypatch):
-    """What a GPU does with several groups (each in a thread of its own), run on the CPU: the
-    numbers of the groups trained one after the other, every group started and kept once."""
-    import featcache.linear.engine.search as search_module
-    from featcache.linear.engine import workers
-    from featcache.linear.engine.search import run_searches
-
-    pooled, _ = data
-    specs = [SearchSpec(loss=name, learning_rates=(1e-2,), batch_sizes=(8, 16), epochs=EPOCHS)
-             for name in ("an", "role")]
-    monkeypatch.setattr(search_module, "usable_cpus", lambda: 1)
-    alone = run_searches(pooled, specs, CPU, progress=False)
-    monkeypatch.setattr(workers, "groups_at_once", lambda device: 3)
-    together = run_searches(pooled, specs, CPU, progress=False)
-    for a, b in zip(together, alone, strict=True):
-        for seed_a, seed_b in zip(a.seeds, b.seeds, strict=True):
-            _same(seed_a.heads, seed_b.heads, a.spec.loss)

@@ -17,13 +17,23 @@ on and says so once, with the cause; the failed capture leaves the stream and th
 they were (:func:`capture_graph`). Everything runs on the run's device (``cuda:N``): its side
 stream, its captures, its memory.
 
-On the CPU the same step runs as it is; :class:`RerunGraphs` stands in for the CUDA backend in
-the tests (a "graph" that runs its steps again, and a capture that refuses what CUDA's would).
+Several groups train at once on one GPU, each in a thread (:mod:`~featcache.linear.engine.
+workers`): every stream a group uses is leased to it alone (:mod:`~featcache.linear.engine.
+streams`; PyTorch's streams come from a shared pool of 32), captures are made one at a time
+and in ``thread_local`` mode, and a step's branches are joined even when it fails, so that one
+group's capture can neither take in nor be broken by another group's work.
+
+On the CPU the same step runs as it is; :class:`~featcache.linear.engine.replay.RecordedGraphs`
+stands in for the CUDA backend in the tests: a capture records the operators the steps launch
+(undoing what they wrote), and a replay launches those operators again with the recorded
+scalars on the recorded tensors, as a CUDA graph does, without running the Python step.
 """
 
 from __future__ import annotations
 
 import logging
+import re
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Protocol, TypeVar
@@ -34,6 +44,7 @@ from torch import Tensor
 from featcache.environment import CUDA_GRAPHS, GRAPH_STEPS
 from featcache.interrupt import check_stop
 from featcache.linear.engine.steptrace import HostCopies, StepTrace
+from featcache.linear.engine.streams import LEASE, give_back, is_capturing
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -49,6 +60,10 @@ STEPS_PER_GRAPH = 32
 #: the fewest steps per graph for a group whose graphs are captured again (every epoch for a
 #: loss that follows a schedule)
 MIN_STEPS_PER_GRAPH = 4
+#: the most streams a step forks its losses' terms onto (each runs its losses in turn): four
+#: groups at once, each with its own stream, its capture stream and four branches, hold 24 of
+#: the 32 streams of a device's pool
+MAX_BRANCHES = 4
 #: traced steps before the first capture: the first warms up (caches, handles), the next two
 #: must launch the same operators
 FIRST_TRACED = 2
@@ -75,7 +90,8 @@ class Replay(Protocol):
 
 
 class Backend(Protocol):
-    """Where a group's graphs live: :class:`CudaGraphs`, or :class:`RerunGraphs` in tests."""
+    """Where a group's graphs live: :class:`CudaGraphs`, or
+    :class:`~featcache.linear.engine.replay.RecordedGraphs` in tests."""
 
     @contextmanager
     def steps(self) -> Iterator[None]:
@@ -84,6 +100,10 @@ class Backend(Protocol):
 
     def capture(self, record: Callable[[], None]) -> Replay:
         """``record()`` captured (nothing runs), or :class:`CaptureFailed`."""
+        ...
+
+    def close(self) -> None:
+        """The group is done: give back what the backend holds (its stream)."""
         ...
 
 
@@ -152,7 +172,7 @@ class GraphedSteps:
                     done += len(later)
                     if len(set(later)) > 1:
                         self._fail("its steps launch other operators from one step to the next")
-                    elif later and self.failed is None:
+                    elif later and self.failed is None and later[-1] != self.signature:
                         if self.signature is not None:  # a schedule, a frozen head: smaller
                             # graphs (a capture costs about as many steps' host time)
                             self.chunk = max(min(MIN_STEPS_PER_GRAPH, self.chunk), self.chunk // 4)
@@ -226,46 +246,84 @@ class GraphedSteps:
 
 
 class Branches:
-    """Where the independent parts of a step run: on CUDA with graphs, each part on a stream
-    of its own, forked after the work queued before it and joined before the work after it
-    (a captured graph keeps them as parallel branches, so a step of many losses waits for the
-    slowest loss's terms, not for all of them one after the other); elsewhere one after the
-    other, in order (the same operations on the same values)."""
+    """Where the independent parts of a step run: on CUDA with graphs, on up to
+    :data:`MAX_BRANCHES` streams of their own (part i on stream i modulo their number, each
+    stream's parts one after the other), forked after the work queued before them and joined
+    before the work after them, also when a part fails (a captured graph keeps them as parallel
+    branches, so a step of many losses waits for its slowest branch, not for every loss in
+    turn); elsewhere, or when no stream is free, one after the other, in order (the same
+    operations on the same values). The streams are leased (:mod:`~featcache.linear.engine.
+    streams`): :meth:`close` gives them back."""
 
     def __init__(self, device: torch.device, parts: int, forked: bool):
         self.device = device
-        self.streams = ([torch.cuda.Stream(device=device) for _ in range(parts)]
-                        if forked and parts > 1 else None)
+        self.streams: list = []
+        if forked and parts > 1:
+            self.streams = LEASE.take(device, min(parts, MAX_BRANCHES))
+            if len(self.streams) < 2:  # one branch is no branch: the capture stream serves
+                LEASE.give_back(self.streams)
+                self.streams = []
+
+    def lanes(self, parts: int) -> list[list[int]]:
+        """Which parts each stream runs, in order."""
+        count = max(1, len(self.streams))
+        return [list(range(lane, parts, count)) for lane in range(count)]
 
     def run(self, parts: Sequence[Callable[[], T]]) -> list[T]:
-        if self.streams is None:
+        if not self.streams:
             return [part() for part in parts]
         main = torch.cuda.current_stream(self.device)
-        out = []
-        for stream, part in zip(self.streams, parts, strict=True):
-            stream.wait_stream(main)
-            with torch.cuda.stream(stream):
-                out.append(part())
-        for stream in self.streams:
-            main.wait_stream(stream)
+        out: list = [None] * len(parts)
+        forked, failed = [], False
+        try:
+            for stream, lane in zip(self.streams, self.lanes(len(parts)), strict=False):
+                stream.wait_stream(main)
+                forked.append(stream)
+                with torch.cuda.stream(stream):
+                    for index in lane:
+                        out[index] = parts[index]()
+        except BaseException:
+            failed = True
+            raise
+        finally:
+            for stream in forked:  # joined even after a failure: a capture can then end
+                try:
+                    main.wait_stream(stream)
+                except Exception:
+                    if not failed:
+                        raise
         return out
 
+    def close(self) -> None:
+        """Give the streams back (or retire those a failed capture left capturing)."""
+        give_back(self.streams)
+        self.streams = []
 
-def graph_backend(device: torch.device) -> Backend:
-    """Where a group's graphs live on ``device`` (the tests put :class:`RerunGraphs` here to
-    run the graph path on the CPU)."""
-    return CudaGraphs(device)
+
+def graph_backend(device: torch.device, joined: Sequence = ()) -> Backend:
+    """Where a group's graphs live on ``device`` (``joined``: the streams its steps fork onto;
+    the tests put :class:`~featcache.linear.engine.replay.RecordedGraphs` here to run the graph
+    path on the CPU); :class:`NoStream` when no stream of the device is free."""
+    return CudaGraphs(device, joined)
+
+
+class NoStream(RuntimeError):
+    """Every stream of the device's pool is held by another group."""
 
 
 class CudaGraphs:
-    """The graphs of one group on CUDA device ``device``: its own side stream (a capture
-    needs one that is not the default stream), the warm-up and every replay on it, ordered
-    after the work queued on the device's current stream before the epoch, and before the
-    work queued there after it."""
+    """The graphs of one group on CUDA device ``device``: a leased side stream of its own (a
+    capture needs one that is not the default stream, and that no other group uses), the
+    warm-up and every replay on it, ordered after the work queued on the device's current
+    stream before the epoch, and before the work queued there after it."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, joined: Sequence = ()):
         self.device = device
-        self.stream = torch.cuda.Stream(device=device)
+        taken = LEASE.take(device, 1)
+        if not taken:
+            raise NoStream(f"no free stream on {device} for a group's graphs")
+        self.stream = taken[0]
+        self.joined = list(joined)
 
     @contextmanager
     def steps(self) -> Iterator[None]:
@@ -279,44 +337,91 @@ class CudaGraphs:
                 current.wait_stream(self.stream)
 
     def capture(self, record: Callable[[], None]) -> Replay:
-        return capture_graph(self.device, self.stream, record)
+        return capture_graph(self.device, self.stream, record, self.joined)
+
+    def close(self) -> None:
+        give_back([self.stream])
+
+
+#: one capture at a time in this process: a capture of one group never overlaps another's
+#: (each is "thread_local": what other threads do does not invalidate it)
+_CAPTURING = threading.Lock()
 
 
 def capture_graph(device: torch.device, stream: torch.cuda.Stream,
-                  record: Callable[[], None]) -> torch.cuda.CUDAGraph:
+                  record: Callable[[], None], joined: Sequence = ()) -> torch.cuda.CUDAGraph:
     """``record()`` captured on ``stream`` of ``device`` as a CUDA graph with a memory pool of
-    its own. On a failure the thread is back on the stream it was on, the capture's memory pool
-    is given back, and :class:`CaptureFailed` names the first error (the one inside the capture,
-    not the "capture invalidated" that ending it raises then)."""
+    its own, one capture of the process at a time, in ``thread_local`` mode (another thread's
+    allocation or synchronisation neither fails nor invalidates it). On a failure the thread is
+    back on the stream it was on, the capture's memory pool is given back, the stream has
+    finished its work, and :class:`CaptureFailed` names the first error (the one inside the
+    capture, not the "capture invalidated" that ending it raises then). ``joined``: the streams
+    a step forks onto; a failure that leaves one of them (or ``stream``) capturing raises
+    :class:`StreamsLeftCapturing` instead, which the search answers by training the group
+    again without graphs (:func:`is_capture_error`)."""
     graph = torch.cuda.CUDAGraph()
-    pool = torch.cuda.graph_pool_handle()
-    cause: BaseException | None = None
-    ended = False
-    with torch.cuda.device(device), torch.cuda.stream(stream):
-        stream.synchronize()
-        graph.capture_begin(pool=pool, capture_error_mode="thread_local")
-        try:
-            record()
-        except BaseException as error:  # noqa: BLE001 - any error inside a capture ends it
-            cause = error
-        try:
-            graph.capture_end()
-            ended = True
-        except Exception as error:  # noqa: BLE001
-            cause = cause or error
-        if cause is None:
-            return graph
-        if not ended:  # capture_end raised before giving the pool back
-            _abandon_pool(device, pool)
-        try:
-            graph.reset()
-        except Exception:  # noqa: BLE001, S110 - nothing left to release
-            pass
+    with _CAPTURING, torch.cuda.device(device):
+        pool = torch.cuda.graph_pool_handle()
+        cause: BaseException | None = None
+        ended = False
+        with torch.cuda.stream(stream):
+            stream.synchronize()
+            graph.capture_begin(pool=pool, capture_error_mode="thread_local")
+            try:
+                record()
+            except BaseException as error:  # noqa: BLE001 - any error inside a capture ends it
+                cause = error
+            try:
+                graph.capture_end()
+                ended = True
+            except Exception as error:  # noqa: BLE001
+                cause = cause or error
+            if cause is None:
+                return graph
+            if not ended:  # capture_end raised before giving the pool back
+                _abandon_pool(device, pool)
+            try:
+                graph.reset()
+            except Exception:  # noqa: BLE001, S110 - nothing left to release
+                pass
+        left = [s for s in (stream, *joined) if is_capturing(s)]
+        if left:
+            raise StreamsLeftCapturing(f"a failed capture left {len(left)} stream(s) capturing "
+                                       f"({_first_line(cause)})") from cause
         stream.synchronize()
     if not isinstance(cause, Exception):  # Ctrl-C and the like: cleaned up, passed on
         raise cause
-    first = str(cause).strip().split("\n")[0]
-    raise CaptureFailed(f"{type(cause).__name__}: {first}") from cause
+    raise CaptureFailed(_first_line(cause)) from cause
+
+
+class StreamsLeftCapturing(RuntimeError):
+    """A failed capture that could not be ended cleanly: the group's streams are unusable."""
+
+
+def _first_line(error: BaseException) -> str:
+    return f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
+
+
+#: what a CUDA error of a stream capture says (cudaErrorStreamCapture*: "operation not
+#: permitted when stream is capturing", "dependency created on uncaptured work in another
+#: stream", "operation failed due to a previous error during capture", ...)
+_CAPTURE_WORDS = re.compile(r"captur", re.IGNORECASE)
+
+
+def is_capture_error(error: BaseException) -> bool:
+    """Whether ``error`` comes from a CUDA graph capture (its own or, on a GPU shared by
+    several groups, another's): what a group trained with graphs answers by training again
+    without them."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, (CaptureFailed, StreamsLeftCapturing)) or (
+                _CAPTURE_WORDS.search(str(current))
+                and ("CUDA" in str(current) or "stream" in str(current))):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
 
 
 def _abandon_pool(device: torch.device, pool: object) -> None:
@@ -331,34 +436,3 @@ def _abandon_pool(device: torch.device, pool: object) -> None:
                 call(index, pool)
             except Exception:  # noqa: BLE001, S110 - already ended or released
                 pass
-
-
-class RerunGraphs:
-    """A stand-in for :class:`CudaGraphs` on any device (tests): a "graph" runs the steps it
-    recorded again when replayed (the numbers are the plain steps'); ``refuse`` makes every
-    capture fail, as CUDA's does for a step it cannot record."""
-
-    def __init__(self, refuse: bool = False) -> None:
-        self.refuse = refuse
-        self.captured = 0
-
-    @contextmanager
-    def steps(self) -> Iterator[None]:
-        yield
-
-    def capture(self, record: Callable[[], None]) -> Replay:
-        if self.refuse:
-            raise CaptureFailed("RuntimeError: operation not permitted when stream is capturing")
-        self.captured += 1
-        return _Rerun(record)
-
-
-class _Rerun:
-    def __init__(self, record: Callable[[], None]):
-        self.record = record
-
-    def replay(self) -> None:
-        self.record()
-
-    def reset(self) -> None:
-        pass

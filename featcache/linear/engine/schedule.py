@@ -13,6 +13,7 @@ share the pieces.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -20,11 +21,14 @@ from dataclasses import dataclass, field
 import torch
 
 from featcache.linear.engine.evaluation import HeadResult
+from featcache.linear.engine.graphs import is_capture_error
 from featcache.linear.engine.stacking import StackedGroup, balanced
 from featcache.linear.engine.timeshare import Timeline
 from featcache.linear.engine.trainer import GroupTrainer
 from featcache.linear.engine.workers import cuda_groups, fork_is_safe, map_groups
 from featcache.runtime import Ranks
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -75,9 +79,7 @@ class SharedWorkers:
     def work(self, index: int) -> Outcome:
         group = self.groups[index]
         started = time.time()  # wall clock: comparable between the worker processes
-        trainer = GroupTrainer(group.data, [member for _, member in group.members], group.epochs,
-                               group.val_variant, group.early_stop, self.device)
-        results = trainer.run(self.show, index % max(1, self.workers))
+        results = train_contained(group, self.device, self.show, index % max(1, self.workers))
         return results, started, time.time()
 
     def finished(self, index: int, task: int, outcome: Outcome) -> None:
@@ -86,3 +88,25 @@ class SharedWorkers:
         for (search, member), heads in zip(self.groups[task].members, results, strict=True):
             key = (member.configs[0].seed, member.configs[0].batch_size)
             self.outcomes.keep(search, key, heads, began, ended, task)
+
+
+def train_contained(group: StackedGroup, device: torch.device, progress: bool,
+                    position: int) -> list[list[HeadResult]]:
+    """Train ``group``; should an error of a CUDA graph capture reach a group trained with
+    graphs (its own capture fails and falls back without one: this is for what that cannot
+    contain), it says so and trains the group again from the start without graphs (its
+    numbers depend on the group alone), instead of ending the search."""
+    def trainer(graphs: bool | None) -> GroupTrainer:
+        return GroupTrainer(group.data, [member for _, member in group.members], group.epochs,
+                            group.val_variant, group.early_stop, device, graphs=graphs)
+
+    first = trainer(None)
+    try:
+        return first.run(progress, position)
+    except Exception as error:
+        if first.graphs is None or not is_capture_error(error):
+            raise
+        log.warning("%s: a CUDA graph error reached its training (%s); trained again from the "
+                    "start without CUDA graphs", first.describe(),
+                    str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__)
+    return trainer(False).run(progress, position)

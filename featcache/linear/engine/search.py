@@ -21,7 +21,6 @@ import torch
 
 from featcache.linear.data import TrainingSplits
 from featcache.linear.engine.evaluation import HeadResult
-from featcache.linear.engine.graphs import graphs_enabled
 from featcache.linear.engine.member import Member
 from featcache.linear.engine.schedule import Outcomes, SharedWorkers
 from featcache.linear.engine.stacking import (
@@ -187,7 +186,7 @@ def run_searches(data: TrainingSplits, specs: Sequence[SearchSpec],
     :attr:`SearchResult.shared`), so that their seconds add up to at most that time.
     """
     device = torch.device(device)
-    searches, groups = _planned(data, specs, graphs_enabled(device))
+    searches, groups = _planned(data, specs, captures_apart(device))
     results: list[SearchResult | None] = [None] * len(searches)
 
     # under torchrun every group's outcome arrives once all ranks are done: the searches are
@@ -259,7 +258,14 @@ def stacked_plan(data: TrainingSplits, specs: Sequence[SearchSpec],
     """The stacked groups :func:`run_searches` trains for ``specs`` on ``data`` on ``device``
     (before the CPU workers cut them into pieces): what a run will do, for planning and
     benchmarks."""
-    return _planned(data, specs, graphs_enabled(torch.device(device)))[1]
+    return _planned(data, specs, captures_apart(torch.device(device)))[1]
+
+
+def captures_apart(device: torch.device) -> bool:
+    """Whether the stacked groups keep apart the losses whose step cannot be captured as a CUDA
+    graph or follows a schedule: on CUDA, with graphs or without (``FEATCACHE_CUDA_GRAPHS=0``
+    trains the same groups step by step, so that the two compare group for group)."""
+    return device.type == "cuda"
 
 
 def _planned(data: TrainingSplits, specs: Sequence[SearchSpec], graphs: bool = False

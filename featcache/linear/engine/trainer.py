@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import functools
 import itertools
+import logging
 import time
+import weakref
 from collections.abc import Callable, Sequence
 
 import torch
@@ -40,9 +42,11 @@ from featcache.linear.engine.evaluation import (
     feature_rows,
 )
 from featcache.linear.engine.graphs import (
+    Backend,
     Branches,
     DeviceBatches,
     GraphedSteps,
+    NoStream,
     graph_backend,
     graphs_enabled,
 )
@@ -54,6 +58,8 @@ from featcache.progress import progress as progress_bar
 from featcache.protocol.grid import GridPoint
 from featcache.protocol.seeds import derive_seed
 from featcache.protocol.selection import check_early_stop, check_val_variant
+
+log = logging.getLogger(__name__)
 
 
 def train_group(data: TrainingSplits, loss_name: str, configs: Sequence[GridPoint], epochs: int,
@@ -73,7 +79,8 @@ class GroupTrainer:
     each with its loss state and bookkeeping) and the optimizer over all of them."""
 
     def __init__(self, data: TrainingSplits, members: Sequence[Member], epochs: int,
-                 val_variant: str, early_stop: str, device: torch.device):
+                 val_variant: str, early_stop: str, device: torch.device,
+                 graphs: bool | None = None):
         configs = [c for member in members for c in member.configs]
         batch_size, seed = configs[0].batch_size, configs[0].seed
         if any(c.batch_size != batch_size or c.seed != seed for c in configs):
@@ -121,11 +128,25 @@ class GroupTrainer:
                         if data.train.clean is not None else None)
         self.graphs: GraphedSteps | None = None
         self.batches: DeviceBatches | None = None
-        graphed = graphs_enabled(device) and in_memory
-        if graphed:
-            self.batches = DeviceBatches(self.steps, batch_size, device)
-            self.graphs = GraphedSteps(graph_backend(device), self.describe(), self.adam)
+        self._graph_path((graphs_enabled(device) if graphs is None else graphs) and in_memory)
+
+    def _graph_path(self, graphed: bool) -> None:
+        """On CUDA with graphs: the losses' branches, the graphs' backend and the device
+        batches (none where no stream is free); the streams go back to the lease when the
+        group is done (:attr:`close`), or forgotten."""
+        device = self.device
         self.branches = Branches(device, len(self.members), forked=graphed and device.type == "cuda")
+        backend = None
+        if graphed:
+            try:
+                backend = graph_backend(device, joined=self.branches.streams)
+            except NoStream as why:
+                log.warning("%s: trains without CUDA graphs: %s", self.describe(), why)
+                self.branches.close()
+        if backend is not None:
+            self.batches = DeviceBatches(self.steps, self.batch_size, device)
+            self.graphs = GraphedSteps(backend, self.describe(), self.adam)
+        self.close = weakref.finalize(self, _release, backend, self.branches)
 
     @property
     def sizes(self) -> list[int]:
@@ -133,7 +154,14 @@ class GroupTrainer:
         return [m.member.heads for m in self.members]
 
     def run(self, progress: bool, position: int) -> list[list[HeadResult]]:
-        """Train and evaluate every epoch here; each loss's heads' results."""
+        """Train and evaluate every epoch here; each loss's heads' results. The group's
+        streams are given back at the end (:attr:`close`)."""
+        try:
+            return self._run(progress, position)
+        finally:
+            self.close()
+
+    def _run(self, progress: bool, position: int) -> list[list[HeadResult]]:
         started = time.perf_counter()
         evaluation = Evaluation(self.data)
         bar = self.progress_bar(progress, position)
@@ -266,6 +294,13 @@ class GroupTrainer:
         train_map = (running.mean_average_precision(clean)
                      if running is not None and clean is not None else None)
         return EpochState(epoch, loss_sum, extras, weight, bias, state, train_map=train_map)
+
+
+def _release(backend: Backend | None, branches: Branches) -> None:
+    """A group's leased streams back to the lease."""
+    if backend is not None:
+        backend.close()
+    branches.close()
 
 
 def stack_heads(parts: Sequence[LinearHeads]) -> LinearHeads:

@@ -48,6 +48,7 @@ import torch.distributed as dist
 
 from featcache.environment import CUDA_GROUPS
 from featcache.interrupt import check_stop, die_with_parent
+from featcache.linear.engine.streams import LEASE, give_back
 from featcache.runtime import Ranks, intraop_threads
 
 G = TypeVar("G")
@@ -117,6 +118,8 @@ def _run_local(run: Callable[[G], R], groups: Sequence[G], device: torch.device,
 
     at_once = groups_at_once(device)
     if at_once > 1 and len(groups) > 1:
+        if device.type == "cuda":  # what this thread queued (the data) is there for every group
+            torch.cuda.current_stream(device).synchronize()
         with ThreadPoolExecutor(max_workers=at_once) as threads, \
                 intraop_threads(1) if device.type == "cpu" else nullcontext():
             _schedule(threads, lambda task: threads.submit(_on_own_stream, run, device, task),
@@ -183,16 +186,21 @@ def groups_at_once(device: torch.device) -> int:
 
 
 def _on_own_stream(run: Callable[[G], R], device: torch.device, task: G) -> R:
-    """``run(task)`` in this thread on a stream of its own on a CUDA ``device`` (the device's
-    default stream would order it after every other group's work), finished before it
-    returns."""
+    """``run(task)`` in this thread on a stream of its own on a CUDA ``device``, leased to it
+    alone (:mod:`~featcache.linear.engine.streams`: the device's default stream would order it
+    after every other group's work, and a stream of PyTorch's pool may be another group's),
+    finished before it returns."""
     if device.type != "cuda":
         return run(task)
     with torch.cuda.device(device):
-        stream = torch.cuda.Stream(device=device)
-        with torch.cuda.stream(stream):
-            result = run(task)
-        stream.synchronize()
+        taken = LEASE.take(device, 1)
+        stream = taken[0] if taken else torch.cuda.default_stream(device)
+        try:
+            with torch.cuda.stream(stream):
+                result = run(task)
+            stream.synchronize()
+        finally:
+            give_back(taken)
     return result
 
 
