@@ -15,7 +15,9 @@
    seconds of ``--command-repeat`` runs, and one run under cProfile split into phases (import,
    reading, the search, writing, the plot); ``--command-baseline REF`` runs the code at git
    revision REF beside it.
-2. ``--all-losses``: ``featcache train-linear --loss all`` (every loss, outputs and plots).
+2. ``--all-losses``: ``featcache train-linear --loss all`` (every loss, outputs and plots);
+   ``--all-losses-timeout S`` stops it (with every process it started) after S seconds and
+   records the losses it finished.
 3. ``--out-of-core``: generated features files (built once under cache/bench/data,
    ``--delete-big`` removes them afterwards) trained by ``featcache train-linear`` in a child
    process: 250,000 x 2048 float32 (2 GB), one configuration, ``--max-memory 256MB``; and
@@ -31,7 +33,10 @@ Data for 1 and 2: VOC-sized features (4,574 train / 1,143 val / 5,823 test, 2,04
 classes) with the real VOC2012 label matrices when the shared data is present (else VOC-like
 generated labels), or COCO-sized (65,665 / 16,416 / 40,137, 80 classes) with ``--size coco``.
 Features are generated: non-negative, label-dependent, so training does something real.
-Every timed block also records the CPU time other processes took meanwhile.
+Every timed block also records the CPU time other processes took meanwhile. ``--no-search``,
+``--no-command`` and ``--no-variants`` leave parts out (the gpu-check runs the search, the
+command and ``--loss all`` as separate processes with time limits), and ``--partial PATH``
+writes the figures measured so far after each one, for a caller that may have to stop the run.
 
     python -m benchmarks.linear                       # 1: VOC-sized, an, CPU
     python -m benchmarks.linear --all                 # 1-4: every figure of the README
