@@ -7,6 +7,8 @@ import os
 import platform
 import resource
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -38,6 +40,21 @@ def machine(device: torch.device | str) -> dict:
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
     return info
+
+
+@contextmanager
+def environment(**values: str) -> Iterator[None]:
+    """Environment variables set to ``values`` while it is open, as they were afterwards."""
+    before = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def describe(info: dict) -> str:

@@ -9,8 +9,9 @@ On a CUDA machine, offline, in under 8 minutes on one H100 or H200, it
    and features agree with PIL's within :data:`TOL_DECODE_PIXELS` / :data:`TOL_DECODE`; a run
    killed with SIGKILL mid-way resumes to a file identical to an uninterrupted run's;
 3. stage two on the GPU equals stage two on the CPU within :data:`TOL_LINEAR_MAP` points;
-   CUDA graphs equal eager steps and a stacked pass equals each loss alone, and CPU workers
-   run in a process that trained on CUDA (:mod:`benchmarks.gpu_check_linear`);
+   CUDA graphs (many steps each, several groups at once) equal eager steps and a stacked pass
+   equals each loss alone; a capture that fails falls back, once, on the run's device; CPU
+   workers run in a process that trained on CUDA (:mod:`benchmarks.gpu_check_linear`);
 4. fine-tuning: LinearInit's first evaluation equals the linear head on the cached features
    (:data:`TOL_LINEARINIT`); one epoch of bf16 autocast; ``--compile`` (two configurations:
    the second must compile nothing new; the compile time is reported); a ``--deterministic``
@@ -587,6 +588,9 @@ class GpuCheck:
                  needs_cuda=True, needs=("linear run for LinearInit",), takes=40)
         self.run("stage two: stacked vs alone", lambda: linear_checks.stacked_vs_alone(self),
                  needs_cuda=True, needs=("linear run for LinearInit",), takes=60)
+        self.run("stage two: capture failure and device",
+                 lambda: linear_checks.capture_failure_and_device(self), needs_cuda=True,
+                 needs=("linear run for LinearInit",), takes=20)
         self.run("stage two: CPU workers after CUDA", lambda: linear_checks.cpu_after_cuda(self),
                  needs_cuda=True, needs=("linear run for LinearInit",), takes=30)
         self.run("fine-tune: LinearInit first eval", self.linearinit_first_eval,
@@ -610,7 +614,7 @@ class GpuCheck:
                  needs=("benchmark: extraction 224 px",))
         self.run("benchmark: fine-tuning", self.bench_finetune, needs_cuda=True, takes=80)
         self.run("benchmark: stage two", lambda: linear_checks.timing_rows(self), needs_cuda=True,
-                 takes=120)
+                 takes=150)
 
     def report(self) -> dict:
         from benchmarks._common import machine

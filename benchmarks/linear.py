@@ -58,7 +58,15 @@ import torch
 from sklearn.metrics import average_precision_score
 
 from benchmarks import record
-from benchmarks._common import BENCH_DIR, Busy, describe, machine, save, tree_memory
+from benchmarks._common import (
+    BENCH_DIR,
+    Busy,
+    describe,
+    environment,
+    machine,
+    save,
+    tree_memory,
+)
 from benchmarks.reference_code import authors_config_epochs, write_reference_layout
 from featcache.data.featurewrite import write_features
 from featcache.data.labelfile import LabelSet, SplitLabels, load_labels, write_labels
@@ -337,6 +345,8 @@ def measure_speed(args, device, labels_path, features_path, table: Table) -> dic
           f"{work['floor_seconds']:.1f} s; the other {work['rest_seconds']:.1f} s are "
           f"{work['steps']:,} optimizer steps at {work['rest_cpu_us_per_step']:.0f} CPU-us each "
           "(loss, Adam over every weight, dispatch)", flush=True)
+    if device.type == "cuda":
+        out["cuda_variants"] = cuda_variants(args, data, device, table)
     if args.no_baseline:
         return out
     reference = "an" if args.loss == "an" else "an-ls"
@@ -356,6 +366,26 @@ def measure_speed(args, device, labels_path, features_path, table: Table) -> dic
     print(f"  reference: {baseline:.0f} s estimated; {busy.note()}", flush=True)
     if args.reference_code:
         out["authors_code"] = measure_authors_code(args, data, reference, ours, table)
+    return out
+
+
+def cuda_variants(args, data, device, table: Table) -> dict:
+    """The same search on CUDA without graphs (``FEATCACHE_CUDA_GRAPHS=0``) and with one group
+    at a time (``FEATCACHE_CUDA_GROUPS=1``): what the graphs and the groups trained at once
+    each bring."""
+    from featcache.linear.engine.graphs import GRAPHS_ENV
+    from featcache.linear.engine.workers import CUDA_GROUPS_ENV
+
+    out = {}
+    for label, env in (("without CUDA graphs", {GRAPHS_ENV: "0"}),
+                       ("one group at a time", {CUDA_GROUPS_ENV: "1"})):
+        with environment(**env), Busy() as busy:
+            seconds = run_search(data, SearchSpec(loss=args.loss), device=device,
+                                 progress=False).seconds
+        out[label] = {"seconds": seconds, "env": env, "busy": busy.record()}
+        table.add(f"featcache search, {args.loss}, {label}", seconds, seconds / 200, None,
+                  busy.others)
+        print(f"  ours, {label}: {seconds:.2f} s; {busy.note()}", flush=True)
     return out
 
 
@@ -484,15 +514,17 @@ def measure_authors_code(args, data, loss: str, ours: float, table: Table) -> di
             "seconds_estimated": total, "speedup": total / ours, "busy": busy.record()}
 
 
-def measure_all_losses(args, device, labels_path, table: Table) -> dict:
-    """``featcache train-linear --loss all`` as a user runs it: a fresh process from start to
-    exit (every loss's results, best.pt, summary and curves.png, the losses table); with
-    ``--command-baseline REF`` the code at git revision REF runs it too, after this checkout."""
+def measure_all_losses(args, device, labels_path, table: Table, loss: str = "all") -> dict:
+    """``featcache train-linear --loss all`` (or ``--loss LOSS``) as a user runs it: a fresh
+    process from start to exit (every loss's results, best.pt, summary and curves.png, the
+    losses table); with ``--command-baseline REF`` the code at git revision REF runs it too,
+    after this checkout."""
     from benchmarks.commands import export_revision
 
     cache = labels_path.parent.parent.resolve()
+    run_id = f"bench-{loss.replace(',', '-')}"
     argv = ["train-linear", "--dataset", labels_path.parent.name, "--cache", str(cache),
-            "--loss", "all", "--device", args.device, "--run-id", "bench-all", "--overwrite",
+            "--loss", loss, "--device", args.device, "--run-id", run_id, "--overwrite",
             "--quiet", *(["--jobs", str(args.jobs)] if args.jobs else [])]
     out: dict = {"command": "featcache " + " ".join(argv), "versions": {}}
     with tempfile.TemporaryDirectory() as tmp:
@@ -506,7 +538,7 @@ def measure_all_losses(args, device, labels_path, table: Table) -> dict:
                 subprocess.run([sys.executable, "-m", "featcache", *argv], cwd=path, check=True,
                                capture_output=True, env={**os.environ, "PYTHONPATH": path})
             after = os.times()
-            runs = sorted((cache / labels_path.parent.name / "runs").glob("*/bench-all/results.json"))
+            runs = sorted((cache / labels_path.parent.name / "runs").glob(f"*/{run_id}/results.json"))
             per_loss = {p.parent.parent.name: json.loads(p.read_text())["timings"]["seconds"]
                         for p in runs}
             cpu = (after.children_user - before.children_user + after.children_system
@@ -514,9 +546,10 @@ def measure_all_losses(args, device, labels_path, table: Table) -> dict:
             out["versions"][version] = {"seconds": busy.seconds, "cpu_seconds": cpu,
                                         "losses": len(per_loss), "per_loss_seconds": per_loss,
                                         "busy": busy.record()}
-            table.add(f"train-linear --loss all, whole command ({len(per_loss)} losses, 8 x 25 "
-                      f"each; {version}, {cpu:.0f} CPU-s)", busy.seconds, None, None, busy.others)
-            print(f"  --loss all ({version}): {busy.seconds:.0f} s, {cpu:.0f} CPU-s; "
+            table.add(f"train-linear --loss {loss}, whole command ({len(per_loss)} losses, 8 x "
+                      f"25 each; {version}, {cpu:.0f} CPU-s)", busy.seconds, None, None,
+                      busy.others)
+            print(f"  --loss {loss} ({version}): {busy.seconds:.0f} s, {cpu:.0f} CPU-s; "
                   f"{busy.note()}", flush=True)
     ours = out["versions"]["this checkout"]["seconds"]
     out["all_losses_seconds"] = ours

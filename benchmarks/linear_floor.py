@@ -62,9 +62,10 @@ class GroupShape:
     eval_rows: int  # validation and test rows scored each epoch
 
 
-def plan_shapes(data) -> tuple[list[str], list[GroupShape]]:
-    """The losses ``--loss all`` trains on ``data`` and the shape of each of its groups."""
-    losses, _ = choose_losses("all", data.facts)
+def plan_shapes(data, loss: str = "all") -> tuple[list[str], list[GroupShape]]:
+    """The losses ``--loss LOSS`` (default all) trains on ``data`` and the shape of each of its
+    groups."""
+    losses, _ = choose_losses(loss, data.facts)
     groups = stacked_plan(data, [SearchSpec(loss=name) for name in losses])
     return losses, [GroupShape(len(g.members), g.heads, g.batch_size,
                                len(g.data.train) // g.batch_size, g.epochs,
@@ -178,13 +179,15 @@ def main(argv: list[str] | None = None) -> dict:
                         help="the target for --loss all, in seconds (printed beside the floors)")
     parser.add_argument("--command", action="store_true",
                         help="also run the whole `featcache train-linear --loss all` (minutes)")
+    parser.add_argument("--loss", default="all",
+                        help="the losses of the floor and of the command (default all; e.g. an)")
     args = parser.parse_args(argv)
     cores = args.jobs or usable_cpus()
     info = machine("cpu")
     labels_path, features_path, source = synthetic_dataset("voc")
     data = load_linear_data(labels_path, features_path)
-    losses, shapes = plan_shapes(data)
-    print(f"machine: {describe(info)}; data: voc-sized ({source}); --loss all: {len(losses)} "
+    losses, shapes = plan_shapes(data, args.loss)
+    print(f"machine: {describe(info)}; data: voc-sized ({source}); --loss {args.loss}: {len(losses)} "
           f"losses in {len(shapes)} groups, {sum(s.heads for s in shapes)} heads", flush=True)
     with Busy() as busy:
         timings = measure(labels_path, features_path, shapes, cores, args.calls, args.repeats)
@@ -193,7 +196,8 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"  timed in {busy.seconds:.0f} s; {busy.note()}", flush=True)
     on = plural(cores, "core")
     table = Table(["what", "seconds"], formats={"seconds": "{:.0f}"})
-    table.add(f"target for --loss all ({on})", args.target)
+    if args.loss == "all":
+        table.add(f"target for --loss all ({on})", args.target)
     table.add(f"arithmetic floor: {found['training_gflop'] + found['scoring_gflop']:,.0f} GFLOP "
               f"of matmuls at the sgemm peak ({found['peak_gflops']:.0f} GFLOP/s, {on})",
               found["arithmetic_floor_seconds"])
@@ -206,10 +210,14 @@ def main(argv: list[str] | None = None) -> dict:
                 "kernels": [{"heads": h, "batch_size": b, **v} for (h, b), v in one_core.items()]}
     if args.command:
         command_args = argparse.Namespace(device="cpu", jobs=args.jobs, command_baseline=None)
-        whole = measure_all_losses(command_args, "cpu", labels_path, results_table())
-        document["command"] = whole
-        table.add(f"the whole command, featcache train-linear --loss all ({on})",
-                  whole["all_losses_seconds"])
+        whole = measure_all_losses(command_args, "cpu", labels_path, results_table(), args.loss)
+        document["whole_command"] = whole
+        cpu = whole["versions"]["this checkout"]["cpu_seconds"]
+        table.add(f"the whole command, featcache train-linear --loss {args.loss} ({on}, "
+                  f"{cpu:.0f} CPU-s)", whole["all_losses_seconds"])
+        document["times_kernel_floor"] = whole["all_losses_seconds"] / found["kernel_floor_seconds"]
+        print(f"  the whole command: {document['times_kernel_floor']:.2f}x the kernel floor; "
+              f"{cpu / found['kernel_cpu_seconds']:.2f}x in CPU-seconds", flush=True)
     kernels = Table(["heads", "batch", *next(iter(one_core.values()))], float_format="{:.0f}")
     for (heads, batch), values in one_core.items():
         kernels.add(heads, batch, *values.values())

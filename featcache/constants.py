@@ -19,7 +19,8 @@ def device_constant(values: Sequence[float], device: torch.device | str | None,
     key = (tuple(values), torch.device(device or "cpu"), dtype)
     tensor = _CONSTANTS.get(key)
     if tensor is None:
-        tensor = _CONSTANTS[key] = torch.tensor(list(values), dtype=dtype, device=key[1])
+        tensor = _CONSTANTS[key] = _ready(torch.tensor(list(values), dtype=dtype,
+                                                       device=key[1]))
     return tensor
 
 
@@ -27,5 +28,15 @@ def cached_constant(key: Hashable, make) -> Tensor:
     """The tensor cached under ``key``, made by ``make()`` the first time."""
     tensor = _CONSTANTS.get(key)
     if tensor is None:
-        tensor = _CONSTANTS[key] = make()
+        tensor = _CONSTANTS[key] = _ready(make())
+    return tensor
+
+
+def _ready(tensor: Tensor) -> Tensor:
+    """``tensor`` once its values are computed: a constant made on one CUDA stream may be read
+    next on another (stage two trains several groups at once on a GPU, each on its stream).
+    Not while a CUDA graph is being captured (nothing runs then; the trainer makes its
+    constants in the steps it runs before a capture)."""
+    if tensor.device.type == "cuda" and not torch.cuda.is_current_stream_capturing():
+        torch.cuda.current_stream(tensor.device).synchronize()
     return tensor

@@ -98,6 +98,11 @@ STATE_DIR = Variable("FEATCACHE_STATE_DIR", "a folder path", _path)
 FSYNC = Variable("FEATCACHE_FSYNC", FLAG, _flag)
 OFFLINE = Variable("FEATCACHE_OFFLINE", FLAG, _flag)
 CUDA_GRAPHS = Variable("FEATCACHE_CUDA_GRAPHS", FLAG, _flag)
+GRAPH_STEPS = Variable("FEATCACHE_GRAPH_STEPS", "a whole number >= 1 (steps per CUDA graph)",
+                       _count(1))
+CUDA_GROUPS = Variable("FEATCACHE_CUDA_GROUPS",
+                       "a whole number >= 1 (stage-two groups trained at once on a GPU)",
+                       _count(1))
 TRACEBACK = Variable("FEATCACHE_TRACEBACK", FLAG, _flag)
 PROGRESS = Variable("FEATCACHE_PROGRESS", "bars, lines or off", _choice("bars", "lines", "off"))
 PROGRESS_INTERVAL = Variable("FEATCACHE_PROGRESS_INTERVAL", "seconds, a number >= 0", _seconds)
@@ -112,9 +117,9 @@ LOCAL_RANK = Variable("LOCAL_RANK", "a whole number >= 0 (torchrun sets it)", _c
 
 #: every variable featcache reads (the paths of other tools, XDG_CACHE_HOME, HF_HOME,
 #: TORCH_HOME, are theirs to check)
-VARIABLES = (CACHE, STATE_DIR, FSYNC, OFFLINE, CUDA_GRAPHS, TRACEBACK, PROGRESS,
-             PROGRESS_INTERVAL, TENSORBOARD, OMP_THREADS, WORLD_SIZE, LOCAL_WORLD_SIZE, RANK,
-             LOCAL_RANK)
+VARIABLES = (CACHE, STATE_DIR, FSYNC, OFFLINE, CUDA_GRAPHS, GRAPH_STEPS, CUDA_GROUPS, TRACEBACK,
+             PROGRESS, PROGRESS_INTERVAL, TENSORBOARD, OMP_THREADS, WORLD_SIZE,
+             LOCAL_WORLD_SIZE, RANK, LOCAL_RANK)
 
 
 def check_environment() -> None:

@@ -22,6 +22,9 @@ from torch import Tensor
 #: the columns are ranked a block at a time, so that ranking a large split holds about
 #: :data:`RANK_BYTES` per element of one block beside the scores instead of per element of all
 RANK_BLOCK = 1 << 19
+#: the same on a GPU: its memory holds the scores of every head of a large group, and each
+#: block costs two waits for the device (the positives' count and positions)
+CUDA_RANK_BLOCK = 1 << 26
 #: bytes ranking holds per element of a block: its column copy, sorted copy, int64 keys and
 #: positives
 RANK_BYTES = 20
@@ -32,8 +35,9 @@ class RankedScores:
 
     ``scores`` is (..., N, L); scores are compared exactly as given (pass the float32
     probabilities the reference code evaluates, not logits, to reproduce its ties). Scores of
-    more than :data:`RANK_BLOCK` elements are ranked a block of columns at a time, on each
-    call (each column's AP is computed alone either way: the same numbers).
+    more than :data:`RANK_BLOCK` elements (:data:`CUDA_RANK_BLOCK` on a GPU) are ranked a
+    block of columns at a time, on each call (each column's AP is computed alone either way:
+    the same numbers).
     """
 
     def __init__(self, scores: Tensor):
@@ -43,7 +47,8 @@ class RankedScores:
         self.shape = scores.shape
         self.scores = scores.detach()
         self.rows = self.scores.transpose(-1, -2)  # (..., L, N): one row per (head, class)
-        self.blocks = _column_blocks(scores.shape, RANK_BLOCK)
+        self.blocks = _column_blocks(scores.shape, CUDA_RANK_BLOCK
+                                     if scores.device.type == "cuda" else RANK_BLOCK)
         if len(self.blocks) == 1:
             self.flat = self.rows.reshape(-1, self.num_examples)
             self._keys = _OrderKeys.of(self.flat)

@@ -114,3 +114,15 @@ def assert_stacked_adam_matches(heads, adam, references, x, y, steps: int = 20) 
         weight, bias = heads.head(h)
         torch.testing.assert_close(weight, layer.weight.detach(), rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(bias, layer.bias.detach(), rtol=1e-5, atol=1e-6)
+
+
+def every_kind_of_data(root: Path):
+    """Small data every shipped loss can train on: the pooled features with two pseudo-label
+    sets beside the labels, and a spatial file of (2, 2, 4) maps; both loaded for stage two."""
+    from featcache.linear.data import load_linear_data
+
+    labels, features = synthetic_dataset(root, n_train=80, n_test=32, classes=4, dim=8)
+    pseudo_label_sets(labels)
+    spatial = spatial_features_file(labels, shape=(2, 2, 4))
+    return load_linear_data(labels, features), load_linear_data(labels, spatial)
+

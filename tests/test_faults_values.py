@@ -23,7 +23,8 @@ LINEAR = ["train-linear", "--dataset", "toy", "--epochs", "1", "--bsize", "8", "
 #: a value each variable does not take (the paths take any text but NUL, which no
 #: environment can hold: they are checked as paths, tests/test_faults_paths.py)
 BAD_VALUES = {"FEATCACHE_FSYNC": "maybe", "FEATCACHE_OFFLINE": "perhaps",
-              "FEATCACHE_CUDA_GRAPHS": "2", "FEATCACHE_TRACEBACK": "loud",
+              "FEATCACHE_CUDA_GRAPHS": "2", "FEATCACHE_GRAPH_STEPS": "0",
+              "FEATCACHE_CUDA_GROUPS": "many", "FEATCACHE_TRACEBACK": "loud",
               "FEATCACHE_PROGRESS": "loud", "FEATCACHE_PROGRESS_INTERVAL": "-5",
               "OMP_NUM_THREADS": "abc", "WORLD_SIZE": "0", "LOCAL_WORLD_SIZE": "-1",
               "RANK": "first", "LOCAL_RANK": "1.5"}

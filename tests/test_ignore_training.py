@@ -69,7 +69,7 @@ def test_a_training_step_hands_the_loss_the_masked_pass_of_each_head(spatial, mo
     weight, bias = trainer.head.weight.detach().clone(), trainer.head.bias.detach().clone()
     index = torch.arange(16)
     x = data.train.features[index]
-    trainer.train_step(x, index, 0)
+    trainer.train_step(x, trainer.labels.gather(index), 0)
     logits, masked, strong, observed, before = seen[0]
     assert strong is None and masked.shape == (2, 16, 5)
     # recomputed here: CAM of each row's positive, (cam - min) / max over the batch per

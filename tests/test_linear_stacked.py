@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from linear_fixtures import pseudo_label_sets, spatial_features_file, synthetic_dataset
+from linear_fixtures import every_kind_of_data
 
-from featcache.linear.data import load_linear_data
 from featcache.linear.engine.member import Member
 from featcache.linear.engine.search import SearchSpec
 from featcache.linear.engine.stacking import Stackable, balanced, fit_all, stacked_groups, unstacked
@@ -21,11 +20,7 @@ CPU = torch.device("cpu")
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    root = tmp_path_factory.mktemp("stacked")
-    labels, features = synthetic_dataset(root, n_train=80, n_test=32, classes=4, dim=8)
-    pseudo_label_sets(labels)
-    spatial = spatial_features_file(labels, shape=(2, 2, 4))
-    return load_linear_data(labels, features), load_linear_data(labels, spatial)
+    return every_kind_of_data(tmp_path_factory.mktemp("stacked"))
 
 
 def _members(name: str, data, seed: int = 0, batch_size: int = 16) -> Member:
@@ -111,28 +106,3 @@ def test_a_stopped_head_of_one_loss_freezes_only_that_head(data):
     for member, results in zip(members, together, strict=True):
         alone = GroupTrainer(pooled, [member], 6, "clean", "zhou", CPU).run(False, 0)[0]
         _same(results, alone, member.loss)
-
-
-def test_steps_through_fixed_buffers_give_the_plain_loops_numbers(data, monkeypatch):
-    """What a CUDA graph replays (the step on fixed buffers, the rows gathered inside it) is,
-    run as it is on the CPU, the plain loop's step: the same numbers."""
-    import featcache.linear.engine.graphs as graphs
-    import featcache.linear.engine.trainer as trainer_module
-
-    pooled, _ = data
-    member = _members("role", pooled)
-    plain = GroupTrainer(pooled, [member], EPOCHS, "clean", "none", CPU).run(False, 0)[0]
-
-    class OnBuffers:  # GraphedEpoch without CUDA: every step through the buffers
-        def __init__(self, buffers, describe, after_replay):
-            self.buffers = buffers
-
-        def __call__(self, index, x, slot):
-            self.buffers.load(index, x, slot)
-            self.buffers.run()
-
-    monkeypatch.setattr(trainer_module, "graphs_enabled", lambda device: True)
-    monkeypatch.setattr(trainer_module, "GraphedEpoch", OnBuffers)
-    buffered = GroupTrainer(pooled, [member], EPOCHS, "clean", "none", CPU).run(False, 0)[0]
-    _same(buffered, plain, "role")
-    assert graphs.graphs_enabled(torch.device("cpu")) is False

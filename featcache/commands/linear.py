@@ -89,9 +89,9 @@ from featcache.protocol.search_modes import (
 @click.option(
     "--device", default="auto", show_default=True,
     help="Torch device: auto (cuda when available, else cpu, with a warning), cpu, cuda, cuda:N. "
-         "On CUDA each epoch's training step is captured once as a CUDA graph and replayed "
-         "(figures in docs/performance.md); FEATCACHE_CUDA_GRAPHS=0 launches the kernels one "
-         "by one.")
+         "On CUDA the training steps are replayed as CUDA graphs of many steps each, and "
+         "several groups train at once (FEATCACHE_CUDA_GROUPS); FEATCACHE_CUDA_GRAPHS=0 "
+         "launches the kernels one by one (docs/linear.md).")
 @cache_option
 @overwrite_option
 @click.pass_context

@@ -151,7 +151,8 @@ class GroupShape:
         predictions = int(per_row * (int(self.train_map) + self.train_scores))
         if self.train_map:  # the rows' positives in training order, bools (ranking: evaluation's)
             predictions += n * classes
-        return head + state + predictions + self.evaluation_bytes(sizes)
+        labels = 2 * n * classes * FLOAT32  # the epoch's observed and full labels, as float32
+        return head + state + predictions + labels + self.evaluation_bytes(sizes)
 
     def evaluation_bytes(self, sizes: SplitSizes) -> int:
         """What scoring the validation and test splits takes (scores and AP work, BoostLU's

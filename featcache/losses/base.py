@@ -88,6 +88,17 @@ class SPMLLoss:
     #: linear on pooled features, or a head on spatial maps: BoostLU's, or a CAM head; a loss
     #: whose head reads maps declares the spatial-features need too)
     head: ClassVar[HeadKind] = HeadKind.LINEAR
+    #: whether a training step of this loss can be captured as a CUDA graph: none of its
+    #: operators reads a value on the host (``.item()``, ``nonzero``, boolean indexing, a
+    #: linear-algebra routine that checks its result on the host). A loss that cannot
+    #: (OPML-SP's singular values) trains on CUDA in stacked groups of its own, step by step
+    #: (``tests/test_step_capture.py`` checks every shipped loss's declaration)
+    capturable: ClassVar[bool] = True
+    #: whether a training step's operators or scalar arguments change from one epoch to the
+    #: next (a schedule read from the epoch: GR's K and V, the large-loss rejection rates):
+    #: its CUDA graph is captured again every epoch, so on CUDA it trains in stacked groups of
+    #: its own, apart from the losses whose graph serves every epoch
+    scheduled: ClassVar[bool] = False
 
     def __init__(self, num_classes: int, num_heads: int = 1,
                  params: Mapping[str, ParamValue] | None = None,

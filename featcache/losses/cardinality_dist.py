@@ -86,6 +86,7 @@ class DistributionCardinality(SPMLLoss):
     paper = GHARIB_PAPER
     year = 2025
     needs = (CARDINALITY_DISTRIBUTION,)
+    scheduled = True  # the first epoch trains as lc-max, the later ones as lc-exact
 
     def __init__(self, num_classes: int, num_heads: int = 1,
                  params: Mapping[str, ParamValue] | None = None,

@@ -161,6 +161,7 @@ class GeneralizedRobust(SPMLLoss):
     paper = CHEN_PAPER
     year = 2024
     params = GR_PARAMS
+    scheduled = True  # w, b, mu, sigma move every epoch
     #: the run's number of epochs, set by :meth:`begin_epoch`
     run_epochs: int | None = None
 

@@ -100,6 +100,7 @@ class SelfPacedCorrection(SPMLLoss):
                                         "positive (0.65 only for COCO with 75% of labels left)"),
               "change_epoch": epoch_count(1, "first epoch (0-based) with the correction"),
               "margin": MARGIN, "gamma": GAMMA, "sum": SUM}
+    scheduled = True  # the correction starts at change_epoch
 
     def forward(self, logits: Tensor, targets: Targets, state: dict[str, Tensor],
                 epoch: int) -> Tensor:

@@ -60,6 +60,7 @@ def ceil_count(value: float) -> int:
 class LargeLoss(SPMLLoss):
     """Shared machinery of the six LL variants; subclasses pick the selection and the action."""
 
+    scheduled = True  # the rejection rate (or threshold) moves every epoch
     #: "reject" (loss 0) or "correct" (loss computed with target 1)
     action: ClassVar[str] = "reject"
     #: LL-Cp: flip the selected labels to positive in the state, permanently

@@ -114,6 +114,9 @@ class OPMLSinglePositive(PairLoss):
     reference = LI
     paper = LI_PAPER
     year = 2023
+    # torch.linalg.svdvals checks its result on the host (on CUDA: a read of the device that a
+    # graph capture refuses); no other routine gives its numbers, so the step is not captured
+    capturable = False
     params = {
         **OPML.params,
         "smooth": switch(1, "1: AP-based soft targets for unobserved labels, 0: hard OPML"),

@@ -219,12 +219,15 @@ class TrainingPredictions:
         self.probs = torch.empty(heads, rows, classes, device=device)
         self.index = torch.empty(rows, dtype=torch.int64, device=device)
 
-    def put(self, slot: Tensor, index: Tensor, logits: Tensor, heads: LinearHeads) -> None:
-        """The probabilities of a batch's logits (H, B, L) at positions ``slot`` (B,) of the
-        epoch, one sigmoid per block of ``heads``."""
-        for block in heads.block_slices():
-            self.probs[block].index_copy_(1, slot, torch.sigmoid(logits[block]))
-        self.index.index_copy_(0, slot, index)
+    def put(self, slot: Tensor, block: slice, logits: Tensor) -> None:
+        """The probabilities of heads ``block`` of a batch's logits (H, B, L) at positions
+        ``slot`` (B,) of the epoch (the rows go in :attr:`index` at the same positions)."""
+        self.probs[block].index_copy_(1, slot, torch.sigmoid(logits[block]))
+
+    def put_batch(self, number: int, block: slice, logits: Tensor) -> None:
+        """:meth:`put` of the epoch's batch ``number``, whose rows take the next B positions."""
+        size = logits.shape[1]
+        self.probs[block, number * size:(number + 1) * size].copy_(torch.sigmoid(logits[block]))
 
     def mean_average_precision(self, clean: Tensor) -> Tensor:
         """mAP in percent per head. The rows stay in the order they were trained in (a column's

@@ -17,7 +17,9 @@ from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
+from torch.autograd.variable import Variable
 
+from featcache.constants import cached_constant
 from featcache.errors import InputError
 from featcache.heads import LinearHeads, MapHeads
 from featcache.linear.data import TrainingSplits
@@ -25,6 +27,9 @@ from featcache.linear.engine.evaluation import GroupRecord
 from featcache.losses import MaskedPassLoss, SPMLLoss, Targets, create_loss
 from featcache.protocol.grid import GridPoint
 from featcache.protocol.seeds import derive_seed
+
+#: autograd's engine, called as ``torch.autograd.grad`` calls it
+run_backward = Variable._execution_engine.run_backward
 
 
 @dataclass(frozen=True)
@@ -115,7 +120,13 @@ class LossMember:
             self.by_hand = False
         mine = mine.detach().requires_grad_(True)
         per_head = self.loss.forward(mine, targets, self.state, epoch)
-        grads = torch.autograd.grad(per_head.sum(), [mine, *self.learned_tensors])
+        # backward from each head's loss with gradient 1 (what the sum of the losses sends
+        # back to each, so the same numbers), straight to the engine: no sum, and none of
+        # torch.autograd.grad's checks of its arguments, every step
+        ones = cached_constant(("ones", per_head.shape, per_head.device, per_head.dtype),
+                               lambda: torch.ones_like(per_head, requires_grad=False))
+        grads = run_backward((per_head,), (ones,), False, False, (mine, *self.learned_tensors),
+                             False)
         return per_head.detach(), grads[0], grads[1:]
 
 

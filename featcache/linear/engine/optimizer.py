@@ -71,9 +71,10 @@ class StackedAdam:
         self._calls = self._plan_fused_calls()
 
     def _plan_fused_calls(self) -> list[tuple[float, float, list[Tensor], list[Tensor],
-                                              list[Tensor], list[Tensor]]]:
+                                              list[Tensor], list[Tensor], list[Tensor]]]:
         """One kernel call per distinct (learning rate, weight decay): the (fixed) views of the
-        parameters, gradients and moments of every head slice that has it."""
+        parameters, gradients and moments of every head slice that has it, and the step count
+        (one tensor on the device) once for each."""
         groups: dict[tuple[float, float], list[tuple[int, int]]] = {}
         for index, (lrs, decays) in enumerate(zip(self.head_lrs, self.head_decays, strict=True)):
             for slot, (lr, decay) in enumerate(zip(lrs, decays, strict=True)):
@@ -81,7 +82,7 @@ class StackedAdam:
                     groups.setdefault((lr, decay), []).append((index, slot))
         return [(lr, decay, [self.params[i][h] for i, h in slots],
                  [self.grads[i][h] for i, h in slots], [self.exp_avg[i][h] for i, h in slots],
-                 [self.exp_avg_sq[i][h] for i, h in slots])
+                 [self.exp_avg_sq[i][h] for i, h in slots], [self._step] * len(slots))
                 for (lr, decay), slots in groups.items()]
 
     @torch.no_grad()
@@ -95,18 +96,13 @@ class StackedAdam:
         self.step_count += 1
         if self.fused:
             self._step.add_(1.0)  # on the device: the same count a replayed graph reaches
-            for lr, decay, params, grads_, exp_avg, exp_avg_sq in self._calls:
+            for lr, decay, params, grads_, exp_avg, exp_avg_sq, steps in self._calls:
                 kernel = torch._fused_adamw_ if decay else torch._fused_adam_
-                kernel(params, grads_, exp_avg, exp_avg_sq, [], [self._step] * len(params),
-                       lr=lr, beta1=self.beta1, beta2=self.beta2, weight_decay=decay,
-                       eps=self.eps, amsgrad=False, maximize=False)
+                kernel(params, grads_, exp_avg, exp_avg_sq, [], steps, lr=lr, beta1=self.beta1,
+                       beta2=self.beta2, weight_decay=decay, eps=self.eps, amsgrad=False,
+                       maximize=False)
         else:
             self._vectorised_step(self.grads)
-
-    def count_step(self) -> None:
-        """Count a step the device made without this object (a replayed CUDA graph: its
-        counter on the device advanced in the graph)."""
-        self.step_count += 1
 
     def _vectorised_step(self, grads: Sequence[Tensor]) -> None:
         bias_correction1 = 1 - self.beta1**self.step_count

@@ -6,7 +6,9 @@ batch size, in one set of heads). On the CPU the groups are cut into pieces of w
 until no piece is more than its share of the work among twice as many pieces as workers (each
 loss's numbers are its own whatever its group), and ``jobs`` worker processes take them, the
 costliest first; each piece is evaluated where it trains. On a GPU every group is one piece
-(the most heads per step). Under ``torchrun`` the ranks share the pieces.
+(the most heads per step), and several train at once (:func:`~featcache.linear.engine.workers.
+cuda_groups`), those that cannot be captured as CUDA graphs first. Under ``torchrun`` the ranks
+share the pieces.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from featcache.linear.engine.evaluation import HeadResult
 from featcache.linear.engine.stacking import StackedGroup, balanced
 from featcache.linear.engine.timeshare import Timeline
 from featcache.linear.engine.trainer import GroupTrainer
-from featcache.linear.engine.workers import fork_is_safe, map_groups
+from featcache.linear.engine.workers import cuda_groups, fork_is_safe, map_groups
 from featcache.runtime import Ranks
 
 
@@ -56,9 +58,14 @@ class SharedWorkers:
         pieces = 2 * local if local > 1 else 1
         if job is not None and job.world > 1:
             pieces = job.world
-        self.groups = sorted(balanced(groups, pieces), key=lambda g: -g.cost())
+        # the costliest first; on a GPU a group whose step cannot be captured first of all
+        # (it trains step by step, far slower than the replayed groups beside it)
+        self.groups = sorted(balanced(groups, pieces),
+                             key=lambda g: (device.type == "cuda" and g.capturable, -g.cost()))
         outcomes.pieces = self.groups
         self.workers = min(jobs, len(self.groups))
+        if device.type == "cuda":  # groups at once in threads (progress bars' rows)
+            self.workers = min(cuda_groups(), len(self.groups))
 
     def run(self) -> None:
         map_groups(self.work, list(range(len(self.groups))), [g.cost() for g in self.groups],

@@ -21,6 +21,7 @@ import torch
 
 from featcache.linear.data import TrainingSplits
 from featcache.linear.engine.evaluation import HeadResult
+from featcache.linear.engine.graphs import graphs_enabled
 from featcache.linear.engine.member import Member
 from featcache.linear.engine.schedule import Outcomes, SharedWorkers
 from featcache.linear.engine.stacking import (
@@ -186,7 +187,7 @@ def run_searches(data: TrainingSplits, specs: Sequence[SearchSpec],
     :attr:`SearchResult.shared`), so that their seconds add up to at most that time.
     """
     device = torch.device(device)
-    searches, groups = _planned(data, specs)
+    searches, groups = _planned(data, specs, graphs_enabled(device))
     results: list[SearchResult | None] = [None] * len(searches)
 
     # under torchrun every group's outcome arrives once all ranks are done: the searches are
@@ -253,13 +254,15 @@ def shared_record(index: int, searches: Sequence[_Search], outcomes: Outcomes,
     return seconds, {"rule": SHARE_RULE, "losses": len(searches), "groups": groups}
 
 
-def stacked_plan(data: TrainingSplits, specs: Sequence[SearchSpec]) -> list[StackedGroup]:
-    """The stacked groups :func:`run_searches` trains for ``specs`` on ``data`` (before the CPU
-    workers cut them into pieces): what a run will do, for planning and benchmarks."""
-    return _planned(data, specs)[1]
+def stacked_plan(data: TrainingSplits, specs: Sequence[SearchSpec],
+                 device: torch.device | str = "cpu") -> list[StackedGroup]:
+    """The stacked groups :func:`run_searches` trains for ``specs`` on ``data`` on ``device``
+    (before the CPU workers cut them into pieces): what a run will do, for planning and
+    benchmarks."""
+    return _planned(data, specs, graphs_enabled(torch.device(device)))[1]
 
 
-def _planned(data: TrainingSplits, specs: Sequence[SearchSpec]
+def _planned(data: TrainingSplits, specs: Sequence[SearchSpec], graphs: bool = False
              ) -> tuple[list[_Search], list[StackedGroup]]:
     """Each search fitted and resolved, and the stacked groups of all of them."""
     for spec in specs:
@@ -272,7 +275,7 @@ def _planned(data: TrainingSplits, specs: Sequence[SearchSpec]
         [Stackable(loss_class(s.spec.loss), s.data, s.spec.epochs, s.spec.val_variant,
                    s.spec.early_stop) for s in searches],
         [[Member(s.spec.loss, tuple(c for c in s.spec.configs(seed) if c.batch_size == bs))
-          for seed, bs in s.groups] for s in searches])
+          for seed, bs in s.groups] for s in searches], graphs)
     if not stacking_fits(data):
         groups = unstacked(groups)
     return searches, groups

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from featcache.heads import HeadKind
 from featcache.linear.data import TrainingSplits
 from featcache.linear.engine.member import Member
-from featcache.losses import SPMLLoss
+from featcache.losses import SPMLLoss, loss_class
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,11 @@ class StackedGroup:
     def heads(self) -> int:
         return sum(member.heads for _, member in self.members)
 
+    @property
+    def capturable(self) -> bool:
+        """Whether every loss's step can be captured as a CUDA graph."""
+        return all(loss_class(member.loss).capturable for _, member in self.members)
+
     def cost(self) -> float:
         """About how much work the group is: its training steps times its heads, plus a
         hundred steps' worth of evaluation per head (what the scheduler balances)."""
@@ -72,25 +77,28 @@ def fit_all(data: TrainingSplits, losses: Sequence[type[SPMLLoss]]) -> list[Trai
     return out
 
 
-def stacked_groups(searches: Sequence[Stackable],
-                   configs: Sequence[Sequence[Member]]) -> list[StackedGroup]:
+def stacked_groups(searches: Sequence[Stackable], configs: Sequence[Sequence[Member]],
+                   graphs: bool = False) -> list[StackedGroup]:
     """The groups of a run's searches: for each search, ``configs[i]`` holds one
     :class:`Member` per (seed, batch size) of its grid. Losses join a group when they share
     its data (the same object: fitted alike), kind of head, seed, batch size and settings;
-    groups keep the order of first appearance,
-    members the order of the searches."""
+    with ``graphs`` (CUDA graphs), also how their step may be captured
+    (:attr:`~featcache.losses.SPMLLoss.capturable`, ``scheduled``: a loss that cannot be
+    captured, or whose graph changes every epoch, does not hold back the others). Groups keep
+    the order of first appearance, members the order of the searches."""
     groups: dict[tuple, list[tuple[int, Member]]] = {}
     data_of: dict[tuple, TrainingSplits] = {}
     for index, (search, members) in enumerate(zip(searches, configs, strict=True)):
+        capture = (search.loss.capturable, search.loss.scheduled) if graphs else ()
         for member in members:
             seed, batch_size = member.configs[0].seed, member.configs[0].batch_size
             key = (id(search.data), search.loss.head, seed, batch_size, search.epochs,
-                   search.val_variant, search.early_stop)
+                   search.val_variant, search.early_stop, capture)
             groups.setdefault(key, []).append((index, member))
             data_of[key] = search.data
     out = []
     for key, shares in groups.items():
-        _, kind, seed, batch_size, epochs, val_variant, early_stop = key
+        _, kind, seed, batch_size, epochs, val_variant, early_stop, _ = key
         out.append(StackedGroup(data_of[key], kind, seed, batch_size, epochs, val_variant,
                                 early_stop, tuple(shares)))
     return out

@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 import itertools
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -39,10 +39,16 @@ from featcache.linear.engine.evaluation import (
     TrainingPredictions,
     feature_rows,
 )
-from featcache.linear.engine.graphs import Body, GraphedEpoch, StepBuffers, graphs_enabled
+from featcache.linear.engine.graphs import (
+    Branches,
+    DeviceBatches,
+    GraphedSteps,
+    graph_backend,
+    graphs_enabled,
+)
 from featcache.linear.engine.member import LossMember, Member, create_heads
 from featcache.linear.engine.optimizer import StackedAdam
-from featcache.linear.engine.rows import MemoryRows
+from featcache.linear.engine.rows import EpochLabels, MemoryRows
 from featcache.losses import Targets
 from featcache.progress import progress as progress_bar
 from featcache.protocol.grid import GridPoint
@@ -106,6 +112,20 @@ class GroupTrainer:
             heads=[everyone, everyone, *learned_heads])
         self.order = torch.Generator().manual_seed(derive_seed(seed, "order", batch_size))
         self.train_rows = feature_rows(data.train)
+        in_memory = isinstance(self.train_rows, MemoryRows)
+        self.labels = EpochLabels(data.train, self.steps, batch_size, device, buffers=in_memory)
+        # what every step adds to (kept where they are: a CUDA graph writes them)
+        self.loss_sum = torch.zeros(self.head.num_heads, dtype=torch.float64, device=device)
+        self.running = (TrainingPredictions(self.head.num_heads, self.steps * batch_size,
+                                            data.num_classes, device)
+                        if data.train.clean is not None else None)
+        self.graphs: GraphedSteps | None = None
+        self.batches: DeviceBatches | None = None
+        graphed = graphs_enabled(device) and in_memory
+        if graphed:
+            self.batches = DeviceBatches(self.steps, batch_size, device)
+            self.graphs = GraphedSteps(graph_backend(device), self.describe(), self.adam)
+        self.branches = Branches(device, len(self.members), forked=graphed and device.type == "cuda")
 
     @property
     def sizes(self) -> list[int]:
@@ -134,79 +154,89 @@ class GroupTrainer:
         return [m.record().results(seconds * m.member.heads / self.head.num_heads)
                 for m in self.members]
 
-    def progress_bar(self, progress: bool, position: int) -> tqdm:
+    def describe(self) -> str:
+        """The group in a few words: its losses, batch size, seed and heads."""
         names = ",".join(m.member.loss for m in self.members)
         if len(names) > 24:
             names = plural(len(self.members), "loss", "losses")
+        return f"{names} bs={self.batch_size} seed={self.seed} x{self.head.num_heads}"
+
+    def progress_bar(self, progress: bool, position: int) -> tqdm:
         return progress_bar(
             total=self.epochs * self.steps, unit="step", disable=not progress, leave=False,
-            mininterval=1.0, position=position,
-            desc=f"{names} bs={self.batch_size} seed={self.seed} x{self.head.num_heads}")
+            mininterval=1.0, position=position, desc=self.describe())
 
     def train_and_finish(self, epoch: int) -> EpochState:
         """One epoch's training and the losses' end-of-epoch updates: what its evaluation needs."""
         for member in self.members:
             member.loss.begin_epoch(epoch, self.epochs, member.state)
-        loss_sum, running = self.train_epoch(epoch)
-        return self.finish_epoch(epoch, loss_sum, running)
+        self.train_epoch(epoch)
+        return self.finish_epoch(epoch, self.loss_sum.clone(), self.running)
 
-    def train_epoch(self, epoch: int) -> tuple[Tensor, TrainingPredictions | None]:
-        """One pass in a seeded order: (per-head loss sum, the predictions made while training)."""
-        train = self.data.train
-        loss_sum = torch.zeros(self.head.num_heads, dtype=torch.float64, device=self.device)
-        running = (TrainingPredictions(self.head.num_heads, self.steps * self.batch_size,
-                                       self.data.num_classes, self.device)
-                   if train.clean is not None else None)
-        slots = torch.arange(self.steps * self.batch_size, device=self.device).view(self.steps, -1)
-
-        def body(x: Tensor, index: Tensor, slot: Tensor) -> None:
-            per_head, logits = self.train_step(x, index, epoch)
-            loss_sum.add_(per_head)
-            if running is not None:
-                running.put(slot, index, logits, self.head)
-
-        if graphs_enabled(self.device):
-            graphed = self.graphed(body, epoch)
-            for number, (index, x) in enumerate(self.graph_batches()):
-                check_stop()
-                graphed(index, x, slots[number])
-        else:
-            for number, (index, rows) in enumerate(self.train_rows.epoch(self.order,
-                                                                         self.batch_size)):
-                check_stop()
-                body(rows, index, slots[number])
-        return loss_sum, running
-
-    def graph_batches(self) -> Iterator[tuple[Tensor, Tensor | None]]:
-        """One epoch's batches for a graphed step: (rows of the training split, their features,
-        or None where the step gathers them from rows held on the device)."""
+    def train_epoch(self, epoch: int) -> None:
+        """One pass in a seeded order, adding each step's per-head loss to :attr:`loss_sum` and
+        its predictions to :attr:`running`: step by step, or replayed as CUDA graphs whose
+        steps read their batch on the device (:mod:`featcache.linear.engine.graphs`)."""
+        self.loss_sum.zero_()
         rows = self.train_rows
+        if self.graphs is not None and self.batches is not None and isinstance(rows, MemoryRows):
+            order = rows.order(self.order, self.batch_size)
+            self.batches.begin(order)
+            self.labels.fill(order)
+            self.graphs.run_epoch(self.steps, functools.partial(self.device_step, epoch))
+            return
         if isinstance(rows, MemoryRows):
-            return ((index, None) for index in rows.indices(self.order, self.batch_size))
-        return rows.epoch(self.order, self.batch_size)
+            order = rows.order(self.order, self.batch_size)
+            self.labels.fill(order)
+            batches = ((index, rows.gather(index), self.labels.batch(number, index))
+                       for number, index in enumerate(order.view(-1, self.batch_size)))
+        else:
+            batches = ((index, x, self.labels.gather(index))
+                       for index, x in rows.epoch(self.order, self.batch_size))
+        running = self.running
+        for number, (index, x, targets) in enumerate(batches):
+            check_stop()
+            keep = None if running is None else functools.partial(running.put_batch, number)
+            per_head, _ = self.train_step(x, targets, epoch, keep)
+            self.loss_sum.add_(per_head)
+            if running is not None:
+                running.index[number * self.batch_size:(number + 1) * self.batch_size].copy_(index)
 
-    def graphed(self, body: Body, epoch: int) -> GraphedEpoch:
-        """``body`` on fixed buffers, captured as a CUDA graph after a warm-up
-        (:mod:`featcache.linear.engine.graphs`)."""
-        rows = self.train_rows
-        gather = rows.gather if isinstance(rows, MemoryRows) else None
-        buffers = StepBuffers(body, self.batch_size, self.device, (self.data.feature_dim,),
-                              gather)
-        return GraphedEpoch(buffers, f"stage two, bs={self.batch_size} epoch {epoch + 1}",
-                            after_replay=self.adam.count_step)
+    def device_step(self, epoch: int) -> None:
+        """One training step that finds its batch on the device (the rows the device step
+        counter points at, their features and labels) and moves the counter on: what a CUDA
+        graph records, the plain step's operations on the same values."""
+        assert self.batches is not None and isinstance(self.train_rows, MemoryRows)
+        index = self.batches.take()
+        running, keep = self.running, None
+        if running is not None:
+            slots = self.batches.slots()
+            running.index.index_copy_(0, slots, index)
+            keep = functools.partial(running.put, slots)
+        per_head, _ = self.train_step(self.train_rows.gather(index),
+                                      self.labels.take(self.batches.counter, index), epoch, keep)
+        self.loss_sum.add_(per_head)
+        self.batches.advance()
 
-    def train_step(self, x: Tensor, index: Tensor, epoch: int) -> tuple[Tensor, Tensor]:
-        """One Adam step of every head on the batch ``x`` (rows ``index`` of the training split):
-        one batched matmul for the logits of all heads, each loss's share of the step on its
-        block (:meth:`LossMember.step`), the heads' gradients as two batched matmuls
-        (:meth:`~featcache.heads.LinearHeads.grads`), one optimizer update. Returns the
-        per-head loss and the batch's logits."""
-        train = self.data.train
-        targets = Targets(train.observed.index_select(0, index).float(), index,
-                          None if train.clean is None else train.clean.index_select(0, index).float(),
-                          None if train.pseudo is None else train.pseudo.index_select(0, index))
+    def train_step(self, x: Tensor, targets: Targets, epoch: int,
+                   keep: Callable[[slice, Tensor], None] | None = None) -> tuple[Tensor, Tensor]:
+        """One Adam step of every head on the batch ``x`` (its labels ``targets``): one batched
+        matmul for the logits of all heads, each loss's share of the step on its block
+        (:meth:`LossMember.step`; on CUDA with graphs, the losses' shares as parallel branches,
+        :class:`~featcache.linear.engine.graphs.Branches`), the heads' gradients as two batched
+        matmuls (:meth:`~featcache.heads.LinearHeads.grads`), one optimizer update.
+        ``keep(block, logits)`` sees each loss's block of the logits in its share (the training
+        predictions). Returns the per-head loss and the batch's logits."""
         logits = self.head.forward(x)
-        steps = [m.step(self.head, x, logits, targets, epoch) for m in self.members]
+
+        def share(member: LossMember) -> Callable[[], tuple[Tensor, Tensor, Sequence[Tensor]]]:
+            def run() -> tuple[Tensor, Tensor, Sequence[Tensor]]:
+                if keep is not None:
+                    keep(member.block, logits)
+                return member.step(self.head, x, logits, targets, epoch)
+            return run
+
+        steps = self.branches.run([share(m) for m in self.members])
         if len(steps) == 1:
             per_head, grad_logits, learned = steps[0]
         else:

@@ -10,7 +10,10 @@ from the group, and no reduction crosses groups. So the groups can go anywhere:
   forked, so they share the features already in memory instead of copying them;
 - under ``torchrun`` every rank (one per GPU, or CPU processes with gloo) takes its share of
   the groups, balanced by their cost, and every rank receives every group's results;
-- otherwise (one GPU, or ``jobs=1``) the groups train one after the other. So do they on the
+- on one GPU, up to :func:`cuda_groups` groups train at once, each in a thread with streams of
+  its own (their steps are replayed CUDA graphs and chains of small kernels: the host waits,
+  the GPU has room for several);
+- otherwise (``jobs=1``) the groups train one after the other. So do they on the
   CPU in a process that has used CUDA (or another accelerator): autograd's device threads and
   CUDA's state do not survive ``fork`` (a forked worker's first backward pass would fail with
   "Unable to handle autograd's threading in combination with fork-based multiprocessing"), so
@@ -43,6 +46,7 @@ from typing import TypeVar
 import torch
 import torch.distributed as dist
 
+from featcache.environment import CUDA_GROUPS
 from featcache.interrupt import check_stop, die_with_parent
 from featcache.runtime import Ranks, intraop_threads
 
@@ -51,6 +55,12 @@ R = TypeVar("R")
 
 #: what forked workers read: the running search's training function, by key
 _TASKS: dict[int, Callable] = {}
+#: ``FEATCACHE_CUDA_GROUPS=N``: groups trained at once on one GPU
+CUDA_GROUPS_ENV = "FEATCACHE_CUDA_GROUPS"
+#: groups trained at once on one GPU by default: the batch sizes of a search, and the groups of
+#: ``--loss all``, overlap (a group's step is a chain of small kernels that leaves most of the
+#: GPU idle)
+GROUPS_AT_ONCE = 4
 
 
 def balance(costs: Sequence[float], workers: int) -> list[list[int]]:
@@ -105,6 +115,13 @@ def _run_local(run: Callable[[G], R], groups: Sequence[G], device: torch.device,
         if on_result is not None:
             on_result(index, task, result)
 
+    at_once = groups_at_once(device)
+    if at_once > 1 and len(groups) > 1:
+        with ThreadPoolExecutor(max_workers=at_once) as threads, \
+                intraop_threads(1) if device.type == "cpu" else nullcontext():
+            _schedule(threads, lambda task: threads.submit(_on_own_stream, run, device, task),
+                      groups, at_once, keep, started)
+        return [results[index] for index in range(len(groups))]
     jobs = max(1, jobs) if device.type == "cpu" and fork_is_safe() else 1
     with intraop_threads(1) if device.type == "cpu" else nullcontext():
         if jobs == 1:
@@ -151,6 +168,32 @@ def _schedule(pool: Executor, submit: Callable[[G], Future], groups: Sequence[G]
     except BaseException:
         pool.shutdown(wait=True, cancel_futures=True)
         raise
+
+
+def cuda_groups() -> int:
+    """Groups trained at once on one GPU (``FEATCACHE_CUDA_GROUPS``, default
+    :data:`GROUPS_AT_ONCE`): each in a thread of its own, on its own streams."""
+    return int(CUDA_GROUPS.value(GROUPS_AT_ONCE))
+
+
+def groups_at_once(device: torch.device) -> int:
+    """Groups trained at once in threads of this process on ``device``: :func:`cuda_groups` on
+    a GPU; one elsewhere (CPU workers are processes)."""
+    return cuda_groups() if device.type == "cuda" else 1
+
+
+def _on_own_stream(run: Callable[[G], R], device: torch.device, task: G) -> R:
+    """``run(task)`` in this thread on a stream of its own on a CUDA ``device`` (the device's
+    default stream would order it after every other group's work), finished before it
+    returns."""
+    if device.type != "cuda":
+        return run(task)
+    with torch.cuda.device(device):
+        stream = torch.cuda.Stream(device=device)
+        with torch.cuda.stream(stream):
+            result = run(task)
+        stream.synchronize()
+    return result
 
 
 def fork_is_safe() -> bool:
