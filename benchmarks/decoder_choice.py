@@ -9,9 +9,26 @@ faster end to end at 224 px, no slower at 448 px, and its features are within th
 of the gpu-check's "extraction: --gpu-decode vs PIL"; then it becomes the default on CUDA. A
 ``--gpu-decode`` slower than PIL end to end at both sizes is retired. Otherwise it stays an
 option, worth passing at the sizes where it is faster.
+
+Verdicts so far:
+
+- 2026-11-26, one H200 (before the honest windows of ``benchmarks/window.py``): slower than PIL
+  end to end at 448 px -> PIL stayed the default.
+- 2026-11-28, one H200 (``docs/gpu-runs/2026-11-28-h200/gpu-check/gpu-check.json``, check
+  "decoder choice"; its rows are in ``benchmarks/record.jsonl`` and ``docs/performance.md``):
+  224 px PIL 2,900, ``--gpu-decode`` 9,118 img/s end to end (3.14x); 448 px PIL 1,978,
+  ``--gpu-decode`` 3,280 (1.66x); inputs 0.409 grey levels apart on average (tolerance 2.0),
+  features a relative error of at most 0.0026 (tolerance 0.08) -> **default**. Since then a run
+  on CUDA decodes its JPEGs on the device unless told otherwise (``--pil-decode``), keeping the
+  decoder a file on disk already records (:mod:`featcache.features.decoder`).
+
+Each verdict's line also says whether featcache's shipped default is in step with it
+(:data:`featcache.features.decoder.AUTO_ON_CUDA`).
 """
 
 from __future__ import annotations
+
+from featcache.features.decoder import AUTO_ON_CUDA
 
 #: images/s end to end at 224 px on one H100/H200 (issue 37: 75 % of the forward at batch 64)
 TARGET_224 = 9000.0
@@ -46,9 +63,14 @@ def decide(at224: dict[str, float], at448: dict[str, float] | None, features_ok:
     figures = "; ".join(f"{size} px: PIL {rows[PIL]:,.0f}, --gpu-decode {rows[DEVICE]:,.0f} img/s "
                         f"end to end ({ratios[size]:.2f}x)"
                         for size, rows in ((224, at224), (448, at448)) if size in ratios and rows)
+    shipped = "default" if AUTO_ON_CUDA == "device" else "option"
+    in_step = (verdict == "default") == (shipped == "default")
     line = (f"{figures}; features within tolerance: {'yes' if features_ok else 'no'} -> {action} "
-            f"(rule: {RULE})")
-    return {"verdict": verdict, "ratios": ratios, "line": line, "target": target(at224)}
+            f"(rule: {RULE}); featcache's default on CUDA is "
+            f"{'--gpu-decode' if shipped == 'default' else 'PIL'}: "
+            + ("in step" if in_step else "out of step, see featcache/features/decoder.py"))
+    return {"verdict": verdict, "ratios": ratios, "line": line, "target": target(at224),
+            "shipped": shipped, "in_step": in_step}
 
 
 def target(rows: dict[str, float]) -> dict:

@@ -7,7 +7,8 @@ On a CUDA machine, offline, in under 8 minutes on one H100 or H200, it
 1. builds generated data: the ``shapes`` dataset and VOC-sized photo-like JPEGs;
 2. extraction: fp32 and bf16 features agree within :data:`TOL_BF16`; ``--gpu-decode`` inputs
    and features agree with PIL's within :data:`TOL_DECODE_PIXELS` / :data:`TOL_DECODE`; a run
-   killed with SIGKILL mid-way resumes to a file identical to an uninterrupted run's;
+   killed with SIGKILL mid-way resumes to a file identical to an uninterrupted run's (both with
+   the default decoder: JPEGs on the device on CUDA);
 3. stage two on the GPU equals stage two on the CPU within :data:`TOL_LINEAR_MAP` points;
    CUDA graphs (many steps each, several groups at once) equal eager steps and a stacked pass
    equals each loss alone; a capture that fails falls back, once, on the run's device; CPU
@@ -286,7 +287,7 @@ class GpuCheck:
                                                          torch.device(self.device))
         pil = torch.stack([resize_transform(self.sizes.image_size)(load_rgb(root / n)) for n in names])
         pixels = float((device_images.cpu().float() - pil.float()).abs().mean())
-        fp32 = self.extract("photos", precision="fp32")
+        fp32 = self.extract("photos", precision="fp32", gpu_decode=False)  # PIL, not auto's
         device = self.extract("photos", precision="fp32", gpu_decode=True)
         error = relative_errors(fp32, device)
         numbers = {"pixel_mean_abs_difference": pixels, "pixel_tolerance": TOL_DECODE_PIXELS,
@@ -360,8 +361,9 @@ class GpuCheck:
 
     # ------------------------------------------------------------------ 4. fine-tuning
     def shapes_linear_run(self) -> tuple[str, dict]:
-        """Features of shapes (fp32) and a linear ROLE run: what LinearInit starts from."""
-        self.extract("shapes", precision="fp32")
+        """Features of shapes (fp32, PIL) and a linear ROLE run: what LinearInit starts from.
+        PIL, as fine-tuning decodes: LinearInit's first evaluation must equal the head's."""
+        self.extract("shapes", precision="fp32", gpu_decode=False)
         self.cli("train-linear", "--dataset", "shapes", "--loss", "role", "--lr", "1e-3",
                  "--bsize", "8", "--epochs", "3", "--quiet", "--no-plots", "--device", "cpu",
                  "--run-id", "linear", "--backbone", self.sizes.features_tag, "--overwrite")

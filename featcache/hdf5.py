@@ -15,6 +15,10 @@ Every numeric dataset carries a checksum per HDF5 chunk (HDF5's Fletcher32 filte
 changed after it was written (a failing disk, a bad copy) is refused by :func:`read_checked`
 in one line naming the file, the rows and the command that makes it again, instead of being
 read as other numbers. Files written before checksums (no filter) are read as before.
+
+Each kind of file declares its layout once (a :class:`DatasetSpec` per dataset: the kind of
+its values, its shape, and for labels the values allowed); :func:`read_layout` checks the
+whole layout and reads the datasets a reader asks for in one pass, each refusal one line.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import errno
 import io
 import json
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -163,21 +167,37 @@ KINDS = {"text": "text", "number": "numbers", "integer": "integers", "float": "f
 _NUMPY_KINDS = {"number": "biuf", "integer": "biu", "float": "f"}
 
 
+#: the advice that ends an error about a damaged file, or what makes it (asked only then)
+Remake = str | Callable[[], str]
+
+
+@dataclass(frozen=True)
+class WholeNumbers:
+    """What a dataset of numbers may hold, checked when :func:`read_layout` reads it: whole
+    numbers, with ``allowed`` only the consecutive integers ``allowed[0]..allowed[-1]``;
+    ``rule`` says so in the error ("labels are 0, 1")."""
+
+    rule: str
+    allowed: tuple[int, ...] | None = None
+
+
 @dataclass(frozen=True)
 class DatasetSpec:
     """One dataset of a featcache HDF5 file: the kind of its values (:data:`KINDS`) and its
     shape as named dimensions (``("train rows", "classes")``), the same name meaning the same
     length everywhere in the file; ``optional`` datasets may be absent; ``rule``: what its
-    shape means, said when it has another number of dimensions."""
+    shape means, said when it has another number of dimensions; ``values``: the whole numbers
+    it may hold (None: any value of its kind)."""
 
     kind: str
     dims: tuple[str, ...]
     optional: bool = False
     rule: str = ""
+    values: WholeNumbers | None = None
 
 
 def check_layout(h5: h5py.File, layout: Mapping[str, DatasetSpec], path: str | os.PathLike,
-                 remake: str | Callable[[], str], sizes: Mapping[str, int] | None = None
+                 remake: Remake, sizes: Mapping[str, int] | None = None
                  ) -> dict[str, int]:
     """Check that ``h5`` holds the datasets of ``layout`` with their kinds and shapes (the
     values are not read); returns the length of each named dimension. A file that does not is
@@ -187,8 +207,7 @@ def check_layout(h5: h5py.File, layout: Mapping[str, DatasetSpec], path: str | o
     bound = dict(sizes or {})
 
     def refuse(problem: str) -> InputError:
-        advice = remake() if callable(remake) else remake
-        return InputError(f"{path}: {problem}; {advice}")
+        return InputError(f"{path}: {problem}; {_advice(remake)}")
 
     for key, spec in layout.items():
         item = h5.get(key)
@@ -210,6 +229,43 @@ def check_layout(h5: h5py.File, layout: Mapping[str, DatasetSpec], path: str | o
                              f"file's other datasets have {bound[name]}")
             bound.setdefault(name, int(length))
     return bound
+
+
+def read_layout(h5: h5py.File, layout: Mapping[str, DatasetSpec], path: str | os.PathLike,
+                remake: Remake, read: Collection[str]) -> dict[str, np.ndarray]:
+    """Check ``h5`` against ``layout`` (:func:`check_layout`), then read the datasets named in
+    ``read`` that the file holds, in the layout's order: text as an array of str, numbers
+    through :func:`read_checked` with their :class:`WholeNumbers` checked. A value that is not
+    allowed is refused in one line naming ``path``, the dataset, the value, its row (and
+    class) and the rule, then ``remake``."""
+    check_layout(h5, layout, path, remake)
+    arrays = {}
+    for key, spec in layout.items():
+        if key not in read or key not in h5:
+            continue
+        if spec.kind == "text":
+            arrays[key] = h5[key].asstr()[()]
+            continue
+        arrays[key] = values = read_checked(h5[key], path, remake)
+        if spec.values is not None:
+            _check_values(values, spec.values, f"{path}: /{key}", remake)
+    return arrays
+
+
+def _check_values(values: np.ndarray, rule: WholeNumbers, named: str, remake: Remake) -> None:
+    """Refuse the first value that ``rule`` does not allow (``named``: the file and dataset;
+    the columns of a matrix are classes in every featcache file)."""
+    first = _first_not_allowed(values, rule.allowed)
+    if first is None:
+        return
+    where = np.unravel_index(first, values.shape)
+    found = values.reshape(-1)[first].item()
+    shown = f"row {where[0]}" + (f", class {where[1]}" if len(where) > 1 else "")
+    raise InputError(f"{named} holds {found!r} at {shown}; {rule.rule}; {_advice(remake)}")
+
+
+def _advice(remake: Remake) -> str:
+    return remake() if callable(remake) else remake
 
 
 def format_version(attrs) -> int:
@@ -237,7 +293,7 @@ def _dtype_text(dtype: np.dtype) -> str:
     return f"values of type {dtype}"
 
 
-def whole_numbers(values: np.ndarray, allowed: tuple[int, ...] | None = None) -> int | None:
+def _first_not_allowed(values: np.ndarray, allowed: tuple[int, ...] | None = None) -> int | None:
     """The first flat position of ``values`` that is not a whole number (or, with ``allowed``,
     the consecutive integers ``allowed[0]..allowed[-1]``), None when every value is. Integer
     arrays are tested by their minimum and maximum, without temporaries."""
@@ -266,8 +322,7 @@ def checksum_filter(shape: tuple[int, ...] | None = None) -> dict:
     return {"fletcher32": True}
 
 
-def read_checked(dataset: h5py.Dataset, path: str | os.PathLike,
-                 remake: str | Callable[[], str], start: int = 0,
+def read_checked(dataset: h5py.Dataset, path: str | os.PathLike, remake: Remake, start: int = 0,
                  stop: int | None = None) -> np.ndarray:
     """Rows ``start:stop`` of ``dataset`` (all of a scalar one); a chunk that fails its
     checksum (or, in a file without checksums, does not decompress) is refused with
@@ -279,8 +334,7 @@ def read_checked(dataset: h5py.Dataset, path: str | os.PathLike,
         rows = failing_rows(dataset, start, stop)
         if not rows:
             raise
-        advice = remake() if callable(remake) else remake
-        raise InputError(damage_message(path, dataset, rows, advice)) from exc
+        raise InputError(damage_message(path, dataset, rows, _advice(remake))) from exc
 
 
 def failing_rows(dataset: h5py.Dataset, start: int = 0, stop: int | None = None

@@ -118,6 +118,8 @@ OFFICIAL_LAYOUTS = {
 }
 
 
+#: the folder of a dataset's stage-two runs
+RUNS = "runs"
 #: file name prefixes of the pooled and the spatial features files
 POOLED, SPATIAL = "features", "spatial"
 
@@ -170,11 +172,31 @@ class FeaturesFolder:
         return self.root / feature_file_name(tag, spatial)
 
 
-def features_folder(dataset: str, cache: str | os.PathLike | None = None) -> FeaturesFolder:
-    """The features files of ``dataset``'s folder."""
-    root = dataset_dir(dataset, cache)
+def features_folder(root: Path) -> FeaturesFolder:
+    """The features files of the dataset folder ``root``."""
     return FeaturesFolder(root, {feature_file_tag(p): p for p in features_files_in(root)},
                           {feature_file_tag(p): p for p in features_files_in(root, True)})
+
+
+@dataclass(frozen=True)
+class DatasetFolder:
+    """A prepared dataset's folder, resolved once: its labels file, its finished features
+    files and the folder of its stage-two runs."""
+
+    labels: Path
+    features: FeaturesFolder
+
+    @property
+    def runs(self) -> Path:
+        """``runs/``: a stage-two run of each loss is ``runs/<loss>/<run-id>``."""
+        return self.labels.parent / RUNS
+
+
+def prepared_dataset(dataset: str, cache: str | os.PathLike | None = None) -> DatasetFolder:
+    """The folder of a prepared dataset (:func:`existing_labels`: the error names the closest
+    prepared datasets), its features files listed."""
+    labels = existing_labels(dataset, cache)
+    return DatasetFolder(labels, features_folder(labels.parent))
 
 
 def backbone_feature_files(dataset: str, backbone: str, spatial: bool = False,
@@ -211,7 +233,7 @@ def pooled_twin(spatial_path: Path) -> Path:
 
 def runs_root(dataset: str, cache: str | os.PathLike | None = None) -> Path:
     """The folder of every stage-two run of ``dataset`` (``runs/<loss>/<run-id>``)."""
-    return dataset_dir(dataset, cache) / "runs"
+    return dataset_dir(dataset, cache) / RUNS
 
 
 def runs_dir(dataset: str, loss: str, cache: str | os.PathLike | None = None) -> Path:

@@ -55,11 +55,23 @@ def test_the_decoder_choice_follows_its_rule():
     assert chosen["verdict"] == "default" and chosen["target"]["met"]
     assert "224 px: PIL 3,296, --gpu-decode 9,500 img/s end to end (2.88x)" in chosen["line"]
     assert "make --gpu-decode the default on CUDA" in chosen["line"]
-    assert decide(rows_224(3_296, 9_500), at448, features_ok=False)["verdict"] == "option"
+    assert chosen["in_step"] and chosen["line"].endswith("default on CUDA is --gpu-decode: in step")
+    kept = decide(rows_224(3_296, 9_500), at448, features_ok=False)
+    assert kept["verdict"] == "option" and not kept["in_step"]
     slower_448 = dict(at448, **{"end to end, ours (--gpu-decode)": 2_142.0})  # 2026-11-26
     assert decide(rows_224(3_296, 9_500), slower_448, features_ok=True)["verdict"] == "option"
     retired = decide(rows_224(3_296, 3_000), slower_448, features_ok=True)
     assert retired["verdict"] == "retire" and "retire --gpu-decode" in retired["line"]
+
+
+def test_the_shipped_decoder_default_is_the_recorded_verdict():
+    """Auto decodes JPEGs on the device on CUDA because the H200 run of 2026-11-28 said so."""
+    from featcache.features.decoder import AUTO_ON_CUDA
+
+    run = REPO / "docs" / "gpu-runs" / "2026-11-28-h200" / "gpu-check" / "gpu-check.json"
+    chosen = next(r for r in json.loads(run.read_text())["results"] if r["name"] == "decoder choice")
+    assert chosen["status"] == "pass" and chosen["numbers"]["verdict"] == "default"
+    assert AUTO_ON_CUDA == "device"
 
 
 def test_a_missed_target_names_what_limits_it():

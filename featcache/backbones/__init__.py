@@ -20,7 +20,7 @@ import importlib
 
 _EXPORTS = {
     "family": ("BackboneFamily", "BackboneSpec", "Trunk", "families", "register_family"),
-    "preprocess": ("PROTOCOL", "Preprocess", "described_image_size"),
+    "preprocess": ("DECODERS", "PROTOCOL", "Preprocess", "described_image_size", "recorded_decoder"),
     "registry": ("backbone_names", "backbone_spec", "create_backbone", "register_backbone"),
     "transforms": ("Uint8Normalize", "image_transform", "preprocess_mode", "resize_transform",
                    "resolve_preprocess", "transform_description"),

@@ -126,6 +126,19 @@ def collate_crop_rows(items):
     return torch.stack(images), torch.cat(crops), torch.tensor(rows), torch.tensor(ok)
 
 
+def any_jpeg(paths) -> bool:
+    """Whether any of ``paths`` starts with the JPEG start-of-image marker (unreadable files
+    count as not JPEGs)."""
+    for path in paths:
+        try:
+            with open(path, "rb") as handle:
+                if handle.read(len(_JPEG_START)) == _JPEG_START:
+                    return True
+        except OSError:
+            continue
+    return False
+
+
 class JpegBytesRows(ImageRows):
     """For ``--gpu-decode``: plain JPEG files come back as their bytes, decoded later on the device.
 

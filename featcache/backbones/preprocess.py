@@ -34,6 +34,13 @@ RESIZE_POLICIES = ("squash", "center")
 INTERPOLATIONS = {"bilinear": InterpolationMode.BILINEAR, "bicubic": InterpolationMode.BICUBIC}
 #: ``--preprocess``: the backbone's own evaluation transform, or the protocol's squash + ImageNet
 PREPROCESS_MODES = ("native", "protocol")
+#: stage one's decoders: PIL (the reference's), PIL with JPEG draft scaling (``--jpeg-draft``),
+#: and JPEGs decoded on the device (``--gpu-decode``)
+DECODERS = ("pil", "pil-draft", "device")
+#: the ``decode`` entry of a recorded transform, for the decoders whose text has no size in it
+DECODE_TEXT = {"pil": "PIL.Image.open(path).convert('RGB')",
+               "device": "torchvision.io.decode_jpeg on the device (PIL for other files)"}
+_DRAFT_TEXT = "PIL.Image.open(path), draft("
 
 
 @dataclass(frozen=True)
@@ -91,11 +98,8 @@ class Preprocess:
         interpolation = (f"{self.interpolation}, antialiased tensor resize" if on_device
                          else self.interpolation)
         side = self.draft_size(image_size)
-        decoders = {
-            "pil": "PIL.Image.open(path).convert('RGB')",
-            "pil-draft": f"PIL.Image.open(path), draft(None, ({side}, {side})) for JPEGs, .convert('RGB')",
-            "device": "torchvision.io.decode_jpeg on the device (PIL for other files)",
-        }
+        decoders = dict(DECODE_TEXT, **{
+            "pil-draft": f"{_DRAFT_TEXT}None, ({side}, {side})) for JPEGs, .convert('RGB')"})
         resize: list[int] | dict[str, int]
         crop: dict[str, list[int]] | None
         if self.resize == "squash":
@@ -114,6 +118,16 @@ class Preprocess:
 
 #: the protocol's transform: Resize((s, s)) bilinear, no crop, ImageNet normalisation
 PROTOCOL = Preprocess()
+
+
+def recorded_decoder(description: dict) -> str | None:
+    """Which of :data:`DECODERS` made a recorded transform (None: none of them, or no record)."""
+    text = description.get("decode")
+    if not isinstance(text, str):
+        return None
+    if text.startswith(_DRAFT_TEXT):
+        return "pil-draft"
+    return next((name for name, known in DECODE_TEXT.items() if text == known), None)
 
 
 def described_image_size(description: dict) -> int | None:

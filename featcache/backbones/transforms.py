@@ -14,7 +14,7 @@ from torch import Tensor, nn
 from torchvision import transforms
 
 from featcache.backbones.family import DEFAULT_IMAGE_SIZE
-from featcache.backbones.preprocess import PREPROCESS_MODES, PROTOCOL, Preprocess
+from featcache.backbones.preprocess import PREPROCESS_MODES, PROTOCOL, Preprocess, recorded_decoder
 from featcache.backbones.registry import backbone_spec
 from featcache.errors import OptionError
 
@@ -80,8 +80,10 @@ def transform_description(image_size: int, backbone: str = "resnet50", decode: s
 
 
 def preprocess_mode(description: dict, backbone: str, image_size: int) -> str | None:
-    """Which ``--preprocess`` mode made a recorded transform (None: neither, or another decoder)."""
+    """Which ``--preprocess`` mode made a recorded transform, whichever decoder it records
+    (:func:`~featcache.backbones.preprocess.recorded_decoder`); None: neither mode."""
+    decode = recorded_decoder(description) or "pil"
     for mode in PREPROCESS_MODES:
-        if transform_description(image_size, backbone, "pil", mode) == description:
+        if transform_description(image_size, backbone, decode, mode) == description:
             return mode
     return None

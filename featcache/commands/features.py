@@ -71,13 +71,15 @@ from featcache.commands.common import (
 @click.option("--dtype", type=click.Choice(["float32", "float16"]), default=None,
               help="How features are stored  [default: float32; float16 with --spatial].")
 @device_option
-@click.option("--gpu-decode", is_flag=True, default=False,
-              help="Decode JPEGs on the GPU (nvJPEG, whole batches, ahead of the forward pass) "
-                   "and resize there; features close to PIL's, not identical. Pays only where "
-                   "PIL decoding limits stage one (small input sizes, many images per second); "
-                   "`make gpu-check` measures it against PIL at 224 and 448 px and decides whether "
-                   "it becomes the default on CUDA (docs/features.md; figures in "
-                   "docs/performance.md).")
+@click.option("--gpu-decode/--pil-decode", default=None,
+              help="Where JPEGs are decoded. Neither (auto): on CUDA on the GPU (nvJPEG, whole "
+                   "batches, ahead of the forward pass, resized there), except with --jpeg-draft "
+                   "or --crops, or when the features file or its unfinished work already records "
+                   "PIL (then kept, so that it stays up to date and resumes); on the CPU, and for "
+                   "other formats, with PIL. --gpu-decode asks for the GPU (needs CUDA); "
+                   "--pil-decode for PIL, the protocol's decoder, which the papers' numbers were "
+                   "made with. GPU-decoded features are close to PIL's, not identical; the file "
+                   "records its decoder (docs/features.md; figures in docs/performance.md).")
 @click.option("--jpeg-draft", is_flag=True, default=False,
               help="Let PIL decode JPEGs at 1/2, 1/4 or 1/8 scale (libjpeg's DCT scaling) when "
                    "the image stays at least SIZE x SIZE; slightly different features. Pays only "

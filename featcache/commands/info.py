@@ -255,8 +255,22 @@ def _labels_match(path: Path, expected: str) -> str:
     return match
 
 
+#: ``featcache info``'s words for each decoder a transform records
+DECODER_WORDS = {
+    "pil": "PIL (the protocol's decoder)",
+    "pil-draft": "PIL with JPEG draft scaling (--jpeg-draft)",
+    "device": "JPEGs on the GPU (nvJPEG; --gpu-decode or the default on CUDA), other files with PIL",
+}
+
+
 def _add_provenance(table, attrs: dict) -> None:
-    """The features file's provenance attributes, one row each (sha256s shortened)."""
+    """The features file's provenance attributes, one row each (sha256s shortened), after the
+    decoder its transform records."""
+    from featcache.backbones.preprocess import recorded_decoder
+
+    if isinstance(attrs.get("transform"), dict):
+        decoder = recorded_decoder(attrs["transform"])
+        table.add("decoder", DECODER_WORDS.get(decoder or "", "unknown (see transform)"))
     for key in ("transform", "source_npz", "source_npz_sha256", "torch_version",
                 "torchvision_version", "featcache_version", "created"):
         if key in attrs:

@@ -56,7 +56,7 @@ import numpy as np
 from featcache.data.labelfile import ImageNames, LabelSet
 from featcache.errors import InputError, plural
 from featcache.fileio import sha256_file
-from featcache.hdf5 import DatasetSpec, check_layout, decode_attrs, format_version, read_checked
+from featcache.hdf5 import DatasetSpec, decode_attrs, format_version, read_checked, read_layout
 from featcache.paths import cache_root, feature_file_tag, features_files_in
 
 FORMAT = "featcache-features"
@@ -124,7 +124,8 @@ def read_text_embeddings(path: str | os.PathLike) -> TextEmbeddings | None:
     with h5py.File(path, "r") as h5:
         if "text/embeddings" not in h5:
             return None
-        embeddings = read_checked(h5["text/embeddings"], path, remake_features(path, attrs))
+        embeddings = read_checked(h5["text/embeddings"], path,
+                                  remake_features(features_command(path, attrs), attrs))
         return TextEmbeddings(embeddings.astype(np.float32),
                               list(h5["text/classes"].asstr()[()]), dict(attrs.get("text") or {}))
 
@@ -150,15 +151,16 @@ def read_train_rows(path: str | os.PathLike, key: str, start: int, stop: int) ->
         if f"train/{key}" not in h5:
             raise InputError(f"{path} has no /train/{key}; extract it with `featcache features "
                              + ("--crops GxG`" if key == "crops" else "`"))
-        remake = remake_features(path, decode_attrs(h5.attrs))
+        attrs = decode_attrs(h5.attrs)
+        remake = remake_features(features_command(path, attrs), attrs)
         return read_checked(h5[f"train/{key}"], path, remake, start, stop).astype(np.float32)
 
 
-def remake_features(path: str | os.PathLike, attrs: Mapping) -> str:
+def remake_features(command: str, attrs: Mapping) -> str:
     """``make it again: `featcache features ... --overwrite``` for the features or spatial
-    file ``path`` (``attrs``: its root attributes)."""
+    file made by ``command`` (:func:`features_command`; ``attrs``: its root attributes)."""
     spatial = " --spatial" if attrs.get("layout") == SPATIAL else ""
-    return f"make it again: `{features_command(path, attrs)}{spatial} --overwrite`"
+    return f"make it again: `{command}{spatial} --overwrite`"
 
 
 def damaged(path: Path, exc: OSError, labels: LabelSet | None = None, what: str = "is not a "
@@ -253,6 +255,7 @@ class FeatureFile:
     dtype: np.dtype
     bad: dict[str, np.ndarray]
     chunk_rows: int  # height of the features datasets' HDF5 chunks (a good read block)
+    command: str  # the command that made it (:func:`features_command`)
     _handle: h5py.File | None = field(default=None, repr=False)
     _pid: int | None = field(default=None, repr=False)
 
@@ -269,6 +272,11 @@ class FeatureFile:
         """(H, W, D) of a spatial file (row i reshapes to H x W x D, C order), None when pooled."""
         return spatial_shape(self.path, self.attrs, self.dim)
 
+    @property
+    def remake(self) -> str:
+        """The advice that makes the file again (``make it again: `...```)."""
+        return remake_features(self.command, self.attrs)
+
     def rows(self, name: str) -> int:
         """Rows of the official split ``name``."""
         return int(self.shapes[name][0])
@@ -278,8 +286,7 @@ class FeatureFile:
         if name not in OFFICIAL_SPLITS:
             raise InputError(f"unknown official split {name!r}; choose train or test")
         try:
-            return read_checked(self._h5()[name]["features"], self.path,
-                                lambda: remake_features(self.path, self.attrs), start, stop)
+            return read_checked(self._h5()[name]["features"], self.path, self.remake, start, stop)
         except OSError as exc:
             raise damaged(self.path, exc, what="could not be read") from exc
 
@@ -298,7 +305,7 @@ class FeatureFile:
             raise InputError(
                 f"{self.path}: {plural(broken.size, f'{name} row holds', f'{name} rows hold')} NaN "
                 f"or Inf features ({'row' if broken.size == 1 else 'rows'} {shown}"
-                f"{', …' if broken.size > 5 else ''}); {remake_features(self.path, self.attrs)}"
+                f"{', …' if broken.size > 5 else ''}); {self.remake}"
             )
 
     def _h5(self) -> h5py.File:
@@ -336,35 +343,29 @@ def open_features(path: str | os.PathLike, labels: LabelSet | None = None) -> Fe
         raise damaged(path, exc, labels) from exc
     with h5:
         attrs = _attrs(path, h5)
+        command = features_command(path, attrs)
         if labels is not None and labels.sha256 is not None and attrs.get("labels_sha256") != labels.sha256:
-            raise InputError(_other_labels_message(path, h5, attrs, labels, labels.sha256))
-        check_layout(h5, LAYOUT, path, lambda: remake_features(path, attrs))
-        shapes, flags, chunk_rows, dtype = {}, {}, [], None
+            raise InputError(_other_labels_message(path, h5, attrs, labels, command))
         try:
-            for name in OFFICIAL_SPLITS:
-                group = h5[name]
-                dataset = group["features"]
-                if dataset.ndim != 2:
-                    raise InputError(f"{path}: /{name}/features has shape {dataset.shape}; a "
-                                     "features file holds one row of features per image (rows, "
-                                     f"width); make it again: `{features_command(path, attrs)} "
-                                     "--overwrite`")
-                rows, width = dataset.shape
-                shapes[name] = (int(rows), int(width))
-                dtype = dataset.dtype
-                chunk_rows.append(dataset.chunks[0] if dataset.chunks else 1024)
-                flags[name] = read_checked(group["bad"], path,
-                                           remake_features(path, attrs)).astype(bool)
-                if labels is not None:
+            flags = read_layout(h5, LAYOUT, path, remake_features(command, attrs),
+                                [f"{name}/bad" for name in OFFICIAL_SPLITS])
+            if labels is not None:
+                for name in OFFICIAL_SPLITS:
                     part = labels.test if name == "test" else labels.train
-                    _check_images(path, name, group["images"], part.images, labels.path)
+                    _check_images(path, name, h5[name]["images"], part.images, labels.path)
         except KeyError as exc:
             raise InputError(f"{path} is missing a required key: {exc}") from exc
         except OSError as exc:
             raise damaged(path, exc, labels, "could not be read") from exc
+        datasets = [h5[name]["features"] for name in OFFICIAL_SPLITS]
+        shapes = {name: (int(d.shape[0]), int(d.shape[1]))
+                  for name, d in zip(OFFICIAL_SPLITS, datasets, strict=True)}
+        chunk_rows = max(d.chunks[0] if d.chunks else 1024 for d in datasets)
+        dtype = datasets[-1].dtype
     spatial_shape(path, attrs, shapes["train"][1])
     return FeatureFile(path=path, attrs=attrs, sha256=sha256_file(path), shapes=shapes,
-                       dtype=np.dtype(dtype), bad=flags, chunk_rows=int(max(chunk_rows)))
+                       dtype=np.dtype(dtype), chunk_rows=int(chunk_rows), command=command,
+                       bad={name: flags[f"{name}/bad"].astype(bool) for name in OFFICIAL_SPLITS})
 
 
 def _check_images(path: Path, name: str, images: h5py.Dataset, expected, labels_path) -> None:
@@ -386,12 +387,12 @@ def _check_images(path: Path, name: str, images: h5py.Dataset, expected, labels_
 
 
 def _other_labels_message(path: Path, h5: h5py.File, attrs: dict, labels: LabelSet,
-                          labels_sha256: str) -> str:
-    """Why a features file does not belong to ``labels`` (whose sha256 is ``labels_sha256``),
-    and what to do: features of another dataset, of other images, or of the same images whose
-    labels were prepared again."""
+                          command: str) -> str:
+    """Why a features file (made by ``command``) does not belong to ``labels``, and what to
+    do: features of another dataset, of other images, or of the same images whose labels were
+    prepared again."""
     built_for = attrs.get("labels_dataset")
-    redo = f"`{features_command(path, attrs)} --overwrite`"
+    redo = f"`{command} --overwrite`"
     if built_for and built_for != labels.dataset:
         return (f"{path} holds features of dataset {built_for!r}, not of {labels.dataset!r} "
                 f"({labels.path}); use the features of {labels.dataset!r} (extract them with "
@@ -410,7 +411,7 @@ def _other_labels_message(path: Path, h5: h5py.File, attrs: dict, labels: LabelS
                 f"with sha256 {str(attrs.get('labels_sha256'))[:12]}…")
     return (f"{path} was extracted for other images than those of {labels.path} (its labels "
             f"file had sha256 {str(attrs.get('labels_sha256'))[:12]}…, this one "
-            f"{labels_sha256[:12]}…: images added, dropped or reordered since); run {redo}")
+            f"{str(labels.sha256)[:12]}…: images added, dropped or reordered since); run {redo}")
 
 
 def spatial_shape(path, attrs: dict, width: int) -> tuple[int, int, int] | None:

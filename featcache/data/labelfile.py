@@ -32,13 +32,12 @@ from featcache.errors import InputError, plural
 from featcache.fileio import sha256_file
 from featcache.hdf5 import (
     DatasetSpec,
-    check_layout,
+    WholeNumbers,
     checksum_filter,
     decode_attrs,
     encode_attr,
     format_version,
-    read_checked,
-    whole_numbers,
+    read_layout,
     write_hdf5_atomic,
 )
 
@@ -48,20 +47,24 @@ FORMAT_VERSION = 1
 REMAKE = ("make it again with the command that made it and --overwrite (`featcache prepare "
           "--help` lists the formats)")
 SPLITS = ("train", "val", "test")
-#: the datasets of a labels file, their kinds and shapes (checked before anything is read)
+#: what the label matrices and split indices may hold
+_OBSERVED = WholeNumbers("labels are -1, 0, 1", (-1, 0, 1))
+_CLEAN = WholeNumbers("labels are 0, 1", (0, 1))
+_ROWS = WholeNumbers("row indices are whole numbers")
+#: the datasets of a labels file, their kinds, shapes and values (checked as it is read)
 LAYOUT = {
     "classes": DatasetSpec("text", ("classes",)),
     "train/images": DatasetSpec("text", ("training images",)),
-    "train/observed": DatasetSpec("number", ("training images", "classes")),
-    "train/labels": DatasetSpec("number", ("training images", "classes"), optional=True),
+    "train/observed": DatasetSpec("number", ("training images", "classes"), values=_OBSERVED),
+    "train/labels": DatasetSpec("number", ("training images", "classes"), optional=True,
+                                values=_CLEAN),
     "test/images": DatasetSpec("text", ("test images",)),
-    "test/observed": DatasetSpec("number", ("test images", "classes")),
-    "test/labels": DatasetSpec("number", ("test images", "classes"), optional=True),
-    "split/train": DatasetSpec("number", ("rows of /split/train",)),
-    "split/val": DatasetSpec("number", ("rows of /split/val",)),
+    "test/observed": DatasetSpec("number", ("test images", "classes"), values=_OBSERVED),
+    "test/labels": DatasetSpec("number", ("test images", "classes"), optional=True,
+                               values=_CLEAN),
+    "split/train": DatasetSpec("number", ("rows of /split/train",), values=_ROWS),
+    "split/val": DatasetSpec("number", ("rows of /split/val",), values=_ROWS),
 }
-#: the values each label matrix may hold
-LABEL_VALUES = {"observed": (-1, 0, 1), "labels": (0, 1)}
 
 
 def remake_labels(path: str | os.PathLike, attrs) -> str:
@@ -312,36 +315,18 @@ def _first_row(observed: np.ndarray, clean: np.ndarray, block: int = 1 << 16) ->
     return None
 
 
-def _read_split(h5: h5py.File, name: str, path: Path, remake: str,
-                image_names: bool) -> SplitLabels:
-    """The official split ``name`` of an open labels file, its label values checked."""
-    group = h5[name]
-    matrices = {key: _label_values(read_checked(group[key], path, remake), path,
-                                   f"{name}/{key}", remake)
-                for key in LABEL_VALUES if key in group}
+def _split_labels(h5: h5py.File, path: Path, name: str, arrays: dict[str, np.ndarray]
+                  ) -> SplitLabels:
+    """The official split ``name`` from the checked ``arrays`` of its labels file (its image
+    paths left in the file when they were not read)."""
+    clean = arrays.get(f"{name}/labels")
+    images = arrays.get(f"{name}/images")
     return SplitLabels(
-        images=(np.array(group["images"].asstr()[()], dtype=object) if image_names
-                else ImageNames(path, name, count=len(group["images"]))),
-        observed=matrices["observed"].astype(np.int8, copy=False),
-        clean=(matrices["labels"].astype(np.uint8, copy=False) if "labels" in matrices
-               else None),
+        images=(ImageNames(path, name, count=len(h5[name]["images"])) if images is None
+                else np.asarray(images, dtype=object)),
+        observed=arrays[f"{name}/observed"].astype(np.int8, copy=False),
+        clean=None if clean is None else clean.astype(np.uint8, copy=False),
     )
-
-
-def _label_values(values: np.ndarray, path: Path, key: str, remake: str) -> np.ndarray:
-    """``values`` of the dataset ``key`` when they are what it may hold (labels: -1, 0, 1 or
-    0, 1; row indices: whole numbers), stored as integers or not; else refused naming the
-    first value that is not (a hand-made file with 0.5 where a label belongs)."""
-    allowed = LABEL_VALUES.get(key.split("/")[-1])
-    first = whole_numbers(values, allowed)
-    if first is None:
-        return values
-    where = np.unravel_index(first, values.shape)
-    found = values.reshape(-1)[first].item()
-    shown = f"row {where[0]}" + (f", class {where[1]}" if len(where) > 1 else "")
-    rule = (f"labels are {', '.join(map(str, allowed))}" if allowed
-            else "row indices are whole numbers")
-    raise InputError(f"{path}: /{key} holds {found!r} at {shown}; {rule}; {remake}")
 
 
 def load_labels(path: str | os.PathLike, image_names: bool = True) -> LabelSet:
@@ -367,16 +352,10 @@ def load_labels(path: str | os.PathLike, image_names: bool = True) -> LabelSet:
         if version != FORMAT_VERSION:
             raise InputError(f"{path} has labels format version {version}; this featcache reads "
                              f"version {FORMAT_VERSION}. Re-create it with `featcache prepare`.")
-        remake = remake_labels(path, h5.attrs)
-        check_layout(h5, LAYOUT, path, remake)
+        read = [key for key in LAYOUT if image_names or not key.endswith("/images")]
         try:
-            classes = [c for c in h5["classes"].asstr()[()]]
-            parts = {name: _read_split(h5, name, path, remake, image_names)
-                     for name in ("train", "test")}
-            train_index = _label_values(read_checked(h5["split/train"], path, remake), path,
-                                        "split/train", remake).astype(np.int64)
-            val_index = _label_values(read_checked(h5["split/val"], path, remake), path,
-                                      "split/val", remake).astype(np.int64)
+            arrays = read_layout(h5, LAYOUT, path, remake_labels(path, h5.attrs), read)
+            parts = {name: _split_labels(h5, path, name, arrays) for name in ("train", "test")}
         except KeyError as exc:
             raise InputError(f"{path} is missing a required key: {exc}") from exc
         except OSError as exc:
@@ -385,11 +364,11 @@ def load_labels(path: str | os.PathLike, image_names: bool = True) -> LabelSet:
         provenance = decode_attrs(h5.attrs, skip=("format", "format_version", "dataset", "image_root"))
         labels = LabelSet(
             dataset=str(h5.attrs.get("dataset", path.parent.name)),
-            classes=classes,
+            classes=list(arrays["classes"]),
             train=parts["train"],
             test=parts["test"],
-            train_index=train_index,
-            val_index=val_index,
+            train_index=arrays["split/train"].astype(np.int64),
+            val_index=arrays["split/val"].astype(np.int64),
             image_root=str(h5.attrs.get("image_root", "")) or None,
             provenance=provenance,
             path=path,

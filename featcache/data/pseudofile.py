@@ -34,13 +34,12 @@ from featcache.errors import InputError, OptionError
 from featcache.fileio import sha256_file
 from featcache.hdf5 import (
     DatasetSpec,
-    check_layout,
+    WholeNumbers,
     checksum_filter,
     decode_attrs,
     encode_attr,
     format_version,
-    read_checked,
-    whole_numbers,
+    read_layout,
     write_hdf5_atomic,
 )
 
@@ -48,8 +47,10 @@ FORMAT = "featcache-pseudo-labels"
 FORMAT_VERSION = 1
 PREFIX = "pseudo-labels-"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-#: the datasets of a pseudo-label file, their kinds and shapes
-LAYOUT = {"train/pseudo": DatasetSpec("number", ("training images", "classes")),
+#: the datasets of a pseudo-label file, their kinds, shapes and values
+LAYOUT = {"train/pseudo": DatasetSpec("number", ("training images", "classes"),
+                                      values=WholeNumbers("pseudo-labels are 1, 0 and -1",
+                                                          (-1, 0, 1))),
           "train/images": DatasetSpec("text", ("training images",))}
 
 
@@ -150,16 +151,9 @@ def load_pseudo_labels(path: str | os.PathLike, labels: LabelSet) -> PseudoLabel
                     f"{str(attrs.get('labels_sha256'))[:12]}…, not {labels.path}; run `featcache "
                     f"pseudo-label --dataset {labels.dataset} --rule {attrs.get('rule')} "
                     "--overwrite` again")
-            check_layout(h5, LAYOUT, path, _remake(path))
-            matrix = read_checked(h5["train/pseudo"], path, _remake(path))
-            first = whole_numbers(matrix, (-1, 0, 1))
-            if first is not None:
-                row, column = np.unravel_index(first, matrix.shape)
-                raise InputError(f"{path}: /train/pseudo holds {matrix[row, column].item()!r} at "
-                                 f"row {row}, class {column}; pseudo-labels are 1, 0 and -1; "
-                                 f"{_remake(path)}")
-            matrix = matrix.astype(np.int8, copy=False)
-            images = h5["train/images"].asstr()[()]
+            arrays = read_layout(h5, LAYOUT, path, _remake(path), LAYOUT)
+            matrix = arrays["train/pseudo"].astype(np.int8, copy=False)
+            images = arrays["train/images"]
     except KeyError as exc:
         raise InputError(f"{path} is missing a required key: {exc}") from exc
     except OSError as exc:

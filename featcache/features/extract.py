@@ -10,10 +10,11 @@ does not depend on interruptions, nor on the number of ranks under ``torchrun``.
 GPU runs use autocast (bf16, or fp16 where bf16 is missing; ``fp32`` for exact fidelity, with
 TF32 off), pinned memory and DataLoader workers that decode and resize with PIL (normalisation
 happens on the device, on a quarter of the bytes); convolutional backbones use channels_last,
-transformers ``F.scaled_dot_product_attention``. ``gpu_decode`` decodes JPEGs on the device
-instead, a batch at a time and one batch ahead of the forward pass (close to, not identical
-with, PIL); ``jpeg_draft`` lets PIL decode large JPEGs at a reduced scale (opt-in: the
-reference decodes full size).
+transformers ``F.scaled_dot_product_attention``. JPEGs may be decoded on the device instead, a
+batch at a time and one batch ahead of the forward pass (close to, not identical with, PIL):
+``gpu_decode`` True asks for it, False for PIL, None (the default) decodes on the device on
+CUDA unless what is on disk records PIL (:mod:`featcache.features.decoder`); ``jpeg_draft``
+lets PIL decode large JPEGs at a reduced scale (opt-in: the reference decodes full size).
 
 Vision-language backbones add, on request, the class-prompt text embeddings (``text``,
 :mod:`featcache.features.text`) and the embeddings of a G x G grid of tiles of every official

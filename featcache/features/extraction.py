@@ -26,6 +26,7 @@ from featcache.data.images import image_root
 from featcache.data.labelfile import LabelSet
 from featcache.errors import FeatcacheError, Interrupted, OptionError, plural
 from featcache.features.assembly import Assembly
+from featcache.features.decoder import choose_decoder, describe_choice, jpeg_check, recorded_on_disk
 from featcache.features.finished import FinishedFile
 from featcache.features.loader import ImageBatches
 from featcache.features.options import ExtractOptions, ExtractResult, default_chunk_rows
@@ -40,6 +41,7 @@ from featcache.runtime import (
     cpu_threads,
     default_batch_size,
     describe_device,
+    on_main,
     resolve_precision,
 )
 
@@ -68,15 +70,23 @@ class Extraction(FinishedFile, Assembly, ImageBatches):
         if self.chunk_rows % self.batch_size:
             raise OptionError(f"--chunk-rows ({self.chunk_rows}) must be a multiple of the batch "
                               f"size ({self.batch_size})")
+        self.images = np.concatenate([labels.train.images, labels.test.images])
         if options.gpu_decode and options.jpeg_draft:
             raise OptionError("--jpeg-draft is a PIL option; --gpu-decode decodes on the device: "
                               "choose one")
-        self.decode = "device" if options.gpu_decode else "pil-draft" if options.jpeg_draft else "pil"
         self.spec = backbone_spec(options.backbone)
         self.preprocess = resolve_preprocess(options.backbone, options.preprocess)
-        self.transform = transform_description(self.image_size, options.backbone, self.decode,
-                                               self.preprocess)
-        self.images = np.concatenate([labels.train.images, labels.test.images])
+
+        def transform(decode: str) -> dict:
+            return transform_description(self.image_size, options.backbone, decode, self.preprocess)
+
+        # rank 0 decides for all: what is on disk may change once a rank starts writing
+        self.decoder = on_main(job, lambda: choose_decoder(
+            self.device.type, options.gpu_decode, jpeg_draft=options.jpeg_draft,
+            crops=bool(options.crops), recorded=recorded_on_disk(final, options.overwrite, transform),
+            has_jpegs=jpeg_check(lambda: image_root(labels, options.images_root), self.images)))
+        self.decode = self.decoder.decode
+        self.transform = transform(self.decode)
         self.num_train = len(labels.train)
         self.normalize = Uint8Normalize(options.backbone, self.preprocess).to(self.device)
         self.crops = options.crops
@@ -91,6 +101,9 @@ class Extraction(FinishedFile, Assembly, ImageBatches):
         if not self.job.is_main:
             source = locate_weights(source, download=False)
         text = self.text_embeddings(source) if self.options.text and self.job.is_main else None
+        said = describe_choice(self.decoder, self.final)
+        if said is not None:
+            self.say(said)
         model = create_backbone(self.options.backbone, source, seed=self.options.seed,
                                 image_size=self.image_size)
         attrs, store = self.chunk_store(model)
@@ -131,7 +144,7 @@ class Extraction(FinishedFile, Assembly, ImageBatches):
         return ExtractResult(
             self.final, "written", images=total, seconds=time.perf_counter() - started,
             compute_seconds=compute_seconds, device=attrs["device"], precision=self.precision,
-            resumed_chunks=resumed, bad=bad,
+            decode=self.decode, resumed_chunks=resumed, bad=bad,
         )
 
     def chunk_store(self, model: Trunk) -> tuple[dict, ChunkStore]:

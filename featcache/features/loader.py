@@ -32,6 +32,7 @@ class ImageBatches:
     crops: int
     image_size: int
     normalize: torch.nn.Module
+    decode: str  # pil, pil-draft or device (featcache.features.decoder)
 
     def loader(self, root: Path, rows: list[int], store: ChunkStore, todo: list[int]) -> DataLoader:
         """Batches never straddle chunks: each chunk is cut into batches from its first row."""
@@ -51,13 +52,13 @@ class ImageBatches:
                                       grid=self.crops, crop_rows=self.num_train)
             collate = inputs.collate_crop_rows
             batch_bytes = inputs.uint8_batch_bytes(self.batch_size, size) * (1 + self.crops ** 2)
-        elif self.options.gpu_decode:
+        elif self.decode == "device":
             dataset = inputs.JpegBytesRows(root, self.images, size, rows, preprocess=self.preprocess)
             collate = inputs.collate_jpeg_rows
             batch_bytes = inputs.jpeg_batch_bytes((root / str(self.images[r]) for r in rows[:64]),
                                                   self.batch_size, size)
         else:
-            dataset = inputs.ImageRows(root, self.images, size, rows, draft=self.options.jpeg_draft,
+            dataset = inputs.ImageRows(root, self.images, size, rows, draft=self.decode == "pil-draft",
                                        preprocess=self.preprocess)
             collate, batch_bytes = None, inputs.uint8_batch_bytes(self.batch_size, size)
         # two batches in flight per worker, fewer when /dev/shm is small (an error if none fits)
@@ -72,7 +73,7 @@ class ImageBatches:
     def batches(self, loader: DataLoader
                 ) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]]:
         """(uint8 images on the device, rows, ok flags, normalised tiles or None) per batch."""
-        if self.options.gpu_decode:
+        if self.decode == "device":
             for images, batch_rows, ok in inputs.DeviceDecoder(loader, self.image_size,
                                                                self.device, self.preprocess):
                 yield images, batch_rows, ok, None

@@ -17,6 +17,9 @@ from featcache.runtime import PRECISIONS
 DTYPES = ("float32", "float16")
 
 DEFAULT_CHUNK_ROWS = 1024
+#: how a run's summary names its decoder
+DECODED = {"pil": ", decoded with PIL", "pil-draft": ", decoded with PIL (--jpeg-draft)",
+           "device": ", JPEGs decoded on the device"}
 
 
 @dataclass
@@ -32,7 +35,7 @@ class ExtractOptions:
     precision: str = "auto"
     dtype: str | None = None  # float32 (pooled) or float16 (spatial) when not given
     device: str = "auto"
-    gpu_decode: bool = False
+    gpu_decode: bool | None = None  # True: JPEGs on the device; False: PIL; None: auto (decoder.py)
     jpeg_draft: bool = False
     skip_bad: bool = False
     overwrite: bool = False
@@ -115,6 +118,7 @@ class ExtractResult:
     compute_seconds: float = 0.0
     device: str = ""
     precision: str = ""
+    decode: str = ""  # pil, pil-draft or device
     resumed_chunks: int = 0
     bad: list[dict] = field(default_factory=list)
 
@@ -135,7 +139,7 @@ class ExtractResult:
         bad = f", {plural(len(self.bad), 'bad image')} flagged" if self.bad else ""
         return (f"features: {plural(self.images, 'image')} in {self.compute_seconds:.1f} s "
                 f"({self.images_per_second:.1f} images/s) on {self.device}, {self.precision}"
-                f"{resumed}{bad}; {self.seconds:.1f} s in all -> {self.path} ({size:.1f} MB)")
+                f"{DECODED.get(self.decode, '')}{resumed}{bad}; {self.seconds:.1f} s in all -> {self.path} ({size:.1f} MB)")
 
 
 def default_chunk_rows(batch_size: int) -> int:

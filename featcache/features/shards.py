@@ -37,6 +37,7 @@ from featcache.locks import OutputLock
 from featcache.protocol.runs import describe_differences
 
 SHARD_FORMAT = 1
+MANIFEST = "manifest.json"
 
 
 @dataclass
@@ -65,6 +66,14 @@ Extra = tuple[int, tuple[int, ...]] | tuple[int, tuple[int, ...], str]
 def parts_dir(final: Path) -> Path:
     """``<dir>/.<final stem>.parts``: where the chunks of ``final`` are kept until it is written."""
     return final.with_name(f".{final.stem}.parts")
+
+
+def read_manifest(final: Path) -> dict | None:
+    """The identity of the unfinished work of ``final`` (None: none, or unreadable)."""
+    try:
+        return json.loads((parts_dir(final) / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
 
 
 class ChunkStore:
@@ -114,7 +123,7 @@ class ChunkStore:
 
     @property
     def manifest(self) -> Path:
-        return self.dir / "manifest.json"
+        return self.dir / MANIFEST
 
     # -- ownership ------------------------------------------------------------------------
     def open(self, say) -> None:
@@ -149,10 +158,7 @@ class ChunkStore:
         self.close()
 
     def _read_manifest(self) -> dict | None:
-        try:
-            return json.loads(self.manifest.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return None
+        return read_manifest(self.final)
 
     # -- shards ---------------------------------------------------------------------------
     def write(self, chunk: int, features: np.ndarray, bad: np.ndarray, reasons: dict[int, str],

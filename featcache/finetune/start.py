@@ -32,6 +32,7 @@ from featcache.backbones import (
     create_backbone,
     described_image_size,
     preprocess_mode,
+    recorded_decoder,
     transform_description,
 )
 from featcache.backbones.rebuild import trunk_for_features
@@ -195,6 +196,10 @@ def linear_start(run_dir: Path, options: FinetuneOptions, data: FinetuneData) ->
                          "would put its head on another network. Drop --backbone, or train a linear "
                          f"run on {options.backbone} features")
     image_size, preprocess = check_transform(head, where, options.image_size, backbone)
+    decoded = decoder_note(head, where)
+    if decoded is not None:
+        warnings.warn(decoded, stacklevel=2)
+        notes.append(decoded)
     check_features_unchanged(head, where)
     trunk = trunk_for_run(head, where, options, image_size)
     same_loss = head.get("loss") == options.loss
@@ -261,17 +266,28 @@ def check_transform(head: dict, where: str, image_size: int | None, backbone: st
                          f"never saw such features. Drop --image-size (it defaults to {run_size}), "
                          "or extract features at that size and train a linear run on them")
     mode = preprocess_mode(transform, backbone, int(run_size))
-    if mode is not None:
-        return int(run_size), mode
+    if mode is not None and recorded_decoder(transform) in ("pil", "device"):
+        return int(run_size), mode  # device-decoded features: accepted with a note (decoder_note)
     expected = transform_description(int(run_size), backbone)
     differ = sorted(k for k in set(expected) | set(transform) if expected.get(k) != transform.get(k))
     if differ:
         details = "; ".join(f"{k}: run {transform.get(k)!r}, fine-tuning {expected.get(k)!r}"
                             for k in differ)
         raise InputError(f"{where} was trained on features made with another image transform "
-                         f"({details}); extract features with the protocol's (PIL) transform and "
-                         "train a linear run on them")
+                         f"({details}); extract features with the protocol's transform (PIL, "
+                         "without --jpeg-draft) and train a linear run on them")
     return int(run_size), "native"
+
+
+def decoder_note(head: dict, where: str) -> str | None:
+    """The note for a run on features whose JPEGs were decoded on the GPU (the default on CUDA):
+    fine-tuning decodes with PIL, so its start is close to the linear head, not equal."""
+    if recorded_decoder(head.get("transform") or {}) != "device":
+        return None
+    return (f"{where} was trained on features whose JPEGs were decoded on the GPU (close to "
+            "PIL's, not identical); fine-tuning decodes with PIL, the protocol's decoder, so its "
+            "first evaluation differs slightly from the linear head's. For the protocol's "
+            "LinearInit, extract the features with --pil-decode and train the linear run on them")
 
 
 def check_features_unchanged(head: dict, where: str) -> None:

@@ -9,15 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
-from featcache.data.featurefile import features_command
 from featcache.data.labelfile import LabelSet, load_labels
 from featcache.linear.data import SplitRows, split_rows
 from featcache.linear.engine.search import SearchSpec
 from featcache.linear.options import LinearOptions
 from featcache.linear.search_modes import LinearSearchMode, linear_search_mode
 from featcache.linear.zeroshot import split_zero_shot, zero_shot_wanted
-from featcache.paths import existing_labels
+from featcache.paths import prepared_dataset
 from featcache.protocol.feature_source import FeatureFiles, open_feature_files
 from featcache.protocol.loss_choice import (
     choose_losses,
@@ -48,8 +48,7 @@ class RunOutputs:
 class LinearPlan:
     """Everything a ``train-linear`` call does, resolved before any features are loaded."""
 
-    dataset: str
-    cache: str | None
+    runs: Path  # the dataset's runs folder: each loss's run is ``<runs>/<loss>/<run_id>``
     labels: LabelSet
     mode: LinearSearchMode
     files: FeatureFiles
@@ -75,9 +74,10 @@ def plan_linear(options: LinearOptions, budget: int, job: Ranks,
                 say: Callable[[str], None]) -> LinearPlan:
     """The plan of a ``train-linear`` call whose options were validated; status lines (the
     backbone's file, the validation variant, skipped losses) go to ``say``."""
-    labels = load_labels(existing_labels(options.dataset, options.cache), image_names=False)
+    folder = prepared_dataset(options.dataset, options.cache)
+    labels = load_labels(folder.labels, image_names=False)
     zero_shot_asked, losses = split_zero_shot(options.losses)
-    files = open_feature_files(options.dataset, options.backbone, options.cache, losses, labels,
+    files = open_feature_files(options.dataset, options.backbone, folder.features, losses, labels,
                                say)
     first_rows = split_rows(labels, files.first)
     mode = linear_search_mode(search_mode(options.search))
@@ -88,7 +88,7 @@ def plan_linear(options: LinearOptions, budget: int, job: Ranks,
         say(capped)
     run_id = on_main(job, lambda: options.run_id or new_run_id())
     return LinearPlan(
-        dataset=options.dataset, cache=options.cache, labels=labels, mode=mode, files=files,
+        runs=folder.runs, labels=labels, mode=mode, files=files,
         first_rows=first_rows, specs=tuple(specs), skipped=tuple(skipped), zero_shot=zero_shot,
         val_variant=variant, jobs=jobs, run_id=run_id, given_run_id=options.run_id,
         budget=budget, stream=options.stream, pseudo_labels=options.pseudo_labels,
@@ -112,8 +112,7 @@ def _search_specs(options: LinearOptions, losses: str | Sequence[str], mode: Lin
                            labels.train.clean is not None, options.pseudo_labels,
                            spatial=files.spatial is not None,
                            backbone=pooled.backbone if pooled else files.source.tag,
-                           features_command=(features_command(pooled.path, pooled.attrs)
-                                             if pooled else ""))
+                           features_command=pooled.command if pooled else "")
     names = requested_losses(losses)
     chosen, skipped = (choose_losses(losses, facts, given=set(options.params))
                        if names else ([], []))

@@ -44,7 +44,7 @@ from featcache.linear.report import losses_table, run_summary
 from featcache.linear.stream import load_streamed_data
 from featcache.linear.zeroshot import ZERO_SHOT, score_zero_shot
 from featcache.losses import SPATIAL_FEATURES, SPMLLoss, loss_class
-from featcache.paths import labels_path, runs_dir, runs_root
+from featcache.paths import labels_path, runs_dir
 from featcache.protocol.coverage import evaluation_coverage, evaluation_notes
 from featcache.protocol.grid import LINEAR_EPOCHS
 from featcache.protocol.handoff import LinearPhaseRequest
@@ -81,7 +81,7 @@ def run_linear(options: LinearOptions, say: Callable[[str], None] = _stderr,
         if not job.is_main:  # one voice: rank 0 says what happens and writes every file
             say, on_run = (lambda _: None), None
         plan = plan_linear(options, budget, job, say)
-        say(f"run id {plan.run_id}: {runs_root(plan.dataset, plan.cache)}/<loss>/{plan.run_id}")
+        say(f"run id {plan.run_id}: {plan.runs}/<loss>/{plan.run_id}")
         return _run_linear(plan, job, say, on_run)
 
 
@@ -148,11 +148,8 @@ def _train_searches(plan: LinearPlan, these: Sequence[SearchSpec], spatial: bool
 
 def _run_folders(plan: LinearPlan) -> dict[str, Path]:
     """Each loss's run folder of the plan's run id (and the zero-shot row's when it is scored)."""
-    folders = {spec.loss: runs_dir(plan.dataset, spec.loss, plan.cache) / plan.run_id
-               for spec in plan.specs}
-    if plan.zero_shot:
-        folders[ZERO_SHOT] = runs_dir(plan.dataset, ZERO_SHOT, plan.cache) / plan.run_id
-    return folders
+    losses = [spec.loss for spec in plan.specs] + ([ZERO_SHOT] if plan.zero_shot else [])
+    return {loss: plan.runs / loss / plan.run_id for loss in losses}
 
 
 def _unfinished(data: TrainingSplits, these: Sequence[SearchSpec], folders: Mapping[str, Path],
@@ -173,7 +170,7 @@ def _write_losses_table(outcome: LinearOutcome, plan: LinearPlan, job: Ranks) ->
     """The table of every loss of the run (``runs/table-<run-id>.md``, ``.csv``, ``.json``)."""
     outcome.table = losses_table(plan.labels.dataset,
                                  {run.loss: run.document for run in outcome.runs})
-    out = runs_root(plan.dataset, plan.cache) / f"table-{plan.run_id}"
+    out = plan.runs / f"table-{plan.run_id}"
     if job.is_main:
         write_text_if_changed(out.with_suffix(".md"), outcome.table.markdown())
         write_text_if_changed(out.with_suffix(".csv"), outcome.table.csv())

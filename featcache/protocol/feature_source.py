@@ -21,7 +21,7 @@ from pathlib import Path
 from featcache.data.featurefile import FeatureFile, open_features, read_feature_attrs
 from featcache.data.labelfile import LabelSet
 from featcache.errors import InputError, OptionError
-from featcache.paths import FeaturesFolder, features_folder
+from featcache.paths import FeaturesFolder
 from featcache.protocol.loss_choice import WITHOUT_IMAGES, needs_spatial, requested_losses
 
 #: the backbone fine-tuning and its linear phase take when none is named
@@ -88,17 +88,16 @@ def reads_maps(names: Sequence[str]) -> bool:
 
 
 # ------------------------------------------------------------------------- stage two's --backbone
-def open_feature_files(dataset: str, backbone: str | None, cache: str | None,
+def open_feature_files(dataset: str, backbone: str | None, folder: FeaturesFolder,
                        losses: str | Sequence[str], labels: LabelSet,
                        say: Callable[[str], None] = lambda _: None) -> FeatureFiles:
-    """Stage two's features files, resolved from the dataset folder's files (listed once) and
-    opened once: the pooled file of ``--backbone`` unless only losses that read feature maps
-    are named, and its spatial sibling when it exists and ``--loss all`` or such a loss is
-    named (a named one without a spatial file is refused, naming the command that makes
-    one)."""
+    """Stage two's features files, resolved from the files of ``dataset``'s ``folder``
+    (listed once, :func:`~featcache.paths.prepared_dataset`) and opened once: the pooled file
+    of ``--backbone`` unless only losses that read feature maps are named, and its spatial
+    sibling when it exists and ``--loss all`` or such a loss is named (a named one without a
+    spatial file is refused, naming the command that makes one)."""
     names = requested_losses(losses)
     images = came_from_images(labels)
-    folder = features_folder(dataset, cache)
     tag: str | None
     pooled: FeatureFile | None = None
     if reads_pooled(names, images):

@@ -28,10 +28,9 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from featcache.errors import InputError, plural
-from featcache.hdf5 import DatasetSpec, check_layout, decode_attrs, encode_attr, write_hdf5_atomic
-from featcache.protocol.runs import rerun_advice
-from featcache.protocol.test_scores import NoScores, read_stored_scores
+from featcache.errors import plural
+from featcache.hdf5 import DatasetSpec, encode_attr, write_hdf5_atomic
+from featcache.protocol.test_scores import NoScores, checked_scores_file, read_stored_scores
 from featcache.stats.label_sets import (
     DEFAULT_METHOD,
     LEVELS,
@@ -101,22 +100,10 @@ def read_val_scores(run_dir: Path, document: dict) -> Calibration:
             f"{'train-linear' if document.get('stage') == 'linear' else 'finetune'} --dataset "
             f"{document.get('dataset')} --loss {document.get('loss')} --run-id "
             f"{Path(run_dir).name} --overwrite`, with its other options")
-    try:
-        with h5py.File(path, "r") as h5:
-            attrs = decode_attrs(h5.attrs)
-            if attrs.get("format") != VAL_SCORES_FORMAT:
-                raise NoCalibration(f"{path} is not a featcache validation-scores file")
-            if attrs.get("format_version") != VAL_SCORES_VERSION:
-                raise NoCalibration(f"{path} has format {attrs.get('format_version')}; this "
-                                    f"featcache reads {VAL_SCORES_VERSION}")
-            try:
-                check_layout(h5, VAL_SCORES_LAYOUT, path, lambda: rerun_advice(Path(run_dir)))
-            except InputError as exc:
-                raise NoCalibration(str(exc)) from None
-            found = Calibration(h5["scores"][()], h5["observed"][()], h5["rows"][()],
-                                list(attrs.get("classes", [])))
-    except OSError as exc:
-        raise NoCalibration(f"{path} could not be read (damaged?): {exc}") from exc
+    with checked_scores_file(path, run_dir, VAL_SCORES_FORMAT, VAL_SCORES_VERSION,
+                             VAL_SCORES_LAYOUT, NoCalibration, "validation-scores") as (h5, attrs):
+        found = Calibration(h5["scores"][()], h5["observed"][()], h5["rows"][()],
+                            list(attrs.get("classes", [])))
     if attrs.get("fingerprint") != document.get("fingerprint"):
         raise NoCalibration(f"{path} belongs to another run (its settings fingerprint differs "
                             f"from {Path(run_dir) / 'results.json'}'s)")

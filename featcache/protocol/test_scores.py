@@ -22,7 +22,8 @@ why (:class:`NoScores`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -103,6 +104,29 @@ def write_test_scores(run_dir: Path, scores: np.ndarray, seeds: Sequence[int], t
     return write_hdf5_atomic(Path(run_dir) / SCORES_FILE, fill, overwrite=True)
 
 
+@contextmanager
+def checked_scores_file(path: Path, run_dir: Path, fmt: str, version: int, layout: dict,
+                        error: type[Exception], what: str) -> Iterator[tuple[h5py.File, dict]]:
+    """A run's scores file (``test-scores.h5``, ``val-scores.h5``) open for reading, with its
+    attributes, once its format, version and layout are checked; ``error`` says what is wrong
+    otherwise, or that it could not be read."""
+    try:
+        with h5py.File(path, "r") as h5:
+            attrs = decode_attrs(h5.attrs)
+            if attrs.get("format") != fmt:
+                raise error(f"{path} is not a featcache {what} file")
+            if attrs.get("format_version") != version:
+                raise error(f"{path} has format {attrs.get('format_version')}; this featcache "
+                            f"reads {version}")
+            try:
+                check_layout(h5, layout, path, lambda: rerun_advice(Path(run_dir)))
+            except InputError as exc:
+                raise error(str(exc)) from None
+            yield h5, attrs
+    except OSError as exc:
+        raise error(f"{path} could not be read (damaged?): {exc}") from exc
+
+
 def read_stored_scores(run_dir: Path, document: dict) -> TestScores:
     """The run's ``test-scores.h5``; :class:`NoScores` when there is none, or one left from
     another run."""
@@ -110,27 +134,15 @@ def read_stored_scores(run_dir: Path, document: dict) -> TestScores:
     if not path.is_file():
         raise NoScoresFile(f"{run_dir} has no {SCORES_FILE} (made before featcache kept test "
                            "scores)")
-    try:
-        with h5py.File(path, "r") as h5:
-            attrs = decode_attrs(h5.attrs)
-            if attrs.get("format") != SCORES_FORMAT:
-                raise NoScores(f"{path} is not a featcache test-scores file")
-            if attrs.get("format_version") != SCORES_VERSION:
-                raise NoScores(f"{path} has format {attrs.get('format_version')}; this "
-                               f"featcache reads {SCORES_VERSION}")
-            try:
-                check_layout(h5, LAYOUT, path, lambda: rerun_advice(Path(run_dir)))
-            except InputError as exc:
-                raise NoScores(str(exc)) from None
-            classes = attrs.get("classes", [])
-            if not isinstance(classes, list) or not all(isinstance(c, str) for c in classes):
-                raise NoScores(f"{path}: its classes attribute is not a list of class names; "
-                               f"{rerun_advice(Path(run_dir))}")
-            scores = TestScores([int(s) for s in h5["seeds"][()]], h5["scores"][()],
-                                h5["targets"][()], h5["rows"][()], list(attrs.get("classes", [])),
-                                attrs.get("labels_sha256"))
-    except OSError as exc:
-        raise NoScores(f"{path} could not be read (damaged?): {exc}") from exc
+    with checked_scores_file(path, run_dir, SCORES_FORMAT, SCORES_VERSION, LAYOUT, NoScores,
+                             "test-scores") as (h5, attrs):
+        classes = attrs.get("classes", [])
+        if not isinstance(classes, list) or not all(isinstance(c, str) for c in classes):
+            raise NoScores(f"{path}: its classes attribute is not a list of class names; "
+                           f"{rerun_advice(Path(run_dir))}")
+        scores = TestScores([int(s) for s in h5["seeds"][()]], h5["scores"][()],
+                            h5["targets"][()], h5["rows"][()], list(attrs.get("classes", [])),
+                            attrs.get("labels_sha256"))
     if attrs.get("fingerprint") != document.get("fingerprint"):
         raise NoScores(f"{path} belongs to another run (its settings fingerprint differs from "
                        f"{Path(run_dir) / 'results.json'}'s)")
