@@ -1,7 +1,8 @@
-"""The gpu-check's stage-two timing rows come back whatever happens: each part runs with a time
-limit (shrunk to the budget left), a part out of time is stopped with every process it
-started, and the figures measured before it are reported (on 2026-11-28 one process ran past
-its 300 s and returned nothing)."""
+"""The gpu-check's stage-two checks, on the CPU: the timing rows come back whatever happens
+(each part runs with a time limit shrunk to the budget left, a part out of time is stopped
+with every process it started, and the figures measured before it are reported: on
+2026-11-28 one process ran past its 300 s and returned nothing); a selection that differs
+between two runs is reported with its margins, a near-tie told from wrong numbers."""
 
 from __future__ import annotations
 
@@ -118,3 +119,38 @@ def test_a_part_out_of_time_reports_what_it_measured_and_fails_the_row(tmp_path,
     assert seen["search"][2]["FEATCACHE_CUDA_GRAPHS"] == "0"
     assert "--no-variants" in seen["search"][0]
     assert sys.executable == seen["search"][0][0]
+
+
+def _search(loss: str, vals: dict[str, list[float]]):
+    """A search result as the comparison reads it: per configuration, its epochs' validation
+    mAP (test mAP alike); the selection is the first best, as the protocol's."""
+    from types import SimpleNamespace
+
+    heads = []
+    for config, epochs in vals.items():
+        records = [SimpleNamespace(val_map=v, val_map_observed=v, test_map=v) for v in epochs]
+        best = max(range(len(epochs)), key=lambda e: (epochs[e], -e))
+        heads.append(SimpleNamespace(config=config, epochs=records, best_epoch=best,
+                                     best_val=epochs[best], best=records[best]))
+    selected = max(heads, key=lambda h: (h.best_val, -heads.index(h)))
+    seed = SimpleNamespace(seed=0, heads=heads, selected=selected)
+    return SimpleNamespace(spec=SimpleNamespace(loss=loss), seeds=[seed])
+
+
+def test_a_selection_that_differs_is_told_a_near_tie_or_wrong_numbers():
+    graphed = [_search("ll-cp", {"bs8": [20.0, 30.0004], "bs16": [21.0, 30.0]})]
+    eager = [_search("ll-cp", {"bs8": [20.0, 30.0], "bs16": [21.0, 30.0002]})]
+    found = checks.compare_searches(graphed, eager)
+    assert found["largest_difference"] == pytest.approx(0.0004)
+    (tie,) = found["differing"]
+    assert tie["kind"] == "near-tie" and tie["ours"]["config"] == "bs8"
+    assert tie["ours"]["margin"] == pytest.approx(0.0004)
+    assert tie["theirs"]["margin"] == pytest.approx(0.0002)
+    assert checks._compare(graphed, eager, "graphs vs eager") == found  # a near-tie passes
+
+    wrong = [_search("ll-cp", {"bs8": [20.0, 30.0], "bs16": [21.0, 30.5]})]
+    found = checks.compare_searches(graphed, wrong)
+    assert found["differing"][0]["kind"] == "wrong numbers"
+    assert found["per_loss"] == {"ll-cp": pytest.approx(0.5)}
+    with pytest.raises(CheckFailed, match=r"ll-cp \(wrong numbers\): bs8 epoch 1"):
+        checks._compare(graphed, wrong, "graphs vs eager")
