@@ -440,6 +440,7 @@ def test_the_gpu_checks_of_stage_two_pass_on_the_cpu_with_the_stand_in(data, mon
     _, numbers = checks.graphs_vs_eager(None, data=pooled)
     assert numbers["largest_difference"] == 0.0 and numbers["differing"] == []
     assert {g["failed"] is not None for g in numbers["groups"]} == {True, False}
+    assert numbers["warnings"] and all("opml-sp" in line for line in numbers["warnings"])
 
     @contextlib.contextmanager
     def refused():
