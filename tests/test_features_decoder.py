@@ -7,7 +7,7 @@ import pytest
 from click.testing import CliRunner
 from helpers_images import make_dataset
 
-from featcache.backbones.preprocess import recorded_decoder
+from featcache.backbones.decoders import recorded_decoder
 from featcache.backbones.transforms import preprocess_mode, transform_description
 from featcache.cli import cli
 from featcache.errors import InputError, OutputExistsError

@@ -20,7 +20,8 @@ import importlib
 
 _EXPORTS = {
     "family": ("BackboneFamily", "BackboneSpec", "Trunk", "families", "register_family"),
-    "preprocess": ("DECODERS", "PROTOCOL", "Preprocess", "described_image_size", "recorded_decoder"),
+    "preprocess": ("PROTOCOL", "Preprocess", "described_image_size"),
+    "decoders": ("DECODERS", "recorded_decoder"),
     "registry": ("backbone_names", "backbone_spec", "create_backbone", "register_backbone"),
     "transforms": ("Uint8Normalize", "image_transform", "preprocess_mode", "resize_transform",
                    "resolve_preprocess", "transform_description"),

@@ -24,6 +24,8 @@ from torch import Tensor
 from torchvision import transforms
 from torchvision.transforms import InterpolationMode
 
+from featcache.backbones.decoders import DECODE_TEXT, DRAFT_TEXT
+
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
@@ -34,13 +36,6 @@ RESIZE_POLICIES = ("squash", "center")
 INTERPOLATIONS = {"bilinear": InterpolationMode.BILINEAR, "bicubic": InterpolationMode.BICUBIC}
 #: ``--preprocess``: the backbone's own evaluation transform, or the protocol's squash + ImageNet
 PREPROCESS_MODES = ("native", "protocol")
-#: stage one's decoders: PIL (the reference's), PIL with JPEG draft scaling (``--jpeg-draft``),
-#: and JPEGs decoded on the device (``--gpu-decode``)
-DECODERS = ("pil", "pil-draft", "device")
-#: the ``decode`` entry of a recorded transform, for the decoders whose text has no size in it
-DECODE_TEXT = {"pil": "PIL.Image.open(path).convert('RGB')",
-               "device": "torchvision.io.decode_jpeg on the device (PIL for other files)"}
-_DRAFT_TEXT = "PIL.Image.open(path), draft("
 
 
 @dataclass(frozen=True)
@@ -99,7 +94,7 @@ class Preprocess:
                          else self.interpolation)
         side = self.draft_size(image_size)
         decoders = dict(DECODE_TEXT, **{
-            "pil-draft": f"{_DRAFT_TEXT}None, ({side}, {side})) for JPEGs, .convert('RGB')"})
+            "pil-draft": f"{DRAFT_TEXT}None, ({side}, {side})) for JPEGs, .convert('RGB')"})
         resize: list[int] | dict[str, int]
         crop: dict[str, list[int]] | None
         if self.resize == "squash":
@@ -118,16 +113,6 @@ class Preprocess:
 
 #: the protocol's transform: Resize((s, s)) bilinear, no crop, ImageNet normalisation
 PROTOCOL = Preprocess()
-
-
-def recorded_decoder(description: dict) -> str | None:
-    """Which of :data:`DECODERS` made a recorded transform (None: none of them, or no record)."""
-    text = description.get("decode")
-    if not isinstance(text, str):
-        return None
-    if text.startswith(_DRAFT_TEXT):
-        return "pil-draft"
-    return next((name for name, known in DECODE_TEXT.items() if text == known), None)
 
 
 def described_image_size(description: dict) -> int | None:

@@ -13,8 +13,9 @@ import torch
 from torch import Tensor, nn
 from torchvision import transforms
 
+from featcache.backbones.decoders import recorded_decoder
 from featcache.backbones.family import DEFAULT_IMAGE_SIZE
-from featcache.backbones.preprocess import PREPROCESS_MODES, PROTOCOL, Preprocess, recorded_decoder
+from featcache.backbones.preprocess import PREPROCESS_MODES, PROTOCOL, Preprocess
 from featcache.backbones.registry import backbone_spec
 from featcache.errors import OptionError
 

@@ -266,7 +266,7 @@ DECODER_WORDS = {
 def _add_provenance(table, attrs: dict) -> None:
     """The features file's provenance attributes, one row each (sha256s shortened), after the
     decoder its transform records."""
-    from featcache.backbones.preprocess import recorded_decoder
+    from featcache.backbones.decoders import recorded_decoder
 
     if isinstance(attrs.get("transform"), dict):
         decoder = recorded_decoder(attrs["transform"])

@@ -26,8 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
+from featcache.backbones.decoders import recorded_decoder
 from featcache.backbones.inputs import any_jpeg
-from featcache.backbones.preprocess import recorded_decoder
 from featcache.data.featurefile import read_feature_attrs
 from featcache.errors import InputError
 from featcache.features.shards import read_manifest
@@ -48,7 +48,7 @@ class Recorded:
 
 @dataclass(frozen=True)
 class DecoderChoice:
-    """The decoder of a run (one of :data:`~featcache.backbones.preprocess.DECODERS`) and why:
+    """The decoder of a run (one of :data:`~featcache.backbones.decoders.DECODERS`) and why:
     ``asked`` (--gpu-decode / --pil-decode), ``cpu``, ``draft``, ``crops``, ``file`` or ``work``
     (what is on disk records it), ``no-jpeg`` or ``default``."""
 
