@@ -82,7 +82,7 @@ def transform_description(image_size: int, backbone: str = "resnet50", decode: s
 
 def preprocess_mode(description: dict, backbone: str, image_size: int) -> str | None:
     """Which ``--preprocess`` mode made a recorded transform, whichever decoder it records
-    (:func:`~featcache.backbones.preprocess.recorded_decoder`); None: neither mode."""
+    (:func:`~featcache.backbones.decoders.recorded_decoder`); None: neither mode."""
     decode = recorded_decoder(description) or "pil"
     for mode in PREPROCESS_MODES:
         if transform_description(image_size, backbone, decode, mode) == description:

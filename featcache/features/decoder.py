@@ -15,7 +15,7 @@ PIL, as before that run, when
 - none of a sample of the dataset's images is a JPEG: the device would decode none of them.
 
 Every file records its decoder in its ``transform`` attribute
-(:func:`~featcache.backbones.preprocess.recorded_decoder` reads it back).
+(:func:`~featcache.backbones.decoders.recorded_decoder` reads it back).
 """
 
 from __future__ import annotations
