@@ -37,6 +37,7 @@ from featcache.stats.label_sets import (
     LabelSetRule,
     calibrate,
     evaluate,
+    image_counts,
     single_positives,
 )
 from featcache.stats.resample import Resampling
@@ -132,11 +133,12 @@ def label_sets_record(calibration: Calibration, test_scores: np.ndarray | None,
     if not len(rows):
         record["reason"] = "no validation row has an observed positive to calibrate on"
         return record
+    counts = None if test_targets is None else image_counts(plan, test_targets)
     for level in levels:
         rule = calibration.rule(level, method)
         entry = rule.to_json(calibration.classes)
         if test_scores is not None and test_targets is not None:
-            entry["test"] = evaluate(rule, test_scores, test_targets, plan)
+            entry["test"] = evaluate(rule, test_scores, test_targets, plan, counts)
         record["levels"].append(entry)
     return record
 

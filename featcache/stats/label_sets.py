@@ -201,17 +201,25 @@ def smallest_top_k(scores: np.ndarray, targets: np.ndarray, share: float) -> int
     return int(reached[0] + 1) if reached.size else int(rank.shape[1])
 
 
+def image_counts(plan: Resampling, targets: np.ndarray) -> np.ndarray:
+    """How often each test row with a positive is drawn by each of ``plan``'s resamples
+    (float64, rows x resamples): what :func:`evaluate` weighs the rows by."""
+    return plan.image_counts(int((np.asarray(targets) > 0).any(axis=1).sum())).astype(np.float64)
+
+
 def evaluate(rule: LabelSetRule, scores: np.ndarray, targets: np.ndarray,
-             plan: Resampling | None = None) -> dict:
+             plan: Resampling | None = None, counts: np.ndarray | None = None) -> dict:
     """The rule on labelled rows: mean share of each image's positives held and mean set size,
-    each with its percentile bootstrap interval over the images (``plan``), and the smallest
-    top-k reaching the same share."""
+    each with its percentile bootstrap interval over the images (``plan``; ``counts``: its
+    :func:`image_counts` of the rows with a positive, when the caller evaluates several rules
+    on the same rows), and the smallest top-k reaching the same share."""
     plan = plan or Resampling()
     sets = rule.sets(scores)
     truth = np.asarray(targets) > 0
     kept = truth.sum(axis=1) > 0
     held, sizes = shares(sets, truth), sets[kept].sum(axis=1).astype(np.float64)
-    counts = plan.image_counts(len(held)).astype(np.float64)
+    if counts is None:
+        counts = image_counts(plan, targets)
     share = interval_of(held.mean(), held @ counts / len(held), plan)
     size = interval_of(sizes.mean(), sizes @ counts / len(held), plan)
     return {"rows": int(len(held)), "share": share.to_json(), "mean_size": size.to_json(),
