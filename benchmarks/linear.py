@@ -454,8 +454,7 @@ def cumulative(name):
 phases = {"import torch and featcache": imported,
           "read labels and features": cumulative("load_training_data"),
           "search (workers)": cumulative("run_searches") - cumulative("write_loss_run"),
-          "write results, best.pt, summary": cumulative("write_run") - cumulative("plot_curves"),
-          "draw curves.png": cumulative("plot_curves")}
+          "write results, best.pt, summary (curves.png drawn meanwhile)": cumulative("write_run")}
 phases["the rest (command line, labels, checks)"] = (
     time.perf_counter() - started - sum(phases.values()))
 print("PHASES " + json.dumps({"phases": phases, "main_cpu": after.user - before.user

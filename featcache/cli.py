@@ -19,6 +19,7 @@ from featcache.environment import TRACEBACK, check_environment
 from featcache.errors import FeatcacheError, FeatcacheWarning, Interrupted, unknown_name
 from featcache.interrupt import SignalStop, exit_on_signals, stop_signals
 from featcache.notices import said_after_command
+from featcache.process import claim, ending
 
 #: set to 1 to see the traceback of an unexpected error instead of its one-line summary
 TRACEBACK_ENV = "FEATCACHE_TRACEBACK"
@@ -182,6 +183,7 @@ def main() -> None:
     A write past the shell's file-size limit (``ulimit -f``) then fails with EFBIG, reported like
     a full disk, instead of killing the process with SIGXFSZ.
     """
+    claim()  # this process is the command's (featcache.process)
     if hasattr(signal, "SIGXFSZ"):
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     exit_on_signals()  # each command handles Ctrl-C itself (stop_signals); before and after: exit
@@ -197,3 +199,5 @@ def main() -> None:
                    f"featcache: run again with {TRACEBACK_ENV}=1 to see where it happened, and "
                    "please report it)", err=True)
         sys.exit(1)
+    finally:
+        ending()

@@ -237,3 +237,35 @@ def test_param_axes_are_in_the_summary_grid_line_and_the_selected_values_in_the_
     assert "- grid: lr 0.01 x batch 16 x eps_neg 0.05, 0.2, 1 epoch," in summary
     line = next(x for x in result.output.splitlines() if x.startswith("an-ls: val"))
     assert f"(lr 0.01, batch 16, eps_neg={chosen:g}, epoch 1;" in line
+
+
+def test_what_the_writer_prepares_while_a_core_is_free_leaves_its_numbers_as_they_were(
+        toy, monkeypatch):
+    """The search hands ``on_idle`` the writer's preparation (the test rows' bootstrap counts,
+    kept); a run written after it records the same intervals and label sets as one written
+    without it."""
+    import featcache.linear.run as run_module
+    import featcache.stats.resample as resample
+    from featcache.stats import Resampling
+
+    real = run_module.run_searches
+    prepared = []
+
+    def free_core_first(*args, on_idle=None, **kwargs):
+        prepared.append(on_idle)
+        on_idle()  # as if a core were free before the writing
+        return real(*args, **kwargs)
+
+    def run(run_id):
+        monkeypatch.setattr(resample, "_KEPT", {})
+        assert invoke("train-linear", "--dataset", "toy", "--loss", "an", "--run-id", run_id,
+                      *FAST).exit_code == 0
+        return load_results(run_dir(toy, "an", run_id))
+
+    monkeypatch.setattr(run_module, "run_searches", free_core_first)
+    first = run("prepared")
+    assert len(prepared) == 1 and (Resampling(), 60) in resample._KEPT  # 60 test rows
+    monkeypatch.setattr(run_module, "run_searches", real)
+    second = run("plain")
+    for key in ("uncertainty", "label_sets", "selection"):
+        assert first[key] == second[key], key

@@ -101,3 +101,35 @@ def test_fork_is_safe_until_cuda_is_initialised(monkeypatch):
     assert fork_is_safe() == (not torch.cuda.is_initialized())
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     assert not fork_is_safe()
+
+
+def _sleep_for(task):
+    import time
+
+    time.sleep(task)
+    return task
+
+
+def test_on_idle_is_called_once_when_a_worker_has_nothing_left_while_others_train():
+    """Two workers, three groups: once the last group is handed out, the first worker to
+    finish leaves a core free while the other still trains; ``on_idle`` runs then, once, in
+    this process (the writer prepares what it needs meanwhile)."""
+    calls, finished_before = [], []
+    seen: list[int] = []
+    map_groups(_sleep_for, [0.05, 1.5, 0.05], [1.0] * 3, CPU, 2,
+               on_result=lambda index, task, result: seen.append(index),
+               on_idle=lambda: (calls.append(os.getpid()), finished_before.append(list(seen))))
+    assert calls == [os.getpid()]
+    assert 1 not in finished_before[0]  # the long group was still training
+    assert sorted(seen) == [0, 1, 2]
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_on_idle_is_not_called_when_no_worker_ever_waits_beside_another(jobs):
+    """One worker (the groups one after another), or a single group: no worker is ever left
+    free while another trains."""
+    calls: list[int] = []
+    groups = [0.01] if jobs == 2 else [0.01, 0.01]
+    map_groups(_sleep_for, groups, [1.0] * len(groups), CPU, jobs,
+               on_idle=lambda: calls.append(1))
+    assert calls == []

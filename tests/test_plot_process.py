@@ -94,14 +94,15 @@ def test_train_linear_draws_its_curves_in_the_drawing_process(tmp_path):
     from linear_fixtures import synthetic_dataset
 
     synthetic_dataset(tmp_path)
-    code = ("import sys\nfrom featcache.protocol import plot_process\nused = []\n"
-            "real = plot_process.draw\n"
-            "def draw(*args, **kwargs):\n"
-            "    used.append(real(*args, **kwargs))\n    return used[-1]\n"
-            "plot_process.draw = draw\nfrom featcache.cli import main\n"
+    code = ("import sys\nfrom featcache.protocol import plot_process\nsent = []\n"
+            "real = plot_process.send\n"
+            "def send(*args, **kwargs):\n"
+            "    sent.append(real(*args, **kwargs))\n    return sent[-1]\n"
+            "plot_process.send = send\nfrom featcache.cli import main\n"
             "sys.argv[0] = 'featcache'\n"
             "try:\n    main()\n"
-            "finally:\n    print('drawn there:', used, flush=True)\n")
+            "finally:\n    print('drawn there:', [d is not None and d.answer == (True, None)\n"
+            "                                    for d in sent], flush=True)\n")
     done = subprocess.run(
         [sys.executable, "-c", code, "train-linear", "--dataset", "toy", "--cache",
          str(tmp_path), "--loss", "an", "--lr", "1e-2", "--bsize", "16", "--epochs", "2",
@@ -110,3 +111,27 @@ def test_train_linear_draws_its_curves_in_the_drawing_process(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "drawn there: [True]" in done.stdout
     assert next((tmp_path / "toy" / "runs" / "an").glob("*/curves.png")).stat().st_size > 1000
+
+
+def test_a_figure_started_is_drawn_while_the_command_goes_on(tmp_path, drawing_process):
+    """``start_series`` returns before the PNG exists where a drawing process takes it; its
+    waiter gives the same file as drawing in place, and figures answered in order."""
+    from featcache.protocol.plots import start_series
+
+    first = start_series(CURVES, (2, 55.0), tmp_path / "first.png", title="toy / an")
+    second = start_series(CURVES, (3, 54.0), tmp_path / "second.png", title="toy / an")
+    assert len(plot_process._unanswered) == 2
+    assert second() == tmp_path / "second.png" and first() == tmp_path / "first.png"
+    assert not plot_process._unanswered
+    plot_process.stop()
+    here = plot_series(CURVES, (2, 55.0), tmp_path / "here.png", title="toy / an")
+    assert (tmp_path / "first.png").read_bytes() == here.read_bytes()
+
+
+def test_a_figure_started_before_the_process_died_is_drawn_in_place(tmp_path, drawing_process):
+    from featcache.protocol.plots import start_series
+
+    os.kill(drawing_process.pid, signal.SIGKILL)
+    drawing_process.join(timeout=10)
+    finish = start_series(CURVES, (2, 55.0), tmp_path / "curves.png")
+    assert finish().exists() and not plot_process._running and not plot_process._unanswered

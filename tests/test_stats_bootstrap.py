@@ -118,3 +118,38 @@ def test_intervals_cover_the_true_map_about_95_percent_of_the_time():
         estimate = ranked.average_precision(np.ones((rows, 1), np.float32))[0].mean() * 100
         covered += interval_of(estimate, ap.mean(axis=1) * 100, plan).contains(truth)
     assert 0.90 <= covered / draws <= 0.99
+
+
+def test_image_counts_are_the_indices_counted_whatever_the_block(monkeypatch):
+    """The counts are :meth:`Resampling.image_indices` counted per resample, whether drawn a
+    few resamples at a time or all at once, for any range of resamples."""
+    import featcache.stats.resample as resample
+
+    plan = Resampling(resamples=150, seed=3)
+    for n, start, stop in [(37, 0, 150), (1, 0, 150), (200, 7, 133), (5, 149, 150)]:
+        drawn = plan.image_indices(n, start, stop)
+        expected = np.stack([np.bincount(row, minlength=n) for row in drawn], axis=1)
+        for rows in (1, 64, 1000):
+            monkeypatch.setattr(resample, "COUNT_ROWS", rows)
+            monkeypatch.setattr(resample, "_KEPT", {})
+            found = plan.image_counts(n, start, stop)
+            assert found.dtype == np.float32 and np.array_equal(found, expected), (n, rows)
+
+
+def test_image_counts_of_every_resample_are_kept_read_only_within_the_cap(monkeypatch):
+    import featcache.stats.resample as resample
+
+    monkeypatch.setattr(resample, "_KEPT", {})
+    monkeypatch.setattr(resample, "KEPT_COUNT_BYTES", 4 * 100 * 1000 + 4 * 50 * 1000)
+    plan = Resampling()
+    first = plan.image_counts(100)
+    assert not first.flags.writeable and plan.image_counts(100) is first
+    block = plan.image_counts(100, 10, 20)  # a block of kept counts: a view of them
+    assert np.shares_memory(block, first) and np.array_equal(
+        block, Resampling()._count_draws(100, 10, 20))
+    with pytest.raises(ValueError, match="read-only"):
+        first[0, 0] = 5.0
+    assert plan.keep_image_counts(50)  # fits beside the first
+    assert not plan.keep_image_counts(60)  # would not: drawn again each time, not kept
+    assert plan.image_counts(60).flags.writeable
+    assert set(resample._KEPT) == {(plan, 100), (plan, 50)}

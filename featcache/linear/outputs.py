@@ -17,7 +17,7 @@ calibrated on (``val-scores.h5``, :mod:`featcache.protocol.label_sets`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -35,11 +35,12 @@ from featcache.metrics import average_precision
 from featcache.protocol.coverage import ClassCoverage, evaluation_coverage, evaluation_notes
 from featcache.protocol.handoff import HEAD_FILE, save_head
 from featcache.protocol.label_sets import Calibration, keep_label_sets
-from featcache.protocol.plots import plot_series
+from featcache.protocol.plots import start_series
 from featcache.protocol.records import document_header, machine_record
 from featcache.protocol.runs import RESULTS, fingerprint
 from featcache.protocol.uncertainty import keep_test_scores
 from featcache.published import published
+from featcache.stats import Resampling
 
 
 def run_settings(result_spec: SearchSpec, data: TrainingSplits) -> dict:
@@ -223,11 +224,14 @@ def write_run(run_dir: Path, result: SearchResult, data: TrainingSplits, device:
               summary_md: str, plot: bool = True) -> dict:
     """Write best.pt, summary.md, curves.png, then results.json last (marks the run finished)."""
     document = results_document(result, data, device)
+    # curves.png is drawn (in the drawing process, where one runs) while the statistics are made
+    curves = (start_curves(result, run_dir / "curves.png",
+                           title=f"{data.dataset} / {result.spec.loss}") if plot else None)
     keep_selected_scores(run_dir, result, data, document)  # test-scores.h5, the interval
     save_head(run_dir / HEAD_FILE, head_payload(result, data))
     write_text_atomic(run_dir / "summary.md", summary_md)
-    if plot:
-        plot_curves(result, run_dir / "curves.png", title=f"{data.dataset} / {result.spec.loss}")
+    if curves is not None:
+        curves()
     write_json_atomic(run_dir / RESULTS, document)
     return document
 
@@ -282,8 +286,29 @@ def keep_selected_scores(run_dir: Path, result: SearchResult, data: TrainingSpli
                     None if clean is None else clean.cpu().numpy(), document)
 
 
+def prepare_writing(data: TrainingSplits) -> None:
+    """Make now what writing any run of ``data`` needs, whatever its results: the bootstrap's
+    image counts of the test rows (the interval's, and the label sets' of the rows with a
+    positive; kept by :class:`~featcache.stats.Resampling`) and the sparse matrices the
+    interval ranks with. The search calls it while a core is free (its last groups still
+    training), so that the writing after them is shorter; the numbers are the same."""
+    import scipy.sparse  # noqa: F401  (featcache.stats.RankedClasses imports it when first used)
+
+    plan = Resampling()
+    targets = test_targets(data)
+    plan.keep_image_counts(len(targets))
+    if data.test.clean is not None:
+        plan.keep_image_counts(int((data.test.clean > 0).any(dim=1).sum()))
+
+
 def plot_curves(result: SearchResult, path: Path, title: str = "") -> Path:
     """Save validation (solid) and test (dotted) mAP per epoch of every configuration of seed 0."""
+    return start_curves(result, path, title)()
+
+
+def start_curves(result: SearchResult, path: Path, title: str = "") -> Callable[[], Path]:
+    """:func:`plot_curves` begun where the figures are drawn: the function returned waits for it
+    (:func:`~featcache.protocol.plots.start_series`)."""
     curves = []
     for head in result.seeds[0].heads:
         label = f"lr={head.config.lr:g} bs={head.config.batch_size}"
@@ -294,4 +319,4 @@ def plot_curves(result: SearchResult, path: Path, title: str = "") -> Path:
                        [r.val_map if r.val_map is not None else r.val_map_observed for r in head.epochs],
                        [r.test_map for r in head.epochs]))
     best = result.selected
-    return plot_series(curves, (best.best_epoch + 1, best.best_val), path, title)
+    return start_series(curves, (best.best_epoch + 1, best.best_val), path, title)

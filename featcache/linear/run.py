@@ -38,7 +38,7 @@ from featcache.linear.memory import (
     release_freed_memory,
 )
 from featcache.linear.options import LinearOptions
-from featcache.linear.outputs import run_settings, write_run
+from featcache.linear.outputs import prepare_writing, run_settings, write_run
 from featcache.linear.plan import LinearPlan, RunOutputs, SplitRowsOf, plan_linear
 from featcache.linear.report import losses_table, run_summary
 from featcache.linear.stream import load_streamed_data
@@ -140,7 +140,8 @@ def _train_searches(plan: LinearPlan, these: Sequence[SearchSpec], spatial: bool
 
     try:
         run_searches(data, todo, job.device, plan.outputs.progress,
-                     planned_jobs(data, plan.jobs), job, on_done=finished)
+                     planned_jobs(data, plan.jobs), job, on_done=finished,
+                     on_idle=lambda: prepare_writing(data) if job.is_main else None)
     except Interrupted as exc:
         raise exc.adding(interrupted_detail(plan.specs, done, plan.run_id,
                                             plan.given_run_id)) from None

@@ -101,9 +101,18 @@ def masked_bce_with_grad(logits: Tensor, positive: Tensor, negative: Tensor | No
     its gradient; ``negative`` None: every entry that is not positive (AN, WAN, BCE), else
     only those (IU, IUN; the others contribute 0)."""
     probs = torch.sigmoid(logits)
-    shifted_pos = probs + LOG_EPSILON
-    shifted_neg = (1.0 - probs).add_(LOG_EPSILON)
     count = logits.shape[-2] * logits.shape[-1]
+    if negative is None and isinstance(neg_weight, float) and neg_weight == 1.0:
+        # every entry takes one guarded log: of f + eps where positive, of (1 - f) + eps
+        # elsewhere, so one log of the entry's own shifted value (the same bits as picking
+        # between two logs) and one division for its gradient (-u / x is -(u / x) exactly)
+        shifted = torch.where(positive, probs, torch.rsub(probs, 1.0)).add_(LOG_EPSILON)
+        loss = torch.log(shifted).sum(dim=(-2, -1)).div_(-count)
+        unit = unit_gradient(logits, count)
+        signed = torch.where(positive, unit_gradient(logits, count, -1.0), unit)
+        return loss, sigmoid_backward(torch.div(signed, shifted), probs)
+    shifted_pos = probs + LOG_EPSILON
+    shifted_neg = torch.rsub(probs, 1.0).add_(LOG_EPSILON)
     if negative is None:
         # -(sum of the picked logs) / n is matrix_mean of the negated logs, bit for bit
         picked = torch.where(positive, torch.log(shifted_pos),
@@ -116,7 +125,7 @@ def masked_bce_with_grad(logits: Tensor, positive: Tensor, negative: Tensor | No
     if negative is not None:
         neg_grad = where_mask(negative, neg_grad)
     grad_probs = torch.where(positive, unit_gradient(logits, count, -1.0) / shifted_pos, neg_grad)
-    return loss, torch.ops.aten.sigmoid_backward(grad_probs, probs)
+    return loss, sigmoid_backward(grad_probs, probs)
 
 
 def soft_bce_with_grad(logits: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
@@ -124,13 +133,17 @@ def soft_bce_with_grad(logits: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
     -(c t) / (f + eps) from t * neglog(f) plus (c (1 - t)) / ((1 - f) + eps) from the other
     term (AN-LS, N-LS, BCE-LS)."""
     probs = torch.sigmoid(logits)
-    rest = 1.0 - target
+    rest = torch.rsub(target, 1.0)
     shifted_pos = probs + LOG_EPSILON
-    shifted_neg = (1.0 - probs).add_(LOG_EPSILON)
+    shifted_neg = torch.rsub(probs, 1.0).add_(LOG_EPSILON)
     loss = matrix_mean(target * -torch.log(shifted_pos) + rest * -torch.log(shifted_neg))
     unit = unit_gradient(logits, logits.shape[-2] * logits.shape[-1])
     grad_probs = torch.div((unit * target).neg_(), shifted_pos).add_((unit * rest) / shifted_neg)
-    return loss, torch.ops.aten.sigmoid_backward(grad_probs, probs)
+    return loss, sigmoid_backward(grad_probs, probs)
+
+
+#: autograd's backward of ``sigmoid`` (grad, its output): the overload itself, called directly
+sigmoid_backward = torch.ops.aten.sigmoid_backward.default
 
 
 def per_head_labels(observed: Tensor, num_heads: int) -> Tensor:

@@ -5,7 +5,9 @@ own import (about a second on the development machine) used to come after the se
 ``curves.png`` could be drawn. :func:`start` forks a small process while the command is still
 light: it imports matplotlib at once, on another core, then draws each figure the command
 sends it (:func:`featcache.protocol.plots.plot_series` sends its drawing there while it runs), one
-at a time, the same function on the same arguments, so the same file. A figure is sent as the
+at a time, the same function on the same arguments, so the same file. :func:`send` returns at
+once (the command goes on, e.g. with a run's statistics, while the figure is drawn on the other
+core) and the :class:`Drawing` it returns waits for the answer. A figure is sent as the
 function that draws it (pickled by name, imported by the drawing process when it first needs
 it) and its arguments, so this module knows no figure and imports no module that draws one. An error while drawing comes back
 and rises in the command; a drawing process that is gone (killed) is replaced by drawing in
@@ -21,6 +23,7 @@ import os
 import pickle
 import signal
 import sys
+from collections import deque
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
@@ -29,6 +32,8 @@ from featcache.interrupt import die_with_parent
 
 #: the running drawing process: (pid of the process that started it, its end of the pipe, it)
 _running: list[tuple[int, Connection, Any]] = []
+#: figures sent and not answered yet, oldest first (the answers come in the order sent)
+_unanswered: deque[Drawing] = deque()
 
 
 def start(force: bool = False) -> bool:
@@ -56,26 +61,66 @@ def start(force: bool = False) -> bool:
     return True
 
 
-def draw(function: Callable[..., object], *args: Any, **kwargs: Any) -> bool:
-    """Call ``function(*args, **kwargs)`` (a module-level function: it is pickled by name) in
-    the drawing process and wait for it; False (nothing drawn) when no drawing process serves
+class Drawing:
+    """A figure sent to the drawing process: :meth:`wait` for its answer."""
+
+    def __init__(self) -> None:
+        self.answer: tuple[bool, BaseException | None] | None = None
+        self.gone = False  # the process ended before answering: nothing was drawn
+
+    def wait(self) -> bool:
+        """Wait until the figure is drawn: True; False when the drawing process is gone (the
+        caller draws it itself). An error while drawing rises here."""
+        while self.answer is None and not self.gone:
+            if not _unanswered:  # not sent from here (a forked copy of the command's)
+                self.gone = True
+                break
+            _receive()
+        if self.gone:
+            return False
+        done, error = self.answer or (True, None)
+        if not done and error is not None:
+            raise error
+        return True
+
+
+def send(function: Callable[..., object], *args: Any, **kwargs: Any) -> Drawing | None:
+    """Start ``function(*args, **kwargs)`` (a module-level function: it is pickled by name) in
+    the drawing process and return at once; None (nothing sent) when no drawing process serves
     this one."""
     if not _running or _running[0][0] != os.getpid():
-        return False
-    _, connection, _ = _running[0]
+        return None
+    drawing = Drawing()
     try:
-        connection.send((function, args, kwargs))
-        done, error = connection.recv()
+        _running[0][1].send((function, args, kwargs))
     except (EOFError, OSError):  # the process is gone: the caller draws itself
         stop()
-        return False
-    if not done:
-        raise error
-    return True
+        return None
+    _unanswered.append(drawing)
+    return drawing
+
+
+def draw(function: Callable[..., object], *args: Any, **kwargs: Any) -> bool:
+    """:func:`send` and wait: False (nothing drawn) when no drawing process serves this one."""
+    drawing = send(function, *args, **kwargs)
+    return drawing is not None and drawing.wait()
+
+
+def _receive() -> None:
+    """The answer to the oldest figure not answered yet (every one of them is lost when the
+    process is gone)."""
+    try:
+        answer = _running[0][1].recv()
+    except (EOFError, OSError, IndexError):
+        stop()
+        return
+    _unanswered.popleft().answer = answer
 
 
 def stop() -> None:
     """Close the pipe (the drawing process then ends) and wait a moment for it."""
+    while _unanswered:  # nothing will answer them now
+        _unanswered.popleft().gone = True
     if not _running:
         return
     pid, connection, process = _running.pop()

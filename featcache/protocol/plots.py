@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from featcache.fileio import atomic_output
@@ -68,15 +68,29 @@ def plot_series(curves: Sequence[Curve], selected: tuple[int, float], path: Path
                 start_label: str = "start") -> Path:
     """Save :func:`series_figure` as a PNG (atomically), in the drawing process where one
     runs (:mod:`featcache.protocol.plot_process`; there this same call draws in place)."""
-    if plot_process.draw(plot_series, curves, selected, path, title, start, start_label):
-        return path
-    import matplotlib.pyplot as plt
+    return start_series(curves, selected, path, title, start, start_label)()
 
-    fig = series_figure(curves, selected, title, start, start_label)
-    with atomic_output(path, overwrite=True) as tmp:
-        fig.savefig(tmp, format="png")
-    plt.close(fig)
-    return path
+
+def start_series(curves: Sequence[Curve], selected: tuple[int, float], path: Path,
+                 title: str = "", start: tuple[float | None, float | None] | None = None,
+                 start_label: str = "start") -> Callable[[], Path]:
+    """:func:`plot_series` begun in the drawing process where one runs, so the caller goes on
+    meanwhile: the function returned waits for the PNG (draws it here where no drawing process
+    took it, or where it is gone) and returns its path."""
+    drawing = plot_process.send(plot_series, curves, selected, path, title, start, start_label)
+
+    def finish() -> Path:
+        if drawing is not None and drawing.wait():
+            return path
+        import matplotlib.pyplot as plt
+
+        fig = series_figure(curves, selected, title, start, start_label)
+        with atomic_output(path, overwrite=True) as tmp:
+            fig.savefig(tmp, format="png")
+        plt.close(fig)
+        return path
+
+    return finish
 
 
 #: one panel of a sweep: (title, {parameter value: test mAPs}, reference (mean, std) or None)

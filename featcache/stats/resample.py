@@ -19,6 +19,11 @@ import numpy as np
 #: the default number of resamples and level of an interval
 RESAMPLES = 1000
 LEVEL = 0.95
+#: resamples drawn at a time by :meth:`Resampling.image_counts` (its working arrays stay small)
+COUNT_ROWS = 64
+#: bytes of image counts a process keeps (every resample's counts of a number of images, drawn
+#: once for all the runs scored on those images; larger ones are drawn block by block each time)
+KEPT_COUNT_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -46,12 +51,43 @@ class Resampling:
 
     def image_counts(self, n: int, start: int = 0, stop: int | None = None) -> np.ndarray:
         """How often each image is drawn by resamples ``start`` to ``stop``: float32 (n,
-        resamples), images as rows (the layout :class:`~featcache.stats.RankedClasses` reads)."""
-        drawn = self.image_indices(n, start, stop)
-        count = drawn.shape[0]
-        drawn += np.arange(count)[:, None] * n
-        counts = np.bincount(drawn.ravel(), minlength=count * n).reshape(count, n)
-        return np.ascontiguousarray(counts.T, dtype=np.float32)
+        resamples), images as rows (the layout :class:`~featcache.stats.RankedClasses` reads).
+        Read-only where the counts of every resample are kept (:meth:`keep_image_counts`)."""
+        stop = self.resamples if stop is None else stop
+        kept = _KEPT.get((self, n))
+        if kept is not None:
+            return kept if (start, stop) == (0, self.resamples) else kept[:, start:stop]
+        counts = self._count_draws(n, start, stop)
+        if start == 0 and stop == self.resamples:
+            _keep(self, n, counts)
+        return counts
+
+    def keep_image_counts(self, n: int) -> bool:
+        """Make and keep the counts of every resample of ``n`` images, for every later run
+        scored on them (they are the same), where they fit :data:`KEPT_COUNT_BYTES`: whether
+        they are kept."""
+        if (self, n) not in _KEPT and 4 * n * self.resamples + _kept_bytes() <= KEPT_COUNT_BYTES:
+            self.image_counts(n)
+        return (self, n) in _KEPT
+
+    def _count_draws(self, n: int, start: int, stop: int) -> np.ndarray:
+        """The counts of resamples ``start`` to ``stop``, drawn :data:`COUNT_ROWS` resamples at a
+        time (the draws of :meth:`image_indices`, in the same order, without its whole
+        (resamples, n) arrays)."""
+        count = max(stop - start, 0)
+        bits = np.random.PCG64(np.random.SeedSequence([self.seed, n]))
+        bits.advance(start * n)
+        generator = np.random.Generator(bits)
+        counts = np.empty((n, count), dtype=np.float32)
+        uniform = np.empty((min(COUNT_ROWS, count), n))
+        for first in range(0, count, COUNT_ROWS):
+            rows = min(COUNT_ROWS, count - first)
+            block = generator.random(out=uniform[:rows])
+            drawn = np.minimum((block * n).astype(np.int64), n - 1)
+            drawn += np.arange(rows)[:, None] * n
+            counts[:, first:first + rows] = np.bincount(
+                drawn.ravel(), minlength=rows * n).reshape(rows, n).T
+        return counts
 
     def seed_counts(self, seeds: int, key: str) -> np.ndarray:
         """How often each of ``seeds`` seeds is drawn by every resample: int64 (resamples,
@@ -71,3 +107,17 @@ class Resampling:
 
     def to_json(self) -> dict:
         return {"resamples": self.resamples, "seed": self.seed, "level": self.level}
+
+
+#: the counts of every resample of a plan and a number of images, kept (read-only)
+_KEPT: dict[tuple[Resampling, int], np.ndarray] = {}
+
+
+def _kept_bytes() -> int:
+    return sum(counts.nbytes for counts in _KEPT.values())
+
+
+def _keep(plan: Resampling, n: int, counts: np.ndarray) -> None:
+    if counts.nbytes + _kept_bytes() <= KEPT_COUNT_BYTES:
+        counts.flags.writeable = False
+        _KEPT[(plan, n)] = counts

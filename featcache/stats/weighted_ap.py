@@ -20,7 +20,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import scipy.sparse
 
 from featcache.errors import plural
 
@@ -64,6 +63,8 @@ class RankedClasses:
             self.blocks.append(_Block(offset, size))
             offset += 2 * size
         index = np.concatenate(sums) if sums else np.empty(0, np.int64)
+        import scipy.sparse  # here, not at import: a command that never scores pays nothing
+
         self.matrix = scipy.sparse.csr_matrix(
             (np.ones(index.size, np.float32), (index, np.concatenate(images) if images else index)),
             shape=(offset, self.rows))

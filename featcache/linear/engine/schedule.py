@@ -42,6 +42,8 @@ class Outcomes:
     timeline: Timeline = field(default_factory=Timeline)
     #: the groups as the workers train them (cut into pieces of whole losses on the CPU)
     pieces: Sequence[StackedGroup] = ()
+    #: called once when a CPU worker is first left without a group while others still train
+    idle: Callable[[], None] | None = None
 
 
 #: what a worker gives back: each loss's heads' results, with the group's start and end
@@ -74,7 +76,8 @@ class SharedWorkers:
     def run(self) -> None:
         map_groups(self.work, list(range(len(self.groups))), [g.cost() for g in self.groups],
                    self.device, self.workers, self.job, on_result=self.finished,
-                   on_start=lambda task: self.outcomes.timeline.started(task, time.time()))
+                   on_start=lambda task: self.outcomes.timeline.started(task, time.time()),
+                   on_idle=self.outcomes.idle)
 
     def work(self, index: int) -> Outcome:
         group = self.groups[index]

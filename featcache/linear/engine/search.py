@@ -174,7 +174,8 @@ class _Search:
 def run_searches(data: TrainingSplits, specs: Sequence[SearchSpec],
                  device: torch.device | str = "cpu", progress: bool = True,
                  jobs: int | None = None, job: Ranks | None = None,
-                 on_done: Callable[[SearchResult], None] | None = None) -> list[SearchResult]:
+                 on_done: Callable[[SearchResult], None] | None = None,
+                 on_idle: Callable[[], None] | None = None) -> list[SearchResult]:
     """Several searches on the same data (``--loss all``) in one pass: the losses that share their
     data, kind of head, seed and batch size train as one stacked group
     (:mod:`featcache.linear.engine.stacking`; each loss's numbers are the ones it gets alone), and
@@ -184,6 +185,8 @@ def run_searches(data: TrainingSplits, specs: Sequence[SearchSpec],
     group's start to its last group's end; with several searches, each gets its share of the
     wall time they took together (:mod:`featcache.linear.engine.timeshare`, recorded in
     :attr:`SearchResult.shared`), so that their seconds add up to at most that time.
+    ``on_idle()`` runs once in this process when a CPU worker is first left without a group
+    while others still train (e.g. to prepare what writing the results needs).
     """
     device = torch.device(device)
     searches, groups = _planned(data, specs, captures_apart(device))
@@ -218,7 +221,7 @@ def run_searches(data: TrainingSplits, specs: Sequence[SearchSpec],
             else:
                 finish(index)
 
-    outcomes = Outcomes(keep)
+    outcomes = Outcomes(keep, idle=on_idle)
     SharedWorkers(groups, device, progress, max(1, jobs or usable_cpus()), job, outcomes).run()
     for index in complete:
         finish(index)

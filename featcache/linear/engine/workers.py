@@ -79,12 +79,15 @@ def balance(costs: Sequence[float], workers: int) -> list[list[int]]:
 def map_groups(run: Callable[[G], R], groups: Sequence[G], costs: Sequence[float],
                device: torch.device, jobs: int, job: Ranks | None = None,
                on_result: Callable[[int, G, R], None] | None = None,
-               on_start: Callable[[G], None] | None = None) -> list[R]:
+               on_start: Callable[[G], None] | None = None,
+               on_idle: Callable[[], None] | None = None) -> list[R]:
     """``run(group)`` for every group wherever it runs; the results in the order of
     ``groups``, and each passed to ``on_result(index, group, result)`` as soon as it is known.
 
     Locally ``jobs`` workers (at most; started as groups need them) take the groups in their
-    order, ``on_start(group)`` told as each is handed to a worker. Under ``torchrun``
+    order, ``on_start(group)`` told as each is handed to a worker, and ``on_idle()`` called
+    once, here, the first time a worker process is left without a group while others still
+    train (a core is free). Under ``torchrun``
     (``job.world > 1``) this rank trains its share, balanced by ``costs``, and every rank
     receives every result once all ranks are done (``on_result`` is then called in the order
     of ``groups`` on every rank; ``on_start`` is not).
@@ -102,12 +105,13 @@ def map_groups(run: Callable[[G], R], groups: Sequence[G], costs: Sequence[float
             if on_result is not None:
                 on_result(index, groups[index], result)
         return results
-    return _run_local(run, groups, device, jobs, on_result, on_start)
+    return _run_local(run, groups, device, jobs, on_result, on_start, on_idle)
 
 
 def _run_local(run: Callable[[G], R], groups: Sequence[G], device: torch.device, jobs: int,
                on_result: Callable[[int, G, R], None] | None = None,
-               on_start: Callable[[G], None] | None = None) -> list[R]:
+               on_start: Callable[[G], None] | None = None,
+               on_idle: Callable[[], None] | None = None) -> list[R]:
     results: dict[int, R] = {}
     started = on_start or (lambda task: None)
 
@@ -142,16 +146,18 @@ def _run_local(run: Callable[[G], R], groups: Sequence[G], device: torch.device,
                 with ProcessPoolExecutor(max_workers=jobs, initializer=_start_worker,
                                          mp_context=multiprocessing.get_context("fork")) as pool:
                     _schedule(pool, lambda task: pool.submit(_run_task, key, task), groups, jobs,
-                              keep, started)
+                              keep, started, on_idle)
             finally:
                 del _TASKS[key]
     return [results[index] for index in range(len(groups))]
 
 
 def _schedule(pool: Executor, submit: Callable[[G], Future], groups: Sequence[G], jobs: int,
-              keep: Callable[[int, G, R], None], started: Callable[[G], None]) -> None:
+              keep: Callable[[int, G, R], None], started: Callable[[G], None],
+              idle: Callable[[], None] | None = None) -> None:
     """Run ``groups`` on ``pool`` in their order, at most ``jobs`` at a time (so that a failure
-    leaves the rest unstarted; ``started`` told as each is submitted); each result to ``keep``.
+    leaves the rest unstarted; ``started`` told as each is submitted); each result to ``keep``;
+    ``idle()`` once, the first time a worker is left without a group while others train.
     The first failure cancels the rest."""
     waiting = list(enumerate(groups))[::-1]
     running: dict[Future, tuple[int, G]] = {}
@@ -165,6 +171,9 @@ def _schedule(pool: Executor, submit: Callable[[G], Future], groups: Sequence[G]
             for future in finished:
                 index, task = running.pop(future)
                 keep(index, task, future.result())
+            if idle is not None and not waiting and 0 < len(running) < jobs:
+                idle()
+                idle = None
     except BrokenProcessPool:
         check_stop()  # a worker ended by a signal meant for the command: a stop, not a failure
         raise

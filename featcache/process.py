@@ -1,0 +1,41 @@
+"""What featcache may do to the Python process when the process is its own (the command line)
+and a library call may not. The console script's entry point claims it (:func:`claim`); in a
+caller's own interpreter (the Python API, tests) these do nothing.
+
+- :func:`imports_done`: once a command has imported what it runs on (torch: hundreds of
+  thousands of objects that live until the process ends), the garbage collector stops walking
+  them (``gc.freeze``), so a full collection (the memory plan makes one) costs what the command
+  made, not what it imported, and forked workers share those pages instead of copying them.
+- :func:`ending`: the command is over; the interpreter's last collections at exit would walk
+  every object again, all of them freed with the process anyway, so they are frozen first.
+"""
+
+from __future__ import annotations
+
+import gc
+
+_OWNED = [False]
+
+
+def claim() -> None:
+    """This process runs one featcache command and ends with it (the console script's entry)."""
+    _OWNED[0] = True
+
+
+def owned() -> bool:
+    """Whether :func:`claim` was called in this process."""
+    return _OWNED[0]
+
+
+def imports_done() -> None:
+    """The command's modules are imported: in featcache's own process, the collector leaves
+    every object made so far alone from here on (they live until the process ends)."""
+    if _OWNED[0]:
+        gc.freeze()
+
+
+def ending() -> None:
+    """The command is over and the process exits: in featcache's own process, its last
+    collections skip every object (freed with the process anyway)."""
+    if _OWNED[0]:
+        gc.freeze()
