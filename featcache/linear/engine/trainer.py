@@ -213,21 +213,24 @@ class GroupTrainer:
             self.labels.fill(order)
             self.graphs.run_epoch(self.steps, functools.partial(self.device_step, epoch))
             return
+        running = self.running
+        in_order = isinstance(rows, MemoryRows)  # the epoch's rows known up front
         if isinstance(rows, MemoryRows):
             order = rows.order(self.order, self.batch_size)
             self.labels.fill(order)
+            if running is not None:
+                running.index.copy_(order)
             batches = ((index, rows.gather(index), self.labels.batch(number, index))
                        for number, index in enumerate(order.view(-1, self.batch_size)))
         else:
             batches = ((index, x, self.labels.gather(index))
                        for index, x in rows.epoch(self.order, self.batch_size))
-        running = self.running
         for number, (index, x, targets) in enumerate(batches):
             check_stop()
             keep = None if running is None else functools.partial(running.put_batch, number)
             per_head, _ = self.train_step(x, targets, epoch, keep)
             self.loss_sum.add_(per_head)
-            if running is not None:
+            if running is not None and not in_order:
                 running.index[number * self.batch_size:(number + 1) * self.batch_size].copy_(index)
 
     def device_step(self, epoch: int) -> None:
