@@ -205,7 +205,8 @@ def main(argv: list[str] | None = None) -> dict:
               f"{found['kernel_cpu_seconds']:.0f} CPU-s)", found["kernel_floor_seconds"])
     document = {"benchmark": "linear_floor", "command": record.command_line("linear_floor", argv),
                 "machine": info, "labels": source,
-                "losses": losses, "cores": cores, "target_seconds": args.target,
+                "loss": args.loss, "losses": losses, "cores": cores,
+                "target_seconds": args.target,
                 "timing_busy": busy.record(), **found,
                 "kernels": [{"heads": h, "batch_size": b, **v} for (h, b), v in one_core.items()]}
     if args.command:

@@ -238,6 +238,12 @@ def _table_rows(document: dict, shared: dict, benchmark: str) -> list[dict]:
             out.append(row(section="stage two", benchmark=benchmark,
                            what=f"featcache's search against {what}", value=entry["speed-up"],
                            unit="x", settings="VOC-sized features", **shared))
+    if benchmark == "linear_floor" and document.get("times_kernel_floor"):
+        which = f"--loss {document.get('loss', 'all')}"
+        out.append(row(section="stage two", benchmark=benchmark,
+                       what=f"the whole {which} command over its kernel floor",
+                       value=document["times_kernel_floor"], unit="x",
+                       settings="VOC-sized features", **shared))
     return out
 
 

@@ -8,6 +8,9 @@ caller's own interpreter (the Python API, tests) these do nothing.
   made, not what it imported, and forked workers share those pages instead of copying them.
 - :func:`ending`: the command is over; the interpreter's last collections at exit would walk
   every object again, all of them freed with the process anyway, so they are frozen first.
+  The interpreter then deletes none of the objects left (Python never promised ``__del__`` at
+  exit): featcache closes what it writes where it writes it, exit hooks (``atexit``,
+  ``weakref.finalize``) still run, and HDF5 closes its files in its own exit hook.
 """
 
 from __future__ import annotations
