@@ -19,7 +19,7 @@ from featcache.environment import TRACEBACK, check_environment
 from featcache.errors import FeatcacheError, FeatcacheWarning, Interrupted, unknown_name
 from featcache.interrupt import SignalStop, exit_on_signals, stop_signals
 from featcache.notices import said_after_command
-from featcache.process import claim, ending
+from featcache.process import claim, freeze
 
 #: set to 1 to see the traceback of an unexpected error instead of its one-line summary
 TRACEBACK_ENV = "FEATCACHE_TRACEBACK"
@@ -200,4 +200,4 @@ def main() -> None:
                    "please report it)", err=True)
         sys.exit(1)
     finally:
-        ending()
+        freeze()  # the process ends: its last collections need not walk what it made

@@ -61,9 +61,9 @@ def test_ctrl_c_stops_extraction_at_the_next_batch_and_the_same_command_resumes(
 #: (``teardown``) and takes 2 s
 SLOW_TEARDOWN = """
 import featcache.process
-# the command line freezes its objects at exit (featcache.process.ending), and the interpreter
+# the command line freezes its objects at exit (featcache.process.freeze), and the interpreter
 # then deletes none of them: left unfrozen here, so that this one's __del__ is a slow last step
-featcache.process.ending = lambda: None
+featcache.process.freeze = lambda: None
 class _SlowToDelete:
     def __del__(self, _open=open, _sleep=_time.sleep):  # builtins may be gone by then
         _open("teardown", "w").close()

@@ -28,8 +28,9 @@ def drawing_process():
 
 def test_the_drawing_process_writes_the_same_png_as_the_command(tmp_path, drawing_process):
     there = plot_series(CURVES, (2, 55.0), tmp_path / "there.png", title="toy / an")
-    pid_drew = plot_process.draw(plot_series, CURVES, (2, 55.0), tmp_path / "again.png",
-                                 "toy / an")
+    drawing = plot_process.send(plot_series, CURVES, (2, 55.0), tmp_path / "again.png",
+                                "toy / an")
+    pid_drew = drawing is not None and drawing.wait()
     plot_process.stop()
     here = plot_series(CURVES, (2, 55.0), tmp_path / "here.png", title="toy / an")
     assert pid_drew and not plot_process._running
@@ -57,7 +58,9 @@ def test_a_figure_function_the_drawing_process_cannot_import_fails_in_the_comman
         import late_figures
 
         with pytest.raises(ModuleNotFoundError, match="late_figures"):
-            plot_process.draw(late_figures.figure, tmp_path / "figure.txt")
+            drawing = plot_process.send(late_figures.figure, tmp_path / "figure.txt")
+            assert drawing is not None
+            drawing.wait()
     finally:
         sys.path.remove(str(tmp_path))
         sys.modules.pop("late_figures", None)

@@ -23,8 +23,7 @@ def unfrozen():
 
 def test_a_process_featcache_does_not_own_is_left_alone(unfrozen):
     assert not process.owned()
-    process.imports_done()
-    process.ending()
+    process.freeze()
     assert gc.get_freeze_count() == 0
 
 
@@ -43,7 +42,7 @@ def test_in_its_own_process_the_imports_are_frozen_and_so_is_everything_at_the_e
     before = _Cycle()
     was = weakref.ref(before)
     process.claim()
-    process.imports_done()
+    process.freeze()
     frozen = gc.get_freeze_count()
     assert frozen > 0
     after = _Cycle()
@@ -51,7 +50,7 @@ def test_in_its_own_process_the_imports_are_frozen_and_so_is_everything_at_the_e
     del before, after
     gc.collect()
     assert was() is not None and made_later() is None
-    process.ending()
+    process.freeze()  # at the end: what the command made too
     assert gc.get_freeze_count() > 0
     gc.unfreeze()
     gc.collect()

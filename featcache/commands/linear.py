@@ -123,9 +123,9 @@ def command(ctx, dataset, loss_names, learning_rates, batch_sizes, epochs, param
     from featcache.interrupt import safe_points
     from featcache.linear.options import LinearOptions
     from featcache.linear.run import run_linear
-    from featcache.process import imports_done
+    from featcache.process import freeze
 
-    imports_done()
+    freeze()  # what the imports made lives as long as the process
 
     mode_rates = search_mode(search).learning_rates  # e.g. base rates, for batch 256
     if mode_rates is not None and (ctx.get_parameter_source("learning_rates")

@@ -41,6 +41,7 @@ from featcache.protocol.runs import RESULTS, fingerprint
 from featcache.protocol.uncertainty import keep_test_scores
 from featcache.published import published
 from featcache.stats import Resampling
+from featcache.stats.label_sets import labelled_rows
 
 
 def run_settings(result_spec: SearchSpec, data: TrainingSplits) -> dict:
@@ -295,10 +296,9 @@ def prepare_writing(data: TrainingSplits) -> None:
     import scipy.sparse  # noqa: F401  (featcache.stats.RankedClasses imports it when first used)
 
     plan = Resampling()
-    targets = test_targets(data)
-    plan.keep_image_counts(len(targets))
+    plan.keep_image_counts(len(data.test.observed))
     if data.test.clean is not None:
-        plan.keep_image_counts(int((data.test.clean > 0).any(dim=1).sum()))
+        plan.keep_image_counts(labelled_rows(data.test.clean.cpu().numpy()))
 
 
 def plot_curves(result: SearchResult, path: Path, title: str = "") -> Path:

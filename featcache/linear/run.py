@@ -141,7 +141,7 @@ def _train_searches(plan: LinearPlan, these: Sequence[SearchSpec], spatial: bool
     try:
         run_searches(data, todo, job.device, plan.outputs.progress,
                      planned_jobs(data, plan.jobs), job, on_done=finished,
-                     on_idle=lambda: prepare_writing(data) if job.is_main else None)
+                     on_idle=lambda: prepare_writing(data))
     except Interrupted as exc:
         raise exc.adding(interrupted_detail(plan.specs, done, plan.run_id,
                                             plan.given_run_id)) from None

@@ -100,12 +100,6 @@ def send(function: Callable[..., object], *args: Any, **kwargs: Any) -> Drawing 
     return drawing
 
 
-def draw(function: Callable[..., object], *args: Any, **kwargs: Any) -> bool:
-    """:func:`send` and wait: False (nothing drawn) when no drawing process serves this one."""
-    drawing = send(function, *args, **kwargs)
-    return drawing is not None and drawing.wait()
-
-
 def _receive() -> None:
     """The answer to the oldest figure not answered yet (every one of them is lost when the
     process is gone)."""

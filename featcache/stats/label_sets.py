@@ -201,10 +201,15 @@ def smallest_top_k(scores: np.ndarray, targets: np.ndarray, share: float) -> int
     return int(reached[0] + 1) if reached.size else int(rank.shape[1])
 
 
+def labelled_rows(targets: np.ndarray) -> int:
+    """How many rows of ``targets`` hold a positive: those the label sets are evaluated on."""
+    return int((np.asarray(targets) > 0).any(axis=1).sum())
+
+
 def image_counts(plan: Resampling, targets: np.ndarray) -> np.ndarray:
     """How often each test row with a positive is drawn by each of ``plan``'s resamples
     (float64, rows x resamples): what :func:`evaluate` weighs the rows by."""
-    return plan.image_counts(int((np.asarray(targets) > 0).any(axis=1).sum())).astype(np.float64)
+    return plan.image_counts(labelled_rows(targets)).astype(np.float64)
 
 
 def evaluate(rule: LabelSetRule, scores: np.ndarray, targets: np.ndarray,

@@ -66,7 +66,7 @@ class Resampling:
         """Make and keep the counts of every resample of ``n`` images, for every later run
         scored on them (they are the same), where they fit :data:`KEPT_COUNT_BYTES`: whether
         they are kept."""
-        if (self, n) not in _KEPT and 4 * n * self.resamples + _kept_bytes() <= KEPT_COUNT_BYTES:
+        if (self, n) not in _KEPT and _fits(4 * n * self.resamples):  # float32 counts
             self.image_counts(n)
         return (self, n) in _KEPT
 
@@ -113,11 +113,12 @@ class Resampling:
 _KEPT: dict[tuple[Resampling, int], np.ndarray] = {}
 
 
-def _kept_bytes() -> int:
-    return sum(counts.nbytes for counts in _KEPT.values())
+def _fits(nbytes: int) -> bool:
+    """Whether ``nbytes`` more counts stay within :data:`KEPT_COUNT_BYTES`."""
+    return nbytes + sum(counts.nbytes for counts in _KEPT.values()) <= KEPT_COUNT_BYTES
 
 
 def _keep(plan: Resampling, n: int, counts: np.ndarray) -> None:
-    if counts.nbytes + _kept_bytes() <= KEPT_COUNT_BYTES:
+    if _fits(counts.nbytes):
         counts.flags.writeable = False
         _KEPT[(plan, n)] = counts

@@ -75,7 +75,6 @@ class LossMember:
         # a hand-written loss gradient, until the loss says it has none (state it trains keeps
         # autograd)
         self.by_hand = not self.learned
-        self.masked_pass = isinstance(self.loss, MaskedPassLoss)
         self.book: GroupRecord | None = None
 
     def generators(self) -> list[torch.Generator]:
@@ -109,8 +108,8 @@ class LossMember:
         per-head loss, the gradient of their sum with respect to its logits, the gradients of
         its learned state). The gradient is the loss's hand-written one where it has one
         (:meth:`~featcache.losses.SPMLLoss.loss_and_grad`), else autograd through the loss."""
-        mine = logits if self.block == slice(0, len(logits)) else logits[self.block]
-        if self.masked_pass and isinstance(self.loss, MaskedPassLoss):  # IGNORE: a second pass
+        mine = logits[self.block]
+        if isinstance(self.loss, MaskedPassLoss):  # IGNORE: a second pass on masked maps
             # its own copy: the other losses of the group share the batch's targets
             targets = replace(targets, masked=masked_logits(self.loss, heads, self.block, x,
                                                             targets.observed))

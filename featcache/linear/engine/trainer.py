@@ -213,11 +213,11 @@ class GroupTrainer:
             self.labels.fill(order)
             self.graphs.run_epoch(self.steps, functools.partial(self.device_step, epoch))
             return
-        running = self.running
-        in_order = isinstance(rows, MemoryRows)  # the epoch's rows known up front
-        if isinstance(rows, MemoryRows):
+        running, in_order = self.running, False
+        if isinstance(rows, MemoryRows):  # the epoch's rows known up front
             order = rows.order(self.order, self.batch_size)
             self.labels.fill(order)
+            in_order = True
             if running is not None:
                 running.index.copy_(order)
             batches = ((index, rows.gather(index), self.labels.batch(number, index))

@@ -90,7 +90,7 @@ def map_groups(run: Callable[[G], R], groups: Sequence[G], costs: Sequence[float
     train (a core is free). Under ``torchrun``
     (``job.world > 1``) this rank trains its share, balanced by ``costs``, and every rank
     receives every result once all ranks are done (``on_result`` is then called in the order
-    of ``groups`` on every rank; ``on_start`` is not).
+    of ``groups`` on every rank; ``on_start`` and ``on_idle`` are not).
     """
     if job is not None and job.world > 1:
         mine = balance(costs, job.world)[job.rank]
