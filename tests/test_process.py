@@ -14,11 +14,11 @@ from featcache import process
 
 
 @pytest.fixture
-def unfrozen():
+def unfrozen(monkeypatch):
+    monkeypatch.setattr(process, "_OWNED", [False])  # whatever ran in this process before
     gc.unfreeze()
     yield
     gc.unfreeze()
-    process._OWNED[0] = False
 
 
 def test_a_process_featcache_does_not_own_is_left_alone(unfrozen):

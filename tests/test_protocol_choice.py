@@ -132,6 +132,9 @@ def test_an_unexpected_error_is_one_line_unless_the_traceback_is_asked_for(monke
         raise RuntimeError("boom")
 
     monkeypatch.setattr(cli.cli, "main", broken)
+    # this is pytest's process, not the command's: it is neither claimed nor frozen
+    monkeypatch.setattr(cli, "claim", lambda: None)
+    monkeypatch.setattr(cli, "freeze", lambda: None)
     with pytest.raises(SystemExit) as exited:
         cli.main()
     assert exited.value.code == 1
